@@ -1,0 +1,37 @@
+"""Regenerate simbridge/v1/*_pb2*.py from proto/ (run via `make proto`).
+
+Also used by tests/test_codegen.py to check that the checked-in code is in
+sync with the .proto files: `python tools/gen_proto.py --out DIR` writes the
+generated tree under DIR instead of the repository.
+"""
+import argparse
+import os
+import sys
+
+import grpc_tools
+from grpc_tools import protoc
+import google.rpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROTO_DIR = os.path.join(ROOT, "proto")
+PROTOS = ["simbridge/v1/simbridge.proto"]
+
+
+def generate(out_dir: str) -> None:
+    includes = [
+        PROTO_DIR,
+        os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"),
+        # google/rpc/status.proto ships with googleapis-common-protos.
+        os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])),
+    ]
+    args = ["protoc"] + [f"-I{p}" for p in includes]
+    args += [f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"]
+    args += PROTOS
+    if protoc.main(args) != 0:
+        sys.exit("protoc failed")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=ROOT)
+    generate(parser.parse_args().out)
