@@ -1,0 +1,50 @@
+"""The policy interface the bridge serves actions from.
+
+A policy computes actions for a batch of observations (rows first). The bridge
+calls `compute_actions` with rows from every simulator that is waiting, so one
+forward pass serves them all (see batcher.py). `version` counts weight updates;
+every action reply carries the version that produced it.
+"""
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import gymnasium as gym
+import numpy as np
+
+from simbridge import spaces as sb_spaces
+
+
+@dataclass
+class ActionBatch:
+    actions: Any                      # nested, rows first
+    logp: Optional[np.ndarray] = None  # float32 (N,), log-probability when known
+
+
+class Policy:
+    """Base class: override compute_actions. Must be safe to call from any thread."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space):
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.version = 0
+
+    def compute_actions(self, obs_batch: Any) -> ActionBatch:
+        raise NotImplementedError
+
+
+class RandomPolicy(Policy):
+    """Uniform random actions: the default until a trainer plugs in learners."""
+
+    def __init__(self, observation_space, action_space, seed: Optional[int] = None):
+        super().__init__(observation_space, action_space)
+        self._rng = np.random.default_rng(seed)
+
+    def compute_actions(self, obs_batch):
+        from simbridge.tree import rows
+
+        n = rows(obs_batch)
+        return ActionBatch(sb_spaces.sample_batch_of(self.action_space, n, self._rng))
+
+
+def random_policy_factory(policy_id: str, observation_space, action_space) -> Policy:
+    return RandomPolicy(observation_space, action_space)

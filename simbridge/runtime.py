@@ -1,0 +1,661 @@
+"""The bridge's runtime: sessions, episodes, policies and experience.
+
+Transport-free: every call takes the request message and returns the response
+message, so the unary RPCs and the Stream share one code path (server.py).
+Each call validates everything first and raises BridgeError before changing
+any state, so a bad request has no effect on the session, on other
+simulators' episodes or on collected experience.
+
+Locking: one lock guards sessions, episodes and the collector; policy forward
+passes run outside it (batched across callers by DynamicBatcher), and handing
+finished batches to the ExperienceQueue (which may block) happens outside it.
+"""
+import collections
+import itertools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+from google.protobuf import json_format
+
+from simbridge import spaces as sb_spaces
+from simbridge import tensors, tree
+from simbridge.batcher import DynamicBatcher
+from simbridge.collector import ExperienceCollector, ExperienceQueue
+from simbridge.episode import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode
+from simbridge.errors import (BridgeError, already_exists, failed_precondition, invalid_argument,
+                              not_found, resource_exhausted)
+from simbridge.policy import Policy, random_policy_factory
+from simbridge.v1 import simbridge_pb2 as pb
+
+log = logging.getLogger("simbridge")
+
+DEFAULT_POLICY = "default_policy"
+SERVER_VERSION = "simbridge 0.1.0"
+
+PolicyMappingFn = Callable[[str, Episode], str]
+PolicyFactory = Callable[[str, object, object], Policy]
+
+
+@dataclass
+class BridgeConfig:
+    rollout_fragment_length: int = 200
+    batch_mode: str = "truncate_episodes"      # or "complete_episodes"
+    count_steps_by: str = "env_steps"          # or "agent_steps"
+    max_message_bytes: int = 64 * 1024 * 1024
+    max_rows_per_request: int = 16384
+    max_open_episodes_per_session: int = 100_000
+    session_timeout_s: float = 120.0           # unary sessions: idle this long -> closed
+    reconnect_grace_s: float = 30.0            # stream sessions: detached this long -> closed
+    max_batch_rows: int = 4096                 # dynamic batcher
+    max_wait_ms: float = 0.0
+    experience_queue_size: int = 64
+    response_cache_size: int = 256             # answers kept for resent requests
+    finished_ids_kept: int = 10_000            # for precise "already ended" errors
+
+
+class SpaceSpec:
+    """An observation/action space pair, with the wire form kept for comparison."""
+
+    def __init__(self, obs_space, act_space):
+        self.obs_space = obs_space
+        self.act_space = act_space
+        self.key = (sb_spaces.space_to_proto(obs_space).SerializeToString(deterministic=True),
+                    sb_spaces.space_to_proto(act_space).SerializeToString(deterministic=True))
+
+
+class Session:
+    def __init__(self, session_id: str, multi_agent: bool, default: SpaceSpec,
+                 agent_specs: Dict[str, SpaceSpec], client_name: str):
+        self.session_id = session_id
+        self.multi_agent = multi_agent
+        self.default = default
+        self.agent_specs = agent_specs
+        self.client_name = client_name
+        self.episodes: Dict[str, Episode] = {}
+        self.finished: "collections.OrderedDict[str, str]" = collections.OrderedDict()
+        self.last_active = time.monotonic()
+        self.streams = 0
+        self.detached_since: Optional[float] = None
+        self.last_seq = 0
+        self.responses: "collections.OrderedDict[int, object]" = collections.OrderedDict()
+        self.closed = False
+
+    def spec_for(self, agent_id: str) -> SpaceSpec:
+        return self.agent_specs.get(agent_id, self.default)
+
+
+class _Rows:
+    """One AgentRows (or RewardRows) resolved against a session."""
+    __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "policy_ids")
+
+    def __init__(self, eids, aids, spec, n):
+        self.eids, self.aids, self.spec, self.n = eids, aids, spec, n
+        self.obs = self.actions = None
+        self.episodes: List[Episode] = []
+        self.policy_ids: List[str] = []
+
+
+class Metrics:
+    def __init__(self):
+        self.env_steps = 0
+        self.agent_steps = 0
+        self.episodes = 0
+        self.recent = collections.deque(maxlen=100)   # episode summaries
+        self.errors = collections.Counter()           # status code name -> count
+
+    def policy_return_means(self) -> Dict[str, float]:
+        sums: Dict[str, List[float]] = collections.defaultdict(list)
+        for s in self.recent:
+            for pid, r in s["policy_rewards"].items():
+                sums[pid].append(r)
+        return {pid: float(np.mean(v)) for pid, v in sums.items()}
+
+
+class BridgeRuntime:
+    def __init__(self, config: Optional[BridgeConfig] = None,
+                 policy_mapping_fn: Optional[PolicyMappingFn] = None,
+                 policy_factory: Optional[PolicyFactory] = None,
+                 experience: Optional[ExperienceQueue] = None):
+        self.config = config or BridgeConfig()
+        self.policy_mapping_fn = policy_mapping_fn or (lambda agent_id, episode: DEFAULT_POLICY)
+        self.policy_factory = policy_factory or random_policy_factory
+        self.experience = experience or ExperienceQueue(self.config.experience_queue_size)
+        self.collector = ExperienceCollector(self.config.rollout_fragment_length,
+                                             self.config.batch_mode, self.config.count_steps_by)
+        self.metrics = Metrics()
+        self.episode_end_callbacks: List[Callable[[dict], None]] = []
+        self._lock = threading.RLock()
+        self._sessions: Dict[str, Session] = {}
+        self._policies: Dict[str, Policy] = {}
+        self._policy_keys: Dict[str, tuple] = {}
+        self._batchers: Dict[str, DynamicBatcher] = {}
+        self._episode_counter = itertools.count(1)
+
+    # ------------------------------------------------------------ policies
+
+    def add_policy(self, policy_id: str, policy: Policy) -> None:
+        with self._lock:
+            self._policies[policy_id] = policy
+            self._policy_keys[policy_id] = SpaceSpec(policy.observation_space, policy.action_space).key
+            self._batchers[policy_id] = DynamicBatcher(policy, self.config.max_batch_rows,
+                                                       self.config.max_wait_ms)
+
+    def policy(self, policy_id: str) -> Policy:
+        return self._policies[policy_id]
+
+    @property
+    def policies(self) -> Dict[str, Policy]:
+        return dict(self._policies)
+
+    def batcher(self, policy_id: str) -> DynamicBatcher:
+        return self._batchers[policy_id]
+
+    def _bind_policy(self, policy_id: str, spec: SpaceSpec, agent_id: str) -> None:
+        """Create the policy on first use; refuse agents whose spaces differ from it."""
+        key = self._policy_keys.get(policy_id)
+        if key is None:
+            self.add_policy(policy_id, self.policy_factory(policy_id, spec.obs_space, spec.act_space))
+        elif key != spec.key:
+            p = self._policies[policy_id]
+            raise invalid_argument(
+                f"agent {agent_id!r} maps to policy {policy_id!r}, whose spaces are "
+                f"observation {p.observation_space}, action {p.action_space}; this session declared "
+                f"observation {spec.obs_space}, action {spec.act_space} for it")
+
+    # ------------------------------------------------------------ sessions
+
+    def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool) -> pb.CreateSessionResponse:
+        with self._lock:
+            if req.resume_session_id:
+                s = self._sessions.get(req.resume_session_id)
+                if s is not None and s.multi_agent == multi_agent:
+                    s.detached_since = None
+                    s.last_active = time.monotonic()
+                    log.info("session %s resumed (%d open episodes)", s.session_id, len(s.episodes))
+                    return self._session_response(s, resumed=True)
+        if not req.HasField("observation_space") or not req.HasField("action_space"):
+            raise invalid_argument("CreateSession needs observation_space and action_space")
+        default = SpaceSpec(sb_spaces.space_from_proto(req.observation_space),
+                            sb_spaces.space_from_proto(req.action_space))
+        agent_specs = {}
+        if req.agents and not multi_agent:
+            raise invalid_argument("ExternalEnv sessions have one agent: use ExternalMultiAgentEnv to declare agents")
+        for a in req.agents:
+            if not a.agent_id or a.agent_id == ALL_AGENTS:
+                raise invalid_argument(f"invalid agent id {a.agent_id!r}")
+            obs = sb_spaces.space_from_proto(a.observation_space) if a.HasField("observation_space") else default.obs_space
+            act = sb_spaces.space_from_proto(a.action_space) if a.HasField("action_space") else default.act_space
+            agent_specs[a.agent_id] = SpaceSpec(obs, act)
+        s = Session(uuid.uuid4().hex, multi_agent, default, agent_specs, req.client_name)
+        with self._lock:
+            self._sessions[s.session_id] = s
+        log.info("session %s created for %r (%s)", s.session_id, req.client_name,
+                 "multi-agent" if multi_agent else "single-agent")
+        return self._session_response(s, resumed=False)
+
+    def _session_response(self, s: Session, resumed: bool) -> pb.CreateSessionResponse:
+        c = self.config
+        return pb.CreateSessionResponse(
+            session_id=s.session_id, server_version=SERVER_VERSION, resumed=resumed, last_seq=s.last_seq,
+            limits=pb.ServerLimits(max_message_bytes=c.max_message_bytes,
+                                   max_rows_per_request=c.max_rows_per_request,
+                                   max_open_episodes_per_session=c.max_open_episodes_per_session,
+                                   session_timeout_s=c.session_timeout_s,
+                                   reconnect_grace_s=c.reconnect_grace_s))
+
+    def session(self, session_id: str, multi_agent: bool) -> Session:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        if s is None:
+            raise not_found(f"unknown session {session_id!r} (expired, closed, or from before a server "
+                            f"restart): call CreateSession again")
+        if s.multi_agent != multi_agent:
+            svc = "ExternalMultiAgentEnv" if s.multi_agent else "ExternalEnv"
+            raise failed_precondition(f"session {session_id!r} was created on {svc}: call that service")
+        return s
+
+    def attach_stream(self, s: Session) -> None:
+        with self._lock:
+            s.streams += 1
+            s.detached_since = None
+
+    def detach_stream(self, s: Session) -> None:
+        with self._lock:
+            s.streams -= 1
+            if s.streams == 0 and not s.closed:
+                s.detached_since = time.monotonic()
+                log.warning("session %s lost its stream with %d open episodes; keeping it %.0fs for a "
+                            "reconnect", s.session_id, len(s.episodes), self.config.reconnect_grace_s)
+
+    def close_session(self, s: Session, req=None, reason: str = "session_closed") -> pb.CloseSessionResponse:
+        with self._lock:
+            ended = list(s.episodes)
+            for ep in list(s.episodes.values()):
+                self._finish_episode(s, ep, {}, truncated=True, reason=reason, drop_pending=True)
+            s.closed = True
+            self._sessions.pop(s.session_id, None)
+            batch = self.collector.ready()
+        self._deliver(batch)
+        return pb.CloseSessionResponse(truncated_episode_ids=ended)
+
+    def reap(self, now: Optional[float] = None) -> List[str]:
+        """Close sessions whose client is gone; returns their ids."""
+        now = time.monotonic() if now is None else now
+        c = self.config
+        with self._lock:
+            dead = [s for s in self._sessions.values() if s.streams == 0 and (
+                (s.detached_since is not None and now - s.detached_since > c.reconnect_grace_s)
+                or (s.detached_since is None and now - s.last_active > c.session_timeout_s))]
+        for s in dead:
+            log.warning("session %s (%s) is gone: ending its %d open episodes as truncated",
+                        s.session_id, s.client_name, len(s.episodes))
+            self.close_session(s, reason="client_lost")
+        return [s.session_id for s in dead]
+
+    # ------------------------------------------------------------ dispatch
+
+    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None):
+        """Run one call: session lookup, resend detection, the call, delivery."""
+        header = req.header
+        if bound is not None:
+            if header.session_id and header.session_id != bound.session_id:
+                raise invalid_argument(f"this stream is bound to session {bound.session_id!r}, "
+                                       f"the request names {header.session_id!r}")
+            s = bound
+        else:
+            if not header.session_id:
+                raise invalid_argument("request header has no session_id: call CreateSession first")
+            s = self.session(header.session_id, multi_agent)
+        seq = header.seq
+        with self._lock:
+            s.last_active = time.monotonic()
+            if seq and seq <= s.last_seq:
+                cached = s.responses.get(seq)
+                if cached is None:
+                    raise failed_precondition(f"request seq {seq} was already applied and its answer is "
+                                              f"no longer kept (last applied: {s.last_seq})")
+                return cached
+        resp = getattr(self, "_" + method)(s, req)
+        if seq:
+            with self._lock:
+                s.last_seq = max(s.last_seq, seq)
+                s.responses[seq] = resp
+                while len(s.responses) > self.config.response_cache_size:
+                    s.responses.popitem(last=False)
+        return resp
+
+    def _deliver(self, batch) -> None:
+        if batch is not None:
+            self.experience.put(batch)  # may block: backpressure, never a drop
+
+    # ------------------------------------------------------------ validation helpers
+
+    def _open_episode(self, s: Session, eid: str) -> Episode:
+        ep = s.episodes.get(eid)
+        if ep is None:
+            reason = s.finished.get(eid)
+            if reason is not None:
+                raise failed_precondition(f"episode {eid!r} already ended ({reason})")
+            raise not_found(f"unknown episode {eid!r} in session {s.session_id!r}: call StartEpisode first")
+        return ep
+
+    def _resolve_ids(self, s: Session, episode_ids, agent_ids, what: str) -> Tuple[List[str], List[str], int]:
+        if s.multi_agent:
+            n = len(agent_ids)
+            if n == 0:
+                raise invalid_argument(f"{what}: no agent ids (ExternalMultiAgentEnv rows need one per row)")
+            aids = list(agent_ids)
+            if ALL_AGENTS in aids and what.startswith(("observations", "actions", "final")):
+                raise invalid_argument(f"{what}: {ALL_AGENTS!r} is not an agent")
+        else:
+            if agent_ids:
+                raise invalid_argument(f"{what}: ExternalEnv rows carry no agent ids; "
+                                       f"use ExternalMultiAgentEnv for several agents per episode")
+            n = len(episode_ids)
+            aids = [SINGLE_AGENT_ID] * n
+        if len(episode_ids) == n:
+            eids = list(episode_ids)
+        elif len(episode_ids) == 1:
+            eids = [episode_ids[0]] * n
+        else:
+            raise invalid_argument(f"{what}: {len(episode_ids)} episode ids for {n} rows; "
+                                   f"give one per row or one for all rows")
+        if n > self.config.max_rows_per_request:
+            raise invalid_argument(f"{what}: {n} rows exceed the server limit of "
+                                   f"{self.config.max_rows_per_request} per request")
+        return eids, aids, n
+
+    def _rows_spec(self, s: Session, aids: List[str], what: str) -> SpaceSpec:
+        spec = s.spec_for(aids[0]) if aids else s.default
+        if s.agent_specs:
+            for a in aids:
+                if s.spec_for(a) is not spec:
+                    raise invalid_argument(f"{what}: agents {aids[0]!r} and {a!r} have different spaces; "
+                                           f"send them in separate rows messages")
+        return spec
+
+    def _resolve_agent_rows(self, s: Session, rows_msgs, what: str, seen: set) -> List[_Rows]:
+        out = []
+        for i, m in enumerate(rows_msgs):
+            w = f"{what} {i}"
+            eids, aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, f"observations of rows {i}")
+            r = _Rows(eids, aids, self._rows_spec(s, aids, w), n)
+            if not m.HasField("observations"):
+                raise invalid_argument(f"{w}: no observations")
+            r.obs = sb_spaces.decode_value(r.spec.obs_space, m.observations, n, f"observations of rows {i}")
+            out.append(r)
+        with self._lock:
+            for r in out:
+                for eid, aid in zip(r.eids, r.aids):
+                    if (eid, aid) in seen:
+                        raise invalid_argument(f"agent {aid!r} of episode {eid!r} appears twice in one request")
+                    seen.add((eid, aid))
+                    ep = self._open_episode(s, eid)
+                    st = ep.agents.get(aid)
+                    if st is not None and st.done:
+                        raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
+                    if st is not None and st.policy_id is not None:
+                        pid = st.policy_id
+                    else:
+                        pid = self.policy_mapping_fn(aid, ep)
+                        self._bind_policy(pid, r.spec, aid)
+                    r.episodes.append(ep)
+                    r.policy_ids.append(pid)
+        return out
+
+    # ------------------------------------------------------------ calls
+
+    def _start_episode(self, s: Session, req: pb.StartEpisodeRequest) -> pb.StartEpisodeResponse:
+        training = req.training_enabled if req.HasField("training_enabled") else True
+        if req.episode_ids:
+            ids = list(req.episode_ids)
+            if len(set(ids)) != len(ids):
+                raise invalid_argument("StartEpisode: episode ids repeat within the request")
+        else:
+            if req.count < 0 or req.count > self.config.max_rows_per_request:
+                raise invalid_argument(f"StartEpisode: count {req.count} out of range")
+            ids = [uuid.uuid4().hex for _ in range(max(1, req.count))]
+        with self._lock:
+            for eid in ids:
+                if not eid:
+                    raise invalid_argument("StartEpisode: empty episode id")
+                if eid in s.episodes:
+                    raise already_exists(f"episode {eid!r} is already running")
+                if eid in s.finished:
+                    raise already_exists(f"episode id {eid!r} was already used by an episode that ended")
+            if len(s.episodes) + len(ids) > self.config.max_open_episodes_per_session:
+                raise resource_exhausted(f"session would have more than "
+                                         f"{self.config.max_open_episodes_per_session} open episodes: "
+                                         f"end some first")
+            for eid in ids:
+                s.episodes[eid] = Episode(eid, next(self._episode_counter), s.session_id, training)
+        return pb.StartEpisodeResponse(episode_ids=ids)
+
+    def _get_action(self, s: Session, req: pb.GetActionRequest) -> pb.GetActionResponse:
+        rows = self._resolve_agent_rows(s, req.rows, "GetAction rows", set())
+        # Forward passes, outside the lock, batched across simulators per policy.
+        results = []
+        for r in rows:
+            results.append(self._compute(r))
+        with self._lock:
+            self._check_still_open(s, rows)
+            for r, (actions, logp, versions) in zip(rows, results):
+                self._act(r, actions, logp, versions)
+            batch = self.collector.ready()
+        self._deliver(batch)
+        resp = pb.GetActionResponse()
+        for r, (actions, _, versions) in zip(rows, results):
+            out = resp.actions.add()
+            sb_spaces.fill_value(out.actions, r.spec.act_space, actions)
+            out.policy_versions.extend(versions)
+            out.policy_ids.extend(r.policy_ids)
+        return resp
+
+    def _compute(self, r: _Rows):
+        pids = r.policy_ids
+        if all(p == pids[0] for p in pids):  # common case: one policy for all rows
+            actions, logp, version = self._batchers[pids[0]].compute(r.obs, r.n)
+            return actions, logp, [version] * r.n
+        # Rows of several policies: one pass per policy, then reassembled in row order.
+        idx_by_pid: Dict[str, List[int]] = collections.defaultdict(list)
+        for i, p in enumerate(pids):
+            idx_by_pid[p].append(i)
+        actions = sb_spaces.zeros_like_space(r.spec.act_space, r.n)
+        logp = np.full(r.n, np.nan, np.float32)
+        versions = [0] * r.n
+        for p, idx in idx_by_pid.items():
+            ix = np.asarray(idx)
+            a, lp, v = self._batchers[p].compute(tree.take(r.obs, ix), len(idx))
+
+            def put(dst, src, ix=ix):
+                dst[ix] = src
+            tree.map_structure(put, actions, a)
+            if lp is not None:
+                logp[ix] = lp
+            for i in idx:
+                versions[i] = v
+        return actions, logp, versions
+
+    def _check_still_open(self, s: Session, rows: List[_Rows]) -> None:
+        for r in rows:
+            for ep in r.episodes:
+                if s.episodes.get(ep.episode_id) is not ep:
+                    raise failed_precondition(f"episode {ep.episode_id!r} ended while its action was "
+                                              f"being computed")
+
+    def _act(self, r: _Rows, actions, logp, versions) -> None:
+        """Record observation + action per row; completes each agent's previous transition."""
+        nan = np.float32(np.nan)
+        stepped = set()
+        for i in range(r.n):
+            ep, aid = r.episodes[i], r.aids[i]
+            st = ep.agent(aid)
+            if st.policy_id is None:
+                st.policy_id, st.spec = r.policy_ids[i], r.spec
+            obs_i = tree.take(r.obs, i)
+            if st.pending:
+                self._emit(ep, st, obs_i, terminated=False, truncated=False)
+            st.last_obs = obs_i
+            st.last_action = tree.take(actions, i)
+            st.last_logp = nan if logp is None else np.float32(logp[i])
+            st.last_version = versions[i]
+            st.pending = True
+            if id(ep) not in stepped:
+                stepped.add(id(ep))
+                ep.length += 1
+                if ep.training_enabled:
+                    self.collector.count_env_step(ep)
+        self.metrics.env_steps += len(stepped)
+        self.metrics.agent_steps += r.n
+
+    def _emit(self, ep: Episode, st: AgentState, new_obs, terminated: bool, truncated: bool) -> None:
+        if ep.training_enabled:
+            self.collector.add_transition(ep, st.policy_id, {
+                "obs": st.last_obs, "new_obs": new_obs, "actions": st.last_action,
+                "rewards": np.float32(st.reward_acc), "terminateds": terminated, "truncateds": truncated,
+                "eps_id": ep.index, "agent_index": st.index, "t": st.t,
+                "policy_version": st.last_version, "action_logp": st.last_logp,
+            })
+        st.reward_acc = 0.0
+        st.pending = False
+        st.t += 1
+
+    def _log_action(self, s: Session, req: pb.LogActionRequest) -> pb.LogActionResponse:
+        if len(req.actions) != len(req.rows):
+            raise invalid_argument(f"LogAction: {len(req.rows)} rows messages but {len(req.actions)} "
+                                   f"action values; give one per rows message")
+        rows = self._resolve_agent_rows(s, req.rows, "LogAction rows", set())
+        for i, (r, a) in enumerate(zip(rows, req.actions)):
+            what = f"actions of rows {i}"
+            r.actions = sb_spaces.decode_value(r.spec.act_space, a, r.n, what)
+            sb_spaces.check_contains(r.spec.act_space, r.actions, r.n, what)
+        with self._lock:
+            self._check_still_open(s, rows)
+            for r in rows:
+                self._act(r, r.actions, None, [-1] * r.n)  # version -1: the simulator's own choice
+            batch = self.collector.ready()
+        self._deliver(batch)
+        return pb.LogActionResponse()
+
+    def _log_returns(self, s: Session, req: pb.LogReturnsRequest) -> pb.LogReturnsResponse:
+        plans = []
+        seen = set()
+        with self._lock:
+            for i, m in enumerate(req.rows):
+                what = f"rewards of rows {i}"
+                eids, aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, what)
+                if not m.HasField("rewards"):
+                    raise invalid_argument(f"{what}: no rewards tensor")
+                rew = tensors.from_tensor(m.rewards)
+                if rew.shape != (n,) or rew.dtype.kind != "f":
+                    raise invalid_argument(f"{what}: expected float32 rewards of shape ({n},), "
+                                           f"got {rew.dtype} {rew.shape}")
+                if np.isnan(rew).any():
+                    raise invalid_argument(f"{what}: reward of row {int(np.isnan(rew).argmax())} is NaN")
+                term = self._flags(m.terminated, n, f"{what}: terminated")
+                trunc = self._flags(m.truncated, n, f"{what}: truncated")
+                if not s.multi_agent and (term.any() or trunc.any()):
+                    raise invalid_argument(f"{what}: ExternalEnv ends episodes with EndEpisode, "
+                                           f"not with done flags")
+                if m.infos and len(m.infos) != n:
+                    raise invalid_argument(f"{what}: {len(m.infos)} infos for {n} rows")
+                final = None
+                if m.HasField("final_observations"):
+                    spec = self._rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)
+                    final = sb_spaces.decode_value(spec.obs_space, m.final_observations, n,
+                                                   f"final observations of rows {i}")
+                eps = []
+                for eid, aid in zip(eids, aids):
+                    ep = self._open_episode(s, eid)
+                    st = ep.agents.get(aid)
+                    if st is not None and st.done:
+                        raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
+                    if (eid, aid) in seen and (term.any() or trunc.any()):
+                        raise invalid_argument(f"agent {aid!r} of episode {eid!r} appears twice in one request")
+                    seen.add((eid, aid))
+                    eps.append(ep)
+                plans.append((m, eids, aids, eps, rew, term, trunc, final))
+            for em in req.custom_metrics:
+                self._open_episode(s, em.episode_id)
+            # Validated: apply.
+            ending: Dict[str, Tuple[Episode, bool]] = {}
+            for m, eids, aids, eps, rew, term, trunc, final in plans:
+                for j, (ep, aid) in enumerate(zip(eps, aids)):
+                    if aid == ALL_AGENTS:
+                        if term[j] or trunc[j]:
+                            ending[ep.episode_id] = (ep, bool(trunc[j]) and not term[j])
+                        continue
+                    r = float(rew[j])
+                    st = ep.agent(aid)
+                    st.reward_acc += r
+                    st.reward_total += r
+                    ep.total_reward += r
+                    if m.infos:
+                        st.info = json_format.MessageToDict(m.infos[j])
+                    if term[j] or trunc[j]:
+                        if st.pending:
+                            new_obs = tree.take(final, j) if final is not None else st.last_obs
+                            self._emit(ep, st, new_obs, terminated=bool(term[j]), truncated=not term[j])
+                        st.done = True
+            for em in req.custom_metrics:
+                s.episodes[em.episode_id].custom_metrics.update(em.values)
+            for ep, truncated in ending.values():
+                self._finish_episode(s, ep, {}, truncated=truncated, reason="truncated" if truncated else "terminated")
+            batch = self.collector.ready()
+        self._deliver(batch)
+        return pb.LogReturnsResponse()
+
+    @staticmethod
+    def _flags(values, n: int, what: str) -> np.ndarray:
+        if len(values) == 0:
+            return np.zeros(n, bool)
+        if len(values) != n:
+            raise invalid_argument(f"{what}: {len(values)} flags for {n} rows")
+        return np.asarray(values, bool)
+
+    def _end_episode(self, s: Session, req: pb.EndEpisodeRequest) -> pb.EndEpisodeResponse:
+        eids = list(req.episode_ids)
+        if not eids:
+            raise invalid_argument("EndEpisode: no episode ids")
+        if len(set(eids)) != len(eids):
+            raise invalid_argument("EndEpisode: episode ids repeat within the request")
+        if len(req.truncated) not in (0, 1, len(eids)):
+            raise invalid_argument(f"EndEpisode: {len(req.truncated)} truncated flags for {len(eids)} "
+                                   f"episodes; give one per episode or one for all")
+        finals: Dict[str, Dict[str, object]] = {eid: {} for eid in eids}
+        for i, m in enumerate(req.final_observations):
+            what = f"final observations of rows {i}"
+            f_eids, f_aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, what)
+            spec = self._rows_spec(s, f_aids, what)
+            obs = sb_spaces.decode_value(spec.obs_space, m.observations, n, what)
+            for j, (eid, aid) in enumerate(zip(f_eids, f_aids)):
+                if eid not in finals:
+                    raise invalid_argument(f"{what}: episode {eid!r} is not among the episodes being ended")
+                finals[eid][aid] = tree.take(obs, j)
+        with self._lock:
+            eps = [self._open_episode(s, eid) for eid in eids]
+            for k, ep in enumerate(eps):
+                tr = bool(req.truncated[0 if len(req.truncated) == 1 else k]) if req.truncated else False
+                self._finish_episode(s, ep, finals[ep.episode_id], truncated=tr,
+                                  reason="truncated" if tr else "terminated")
+            batch = self.collector.ready()
+        self._deliver(batch)
+        return pb.EndEpisodeResponse()
+
+    def _close_session(self, s: Session, req) -> pb.CloseSessionResponse:
+        return self.close_session(s, req)
+
+    def _finish_episode(self, s: Session, ep: Episode, finals: dict, truncated: bool, reason: str,
+                     drop_pending: bool = False) -> None:
+        """Lock held. Completes every pending agent transition and files the summary."""
+        for aid, st in ep.agents.items():
+            if st.pending and not st.done:
+                if drop_pending:
+                    st.pending = False  # its outcome was never observed
+                else:
+                    self._emit(ep, st, finals.get(aid, st.last_obs), terminated=not truncated,
+                               truncated=truncated)
+            st.done = True
+        del s.episodes[ep.episode_id]
+        s.finished[ep.episode_id] = reason
+        while len(s.finished) > self.config.finished_ids_kept:
+            s.finished.popitem(last=False)
+        if ep.training_enabled:
+            self.collector.end_episode(ep)
+        summary = ep.summary(reason)
+        self.metrics.episodes += 1
+        self.metrics.recent.append(summary)
+        for cb in self.episode_end_callbacks:
+            try:
+                cb(summary)
+            except Exception:  # a faulty hook must not break the bridge
+                log.exception("episode_end callback failed")
+
+    # ------------------------------------------------------------ introspection
+
+    def flush(self) -> None:
+        """Hand whatever experience is collected to the queue now."""
+        with self._lock:
+            batch = self.collector.flush()
+        self._deliver(batch)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            returns = [x["total_reward"] for x in self.metrics.recent]
+            return {
+                "sessions": len(self._sessions),
+                "open_episodes": sum(len(s.episodes) for s in self._sessions.values()),
+                "episodes": self.metrics.episodes,
+                "env_steps": self.metrics.env_steps,
+                "agent_steps": self.metrics.agent_steps,
+                "episode_return_mean": float(np.mean(returns)) if returns else None,
+                "policy_return_mean": self.metrics.policy_return_means(),
+                "policy_versions": {pid: p.version for pid, p in self._policies.items()},
+                "experience_queue": self.experience.qsize(),
+                "experience_blocked_puts": self.experience.blocked_puts,
+            }
