@@ -8,6 +8,13 @@ Transports:
     pipelined call is raised by the next call that reads answers (or flush()).
   * "unary": one RPC per call; simplest, two round trips per lockstep step.
 
+Rewards are coalesced: log_returns queues its rows and the next get_action
+carries them (GetActionRequest.rewards), so a lockstep step is one message
+on either transport. Rewards with done flags, and rewards queued before any
+other call, are sent as their own (pipelined) LogReturns first; if a
+get_action carrying rewards fails, the rewards are resent alone, so a bad
+observation never costs a reward.
+
 Both number their requests (RequestHeader.seq). When the connection breaks the
 client reconnects, resumes its session and resends what was not answered; the
 server applies each seq once, so nothing is lost or doubled.
@@ -47,6 +54,10 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.Statu
 
 class SessionLost(BridgeError):
     """The server no longer knows this client's session (it restarted or expired it)."""
+
+
+class EarlierCallFailed(BridgeError):
+    """A pipelined call (log_returns, end_episode, ...) failed; raised by a later call."""
 
 
 def _bridge_error(e: grpc.RpcError) -> BridgeError:
@@ -198,7 +209,7 @@ class _Connection:
                     self._raise_deferred()
                     raise err
                 if self._deferred is None:
-                    self._deferred = BridgeError(err.code, f"an earlier {kind} failed: {err.message}")
+                    self._deferred = EarlierCallFailed(err.code, f"an earlier {kind} failed: {err.message}")
                 continue
             if got_seq == seq:
                 self._raise_deferred()
@@ -263,7 +274,7 @@ class _ClientBase:
     def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space,
                  agents: Optional[Dict[str, tuple]] = None, transport: str = "stream",
                  client_name: str = "python-client", connect_timeout_s: float = 30.0,
-                 reconnect_timeout_s: float = 60.0, pipeline: bool = True):
+                 reconnect_timeout_s: float = 60.0, pipeline: bool = True, coalesce_rewards: bool = True):
         self.observation_space = observation_space
         self.action_space = action_space
         self.agent_spaces = dict(agents or {})
@@ -275,6 +286,40 @@ class _ClientBase:
                               action_space=sb_spaces.space_to_proto(act_sp))
         self._conn = _Connection(address, self._service, create, transport, connect_timeout_s,
                                  reconnect_timeout_s, pipeline)
+        self.coalesce_rewards = coalesce_rewards
+        self._rewards: List[pb.RewardRows] = []
+
+    def _queue_rewards(self, rows: pb.RewardRows) -> None:
+        if rows.terminated or rows.truncated or not self.coalesce_rewards:
+            self._rewards.append(rows)
+            self._send_rewards()
+        else:
+            self._rewards.append(rows)
+
+    def _send_rewards(self) -> None:
+        """Queued rewards as their own pipelined LogReturns (before any other call)."""
+        if self._rewards:
+            msg = pb.LogReturnsRequest()
+            msg.rows.extend(self._rewards)
+            self._rewards = []
+            self._conn.call("log_returns", msg, wait=False)
+
+    def _call(self, kind: str, msg, wait: bool = True):
+        if kind != "get_action" or not self._rewards:
+            self._send_rewards()
+            return self._conn.call(kind, msg, wait=wait)
+        attached, self._rewards = self._rewards, []
+        msg.rewards.extend(attached)
+        try:
+            return self._conn.call(kind, msg)
+        except (SessionLost, EarlierCallFailed):
+            raise
+        except BridgeError:
+            # The request had no effect at all: log the rewards alone, so none is lost.
+            retry = pb.LogReturnsRequest()
+            retry.rows.extend(attached)
+            self._conn.call("log_returns", retry)  # raises instead if the rewards were the problem
+            raise
 
     @property
     def session_id(self) -> str:
@@ -292,16 +337,20 @@ class _ClientBase:
         msg = pb.StartEpisodeRequest(count=count, training_enabled=training_enabled)
         if episode_ids:
             msg.episode_ids.extend(episode_ids)
-            self._conn.call("start_episode", msg, wait=False)  # ids known: no need to wait
+            self._call("start_episode", msg, wait=False)  # ids known: no need to wait
             return list(episode_ids)
-        return list(self._conn.call("start_episode", msg).episode_ids)
+        return list(self._call("start_episode", msg).episode_ids)
 
     def flush(self) -> None:
         """Wait until the server has applied every call so far; raise the first error."""
+        self._send_rewards()
         self._conn.flush()
 
     def close(self) -> None:
-        self._conn.close()
+        try:
+            self._send_rewards()
+        finally:
+            self._conn.close()
 
     def __enter__(self):
         return self
@@ -329,7 +378,7 @@ class PolicyClient(_ClientBase):
         rows = msg.rows.add()
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)
-        resp = self._conn.call("get_action", msg)
+        resp = self._call("get_action", msg)
         out = resp.actions[0]
         self.last_policy_versions = list(out.policy_versions)
         return sb_spaces.decode_value(self.action_space, out.actions, len(episode_ids), "actions from server")
@@ -343,19 +392,18 @@ class PolicyClient(_ClientBase):
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)
         sb_spaces.fill_value(msg.actions.add(), self.action_space, actions)
-        self._conn.call("log_action", msg, wait=False)
+        self._call("log_action", msg, wait=False)
 
     def log_returns(self, episode_id: str, reward: float, info: Optional[dict] = None) -> None:
         self.log_returns_batch([episode_id], [reward], None if info is None else [info])
 
     def log_returns_batch(self, episode_ids: Sequence[str], rewards, infos: Optional[List[dict]] = None) -> None:
-        msg = pb.LogReturnsRequest()
-        rows = msg.rows.add()
+        rows = pb.RewardRows()
         rows.episode_ids.extend(episode_ids)
         tensors.fill_tensor(rows.rewards, np.asarray(rewards, np.float32))
         if infos is not None:
             rows.infos.extend(_struct(i) for i in infos)
-        self._conn.call("log_returns", msg, wait=False)
+        self._queue_rewards(rows)
 
     def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
         self.end_episodes([episode_id], _batch1(observation), [truncated])
@@ -365,7 +413,7 @@ class PolicyClient(_ClientBase):
         rows = msg.final_observations.add()
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)
-        self._conn.call("end_episode", msg, wait=False)
+        self._call("end_episode", msg, wait=False)
 
 
 class MultiAgentPolicyClient(_ClientBase):
@@ -402,7 +450,7 @@ class MultiAgentPolicyClient(_ClientBase):
         groups = list(self._groups(observation_dict).values())
         for aids in groups:
             self._fill_rows(msg.rows.add(), episode_id, aids, observation_dict)
-        resp = self._conn.call("get_action", msg)
+        resp = self._call("get_action", msg)
         out = {}
         for aids, act in zip(groups, resp.actions):
             space = self._space(aids[0], 1)
@@ -417,7 +465,7 @@ class MultiAgentPolicyClient(_ClientBase):
             self._fill_rows(msg.rows.add(), episode_id, aids, observation_dict)
             acts = tree.stack([tree.map_structure(np.asarray, action_dict[a]) for a in aids])
             sb_spaces.fill_value(msg.actions.add(), self._space(aids[0], 1), acts)
-        self._conn.call("log_action", msg, wait=False)
+        self._call("log_action", msg, wait=False)
 
     def log_returns(self, episode_id: str, reward_dict: Dict[str, float], info_dict: Optional[dict] = None,
                     multiagent_done_dict: Optional[Dict[str, bool]] = None,
@@ -430,8 +478,7 @@ class MultiAgentPolicyClient(_ClientBase):
         aids = list(dict.fromkeys(list(reward_dict) + list(done) + list(trunc)))
         if not aids:
             return
-        msg = pb.LogReturnsRequest()
-        rows = msg.rows.add()
+        rows = pb.RewardRows()
         rows.episode_ids.append(episode_id)
         rows.agent_ids.extend(aids)
         tensors.fill_tensor(rows.rewards, np.array([reward_dict.get(a, 0.0) for a in aids], np.float32))
@@ -440,7 +487,7 @@ class MultiAgentPolicyClient(_ClientBase):
             rows.truncated.extend(bool(trunc.get(a, False)) for a in aids)
         if info_dict:
             rows.infos.extend(_struct(info_dict.get(a)) for a in aids)
-        self._conn.call("log_returns", msg, wait=False)
+        self._queue_rewards(rows)
 
     def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,
                     truncated: bool = False) -> None:
@@ -448,4 +495,4 @@ class MultiAgentPolicyClient(_ClientBase):
         if observation_dict:
             for aids in self._groups(observation_dict).values():
                 self._fill_rows(msg.final_observations.add(), episode_id, aids, observation_dict)
-        self._conn.call("end_episode", msg, wait=False)
+        self._call("end_episode", msg, wait=False)

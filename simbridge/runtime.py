@@ -397,15 +397,17 @@ class BridgeRuntime:
         return pb.StartEpisodeResponse(episode_ids=ids)
 
     def _get_action(self, s: Session, req: pb.GetActionRequest) -> pb.GetActionResponse:
-        rows = self._resolve_agent_rows(s, req.rows, "GetAction rows", set())
+        rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
         # Forward passes, outside the lock, batched across simulators per policy.
         results = []
         for r in rows:
             results.append(self._compute(r))
         with self._lock:
             self._check_still_open(s, rows)
+            self._apply_returns(s, plans)
+            stepped = set()
             for r, (actions, logp, versions) in zip(rows, results):
-                self._act(r, actions, logp, versions)
+                self._act(r, actions, logp, versions, stepped)
             batch = self.collector.ready()
         self._deliver(batch)
         resp = pb.GetActionResponse()
@@ -415,6 +417,22 @@ class BridgeRuntime:
             out.policy_versions.extend(versions)
             out.policy_ids.extend(r.policy_ids)
         return resp
+
+    def _resolve_with_returns(self, s: Session, req, what: str):
+        rows = self._resolve_agent_rows(s, req.rows, what, set())
+        if not req.rewards:
+            return rows, []
+        with self._lock:
+            plans = self._check_returns(s, req.rewards)
+            done = self._done_in(plans)
+            if done:
+                acting = {(r.eids[i], r.aids[i]) for r in rows for i in range(r.n)}
+                acting_eps = {e for e, _ in acting}
+                for eid, aid in done:
+                    if (eid, aid) in acting or (aid == ALL_AGENTS and eid in acting_eps):
+                        raise invalid_argument(f"agent {aid!r} of episode {eid!r} is marked done by the "
+                                               f"attached rewards and also asks for an action")
+        return rows, plans
 
     def _compute(self, r: _Rows):
         pids = r.policy_ids
@@ -448,10 +466,12 @@ class BridgeRuntime:
                     raise failed_precondition(f"episode {ep.episode_id!r} ended while its action was "
                                               f"being computed")
 
-    def _act(self, r: _Rows, actions, logp, versions) -> None:
-        """Record observation + action per row; completes each agent's previous transition."""
+    def _act(self, r: _Rows, actions, logp, versions, stepped: set) -> None:
+        """Record observation + action per row; completes each agent's previous transition.
+
+        `stepped` holds the episodes already counted one env step in this call."""
         nan = np.float32(np.nan)
-        stepped = set()
+        before = len(stepped)
         for i in range(r.n):
             ep, aid = r.episodes[i], r.aids[i]
             st = ep.agent(aid)
@@ -460,6 +480,8 @@ class BridgeRuntime:
             obs_i = tree.take(r.obs, i)
             if st.pending:
                 self._emit(ep, st, obs_i, terminated=False, truncated=False)
+            else:
+                st.reward_acc = 0.0  # reward before an agent's first action rewards no action
             st.last_obs = obs_i
             st.last_action = tree.take(actions, i)
             st.last_logp = nan if logp is None else np.float32(logp[i])
@@ -470,7 +492,7 @@ class BridgeRuntime:
                 ep.length += 1
                 if ep.training_enabled:
                     self.collector.count_env_step(ep)
-        self.metrics.env_steps += len(stepped)
+        self.metrics.env_steps += len(stepped) - before
         self.metrics.agent_steps += r.n
 
     def _emit(self, ep: Episode, st: AgentState, new_obs, terminated: bool, truncated: bool) -> None:
@@ -489,86 +511,107 @@ class BridgeRuntime:
         if len(req.actions) != len(req.rows):
             raise invalid_argument(f"LogAction: {len(req.rows)} rows messages but {len(req.actions)} "
                                    f"action values; give one per rows message")
-        rows = self._resolve_agent_rows(s, req.rows, "LogAction rows", set())
+        rows, plans = self._resolve_with_returns(s, req, "LogAction rows")
         for i, (r, a) in enumerate(zip(rows, req.actions)):
             what = f"actions of rows {i}"
             r.actions = sb_spaces.decode_value(r.spec.act_space, a, r.n, what)
             sb_spaces.check_contains(r.spec.act_space, r.actions, r.n, what)
         with self._lock:
             self._check_still_open(s, rows)
+            self._apply_returns(s, plans)
+            stepped = set()
             for r in rows:
-                self._act(r, r.actions, None, [-1] * r.n)  # version -1: the simulator's own choice
+                self._act(r, r.actions, None, [-1] * r.n, stepped)  # version -1: the simulator's own choice
             batch = self.collector.ready()
         self._deliver(batch)
         return pb.LogActionResponse()
 
     def _log_returns(self, s: Session, req: pb.LogReturnsRequest) -> pb.LogReturnsResponse:
-        plans = []
-        seen = set()
         with self._lock:
-            for i, m in enumerate(req.rows):
-                what = f"rewards of rows {i}"
-                eids, aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, what)
-                if not m.HasField("rewards"):
-                    raise invalid_argument(f"{what}: no rewards tensor")
-                rew = tensors.from_tensor(m.rewards)
-                if rew.shape != (n,) or rew.dtype.kind != "f":
-                    raise invalid_argument(f"{what}: expected float32 rewards of shape ({n},), "
-                                           f"got {rew.dtype} {rew.shape}")
-                if np.isnan(rew).any():
-                    raise invalid_argument(f"{what}: reward of row {int(np.isnan(rew).argmax())} is NaN")
-                term = self._flags(m.terminated, n, f"{what}: terminated")
-                trunc = self._flags(m.truncated, n, f"{what}: truncated")
-                if not s.multi_agent and (term.any() or trunc.any()):
-                    raise invalid_argument(f"{what}: ExternalEnv ends episodes with EndEpisode, "
-                                           f"not with done flags")
-                if m.infos and len(m.infos) != n:
-                    raise invalid_argument(f"{what}: {len(m.infos)} infos for {n} rows")
-                final = None
-                if m.HasField("final_observations"):
-                    spec = self._rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)
-                    final = sb_spaces.decode_value(spec.obs_space, m.final_observations, n,
-                                                   f"final observations of rows {i}")
-                eps = []
-                for eid, aid in zip(eids, aids):
-                    ep = self._open_episode(s, eid)
-                    st = ep.agents.get(aid)
-                    if st is not None and st.done:
-                        raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
-                    if (eid, aid) in seen and (term.any() or trunc.any()):
-                        raise invalid_argument(f"agent {aid!r} of episode {eid!r} appears twice in one request")
-                    seen.add((eid, aid))
-                    eps.append(ep)
-                plans.append((m, eids, aids, eps, rew, term, trunc, final))
+            plans = self._check_returns(s, req.rows)
             for em in req.custom_metrics:
                 self._open_episode(s, em.episode_id)
-            # Validated: apply.
-            ending: Dict[str, Tuple[Episode, bool]] = {}
-            for m, eids, aids, eps, rew, term, trunc, final in plans:
-                for j, (ep, aid) in enumerate(zip(eps, aids)):
-                    if aid == ALL_AGENTS:
-                        if term[j] or trunc[j]:
-                            ending[ep.episode_id] = (ep, bool(trunc[j]) and not term[j])
-                        continue
-                    r = float(rew[j])
-                    st = ep.agent(aid)
-                    st.reward_acc += r
-                    st.reward_total += r
-                    ep.total_reward += r
-                    if m.infos:
-                        st.info = json_format.MessageToDict(m.infos[j])
-                    if term[j] or trunc[j]:
-                        if st.pending:
-                            new_obs = tree.take(final, j) if final is not None else st.last_obs
-                            self._emit(ep, st, new_obs, terminated=bool(term[j]), truncated=not term[j])
-                        st.done = True
+            self._apply_returns(s, plans)
             for em in req.custom_metrics:
                 s.episodes[em.episode_id].custom_metrics.update(em.values)
-            for ep, truncated in ending.values():
-                self._finish_episode(s, ep, {}, truncated=truncated, reason="truncated" if truncated else "terminated")
             batch = self.collector.ready()
         self._deliver(batch)
         return pb.LogReturnsResponse()
+
+    def _check_returns(self, s: Session, rows_msgs) -> list:
+        """Lock held. Validates RewardRows; returns plans for _apply_returns."""
+        plans = []
+        seen = set()
+        for i, m in enumerate(rows_msgs):
+            what = f"rewards of rows {i}"
+            eids, aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, what)
+            if not m.HasField("rewards"):
+                raise invalid_argument(f"{what}: no rewards tensor")
+            rew = tensors.from_tensor(m.rewards)
+            if rew.shape != (n,) or rew.dtype.kind != "f":
+                raise invalid_argument(f"{what}: expected float32 rewards of shape ({n},), "
+                                       f"got {rew.dtype} {rew.shape}")
+            if np.isnan(rew).any():
+                raise invalid_argument(f"{what}: reward of row {int(np.isnan(rew).argmax())} is NaN")
+            term = self._flags(m.terminated, n, f"{what}: terminated")
+            trunc = self._flags(m.truncated, n, f"{what}: truncated")
+            any_done = bool(term.any() or trunc.any())
+            if not s.multi_agent and any_done:
+                raise invalid_argument(f"{what}: ExternalEnv ends episodes with EndEpisode, "
+                                       f"not with done flags")
+            if m.infos and len(m.infos) != n:
+                raise invalid_argument(f"{what}: {len(m.infos)} infos for {n} rows")
+            final = None
+            if m.HasField("final_observations"):
+                spec = self._rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)
+                final = sb_spaces.decode_value(spec.obs_space, m.final_observations, n,
+                                               f"final observations of rows {i}")
+            eps = []
+            for j, (eid, aid) in enumerate(zip(eids, aids)):
+                ep = self._open_episode(s, eid)
+                st = ep.agents.get(aid)
+                if st is not None and st.done:
+                    raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
+                if (eid, aid) in seen and any_done:
+                    raise invalid_argument(f"agent {aid!r} of episode {eid!r} appears twice in one request")
+                seen.add((eid, aid))
+                eps.append(ep)
+            plans.append((m, aids, eps, rew, term, trunc, final))
+        return plans
+
+    @staticmethod
+    def _done_in(plans) -> set:
+        """(episode_id, agent_id) pairs that the planned returns finish ("__all__" included)."""
+        out = set()
+        for m, aids, eps, rew, term, trunc, final in plans:
+            for j, (ep, aid) in enumerate(zip(eps, aids)):
+                if term[j] or trunc[j]:
+                    out.add((ep.episode_id, aid))
+        return out
+
+    def _apply_returns(self, s: Session, plans) -> None:
+        """Lock held, plans validated: rewards accrue until each agent's next action."""
+        ending: Dict[str, Tuple[Episode, bool]] = {}
+        for m, aids, eps, rew, term, trunc, final in plans:
+            for j, (ep, aid) in enumerate(zip(eps, aids)):
+                if aid == ALL_AGENTS:
+                    if term[j] or trunc[j]:
+                        ending[ep.episode_id] = (ep, bool(trunc[j]) and not term[j])
+                    continue
+                r = float(rew[j])
+                st = ep.agent(aid)
+                st.reward_acc += r
+                st.reward_total += r
+                ep.total_reward += r
+                if m.infos:
+                    st.info = json_format.MessageToDict(m.infos[j])
+                if term[j] or trunc[j]:
+                    if st.pending:
+                        new_obs = tree.take(final, j) if final is not None else st.last_obs
+                        self._emit(ep, st, new_obs, terminated=bool(term[j]), truncated=not term[j])
+                    st.done = True
+        for ep, truncated in ending.values():
+            self._finish_episode(s, ep, {}, truncated=truncated, reason="truncated" if truncated else "terminated")
 
     @staticmethod
     def _flags(values, n: int, what: str) -> np.ndarray:
@@ -599,6 +642,11 @@ class BridgeRuntime:
                 finals[eid][aid] = tree.take(obs, j)
         with self._lock:
             eps = [self._open_episode(s, eid) for eid in eids]
+            plans = self._check_returns(s, req.rewards)
+            if any(aid == ALL_AGENTS for _, aid in self._done_in(plans)):
+                raise invalid_argument("EndEpisode: attached rewards may not mark '__all__' done: "
+                                       "EndEpisode ends the episode itself")
+            self._apply_returns(s, plans)
             for k, ep in enumerate(eps):
                 tr = bool(req.truncated[0 if len(req.truncated) == 1 else k]) if req.truncated else False
                 self._finish_episode(s, ep, finals[ep.episode_id], truncated=tr,

@@ -371,3 +371,35 @@ def test_resent_request_applied_once(server):
     ep = server.runtime.session(sid, False).episodes[eid]
     assert ep.length == 1
     ch.close()
+
+
+def test_reward_before_first_action_trains_nothing(server):
+    """As in RLlib: a reward with no action before it is counted in the episode, not in a transition."""
+    c = MultiAgentPolicyClient(server.address, OBS, ACT)
+    eid = c.start_episode()
+    c.get_action(eid, {"p0": o(0)})
+    c.log_returns(eid, {"p0": 1.0, "p1": 5.0})       # p1 has not acted yet
+    c.get_action(eid, {"p1": o(1)})
+    c.end_episode(eid, {"p0": o(2), "p1": o(3)})
+    c.flush()
+    b = collected(server).policy_batches["default_policy"]
+    by_agent = dict(zip(b["agent_index"].tolist(), b["rewards"].tolist()))
+    assert by_agent == {0: 1.0, 1: 0.0}
+    assert server.runtime.metrics.recent[-1]["agent_rewards"] == {"p0": 1.0, "p1": 5.0}
+
+
+def test_env_steps_counted_once_per_call(make_server):
+    """Agents of one episode split over several rows messages (different spaces) are one env step."""
+    other = gym.spaces.Box(-1, 1, (5,), np.float32)
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=1000),
+                       policy_mapping_fn=lambda aid, ep: "big" if aid == "big" else "small")
+    srv = make_server(rt)
+    c = MultiAgentPolicyClient(srv.address, OBS, ACT, agents={"big": (other, ACT)})
+    eid = c.start_episode()
+    for i in range(3):
+        c.get_action(eid, {"small": o(i), "big": np.zeros(5, np.float32)})
+    c.end_episode(eid)
+    c.flush()
+    b = collected(srv)
+    assert b.env_steps() == 3 and b.agent_steps() == 6
+    assert rt.metrics.recent[-1]["length"] == 3

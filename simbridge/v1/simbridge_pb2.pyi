@@ -244,12 +244,14 @@ class AgentRows(_message.Message):
     def __init__(self, episode_ids: _Optional[_Iterable[str]] = ..., agent_ids: _Optional[_Iterable[str]] = ..., observations: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class GetActionRequest(_message.Message):
-    __slots__ = ("header", "rows")
+    __slots__ = ("header", "rows", "rewards")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     rows: _containers.RepeatedCompositeFieldContainer[AgentRows]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ...) -> None: ...
+    rewards: _containers.RepeatedCompositeFieldContainer[RewardRows]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ...) -> None: ...
 
 class ActionRows(_message.Message):
     __slots__ = ("actions", "policy_versions", "policy_ids")
@@ -268,14 +270,16 @@ class GetActionResponse(_message.Message):
     def __init__(self, actions: _Optional[_Iterable[_Union[ActionRows, _Mapping]]] = ...) -> None: ...
 
 class LogActionRequest(_message.Message):
-    __slots__ = ("header", "rows", "actions")
+    __slots__ = ("header", "rows", "actions", "rewards")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     rows: _containers.RepeatedCompositeFieldContainer[AgentRows]
     actions: _containers.RepeatedCompositeFieldContainer[Value]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+    rewards: _containers.RepeatedCompositeFieldContainer[RewardRows]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ...) -> None: ...
 
 class LogActionResponse(_message.Message):
     __slots__ = ()
@@ -329,16 +333,18 @@ class LogReturnsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
-    __slots__ = ("header", "episode_ids", "final_observations", "truncated")
+    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     episode_ids: _containers.RepeatedScalarFieldContainer[str]
     final_observations: _containers.RepeatedCompositeFieldContainer[AgentRows]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ...) -> None: ...
+    rewards: _containers.RepeatedCompositeFieldContainer[RewardRows]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ...) -> None: ...
 
 class EndEpisodeResponse(_message.Message):
     __slots__ = ()
