@@ -42,14 +42,23 @@ class DynamicBatcher:
 
     def compute(self, obs: Any, n: int):
         """Actions for n rows of obs. Returns (actions, logp or None, version)."""
-        req = _Request(obs, n)
         with self._cond:
-            self._pending.append(req)
-            lead = not self._busy
-            if lead:
+            alone = not self._busy and self.max_wait_s == 0
+            if alone:
                 self._busy = True
             else:
-                self._cond.notify_all()  # a waiting leader may now have enough rows
+                req = _Request(obs, n)
+                self._pending.append(req)
+                lead = not self._busy
+                if lead:
+                    self._busy = True
+                else:
+                    self._cond.notify_all()  # a waiting leader may now have enough rows
+        if alone:  # nobody else is waiting: run inline, no handoff at all
+            try:
+                return self._forward(obs, n)
+            finally:
+                self._hand_off()
         if not lead:
             req.event.wait()
             lead = req.lead
@@ -77,6 +86,9 @@ class DynamicBatcher:
                     batch.append(r)
                     rows += r.n
             self._run(batch, rows)
+        self._hand_off()
+
+    def _hand_off(self) -> None:
         with self._cond:
             if self._pending:
                 nxt = self._pending[0]
@@ -85,22 +97,24 @@ class DynamicBatcher:
             else:
                 self._busy = False
 
+    def _forward(self, obs: Any, rows: int):
+        version = self.policy.version  # read before: the pass used at most these weights
+        out: ActionBatch = self.policy.compute_actions(obs)
+        self.forward_passes += 1
+        self.rows_served += rows
+        self.max_rows_seen = max(self.max_rows_seen, rows)
+        return out.actions, (None if out.logp is None else np.asarray(out.logp)), version
+
     def _run(self, batch: List[_Request], rows: int) -> None:
         try:
-            obs = tree.concat([r.obs for r in batch])
-            version = self.policy.version  # read before: the pass used at most these weights
-            out: ActionBatch = self.policy.compute_actions(obs)
+            actions, logp, version = self._forward(tree.concat([r.obs for r in batch]), rows)
             start = 0
             for r in batch:
                 sl = slice(start, start + r.n)
-                logp = None if out.logp is None else np.asarray(out.logp)[sl]
-                r.result = (tree.take(out.actions, sl), logp, version)
+                r.result = (tree.take(actions, sl), None if logp is None else logp[sl], version)
                 start += r.n
         except Exception as e:  # the error goes back to every caller of this pass
             for r in batch:
                 r.error = e
-        self.forward_passes += 1
-        self.rows_served += rows
-        self.max_rows_seen = max(self.max_rows_seen, rows)
         for r in batch:
             r.event.set()

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge import spaces as sb_spaces
+from simbridge.tree import rows
 
 
 @dataclass
@@ -40,10 +41,11 @@ class RandomPolicy(Policy):
         self._rng = np.random.default_rng(seed)
 
     def compute_actions(self, obs_batch):
-        from simbridge.tree import rows
-
         n = rows(obs_batch)
-        return ActionBatch(sb_spaces.sample_batch_of(self.action_space, n, self._rng))
+        sp = self.action_space
+        if type(sp) is gym.spaces.Discrete:  # the common case, without the generic sampler
+            return ActionBatch(self._rng.integers(sp.n, size=n) + sp.start)
+        return ActionBatch(sb_spaces.sample_batch_of(sp, n, self._rng))
 
 
 def random_policy_factory(policy_id: str, observation_space, action_space) -> Policy:
