@@ -5,6 +5,7 @@ calls `compute_actions` with rows from every simulator that is waiting, so one
 forward pass serves them all (see batcher.py). `version` counts weight updates;
 every action reply carries the version that produced it.
 """
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -39,12 +40,21 @@ class RandomPolicy(Policy):
     def __init__(self, observation_space, action_space, seed: Optional[int] = None):
         super().__init__(observation_space, action_space)
         self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._pool = np.zeros(0, np.int64)
+        self._pos = 0
 
     def compute_actions(self, obs_batch):
         n = rows(obs_batch)
         sp = self.action_space
-        if type(sp) is gym.spaces.Discrete:  # the common case, without the generic sampler
-            return ActionBatch(self._rng.integers(sp.n, size=n) + sp.start)
+        if type(sp) is gym.spaces.Discrete:  # the common case: served from a pre-drawn pool
+            with self._lock:
+                if self._pos + n > len(self._pool):
+                    self._pool = self._rng.integers(sp.n, size=max(4096, n)) + sp.start
+                    self._pos = 0
+                out = self._pool[self._pos:self._pos + n]
+                self._pos += n
+            return ActionBatch(out)
         return ActionBatch(sb_spaces.sample_batch_of(sp, n, self._rng))
 
 

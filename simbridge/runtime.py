@@ -13,6 +13,7 @@ finished batches to the ExperienceQueue (which may block) happens outside it.
 import collections
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -36,6 +37,8 @@ log = logging.getLogger("simbridge")
 
 DEFAULT_POLICY = "default_policy"
 SERVER_VERSION = "simbridge 0.1.0"
+
+_NO_FLAGS = (False,) * 4096
 
 PolicyMappingFn = Callable[[str, Episode], str]
 PolicyFactory = Callable[[str, object, object], Policy]
@@ -551,11 +554,12 @@ class BridgeRuntime:
             if rew.shape != (n,) or rew.dtype.kind != "f":
                 raise invalid_argument(f"{what}: expected float32 rewards of shape ({n},), "
                                        f"got {rew.dtype} {rew.shape}")
-            if np.isnan(rew).any():
-                raise invalid_argument(f"{what}: reward of row {int(np.isnan(rew).argmax())} is NaN")
+            if not math.isfinite(rew.sum()):  # one reduction on the fast path
+                bad = int((~np.isfinite(rew)).argmax())
+                raise invalid_argument(f"{what}: reward of row {bad} is {rew[bad]}, not a finite number")
             term = self._flags(m.terminated, n, f"{what}: terminated")
             trunc = self._flags(m.truncated, n, f"{what}: truncated")
-            any_done = bool(term.any() or trunc.any())
+            any_done = any(m.terminated) or any(m.truncated)  # the wire lists: empty when no flags
             if not s.multi_agent and any_done:
                 raise invalid_argument(f"{what}: ExternalEnv ends episodes with EndEpisode, "
                                        f"not with done flags")
@@ -614,12 +618,12 @@ class BridgeRuntime:
             self._finish_episode(s, ep, {}, truncated=truncated, reason="truncated" if truncated else "terminated")
 
     @staticmethod
-    def _flags(values, n: int, what: str) -> np.ndarray:
+    def _flags(values, n: int, what: str):
         if len(values) == 0:
-            return np.zeros(n, bool)
+            return _NO_FLAGS if n <= len(_NO_FLAGS) else (False,) * n
         if len(values) != n:
             raise invalid_argument(f"{what}: {len(values)} flags for {n} rows")
-        return np.asarray(values, bool)
+        return list(values)
 
     def _end_episode(self, s: Session, req: pb.EndEpisodeRequest) -> pb.EndEpisodeResponse:
         eids = list(req.episode_ids)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import numpy as np
 from gymnasium import spaces as gs
 
@@ -457,7 +459,8 @@ def _decode(space: gs.Space, msg: pb.Value, lead: tuple, what: str, path: Path) 
         raise invalid_argument(f"{_fmt(what, path)}: {e.message}") from None
 
     if isinstance(space, gs.Box):
-        if code in FLOAT_DTYPES and np.isnan(arr).any():
+        # One reduction on the fast path: a sum is NaN whenever any element is.
+        if code in FLOAT_DTYPES and arr.size and math.isnan(arr.sum()) and np.isnan(arr).any():
             idx = tuple(int(i) for i in np.argwhere(np.isnan(arr))[0])
             raise invalid_argument(f"{_fmt(what, path)}: contains NaN {_at(idx, lead)}")
         return arr
