@@ -81,6 +81,7 @@ class _Connection:
         self._lock = threading.RLock()
         self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
         self._deferred: Optional[BridgeError] = None
+        self._closing = False
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 256 * 1024 * 1024),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -127,6 +128,8 @@ class _Connection:
         return resp.create_session
 
     def _reconnect(self, cause: Exception) -> None:
+        if self._closing:
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
         deadline = time.monotonic() + self.reconnect_timeout_s
         delay = 0.05
         log.warning("connection to %s broke (%s); reconnecting", self.address, cause)
@@ -221,6 +224,7 @@ class _Connection:
             raise err
 
     def close(self) -> None:
+        self._closing = True  # a dead server is not worth reconnecting to now
         try:
             with self._lock:
                 self.flush()
@@ -469,25 +473,39 @@ class MultiAgentPolicyClient(_ClientBase):
 
     def log_returns(self, episode_id: str, reward_dict: Dict[str, float], info_dict: Optional[dict] = None,
                     multiagent_done_dict: Optional[Dict[str, bool]] = None,
-                    truncated_dict: Optional[Dict[str, bool]] = None) -> None:
-        """Rewards add up per agent until its next action. done/truncated dicts end
-        agents early; "__all__": True ends the episode (agents keep their last
-        observation: use end_episode to give final observations)."""
+                    truncated_dict: Optional[Dict[str, bool]] = None,
+                    final_observation_dict: Optional[Dict[str, Any]] = None) -> None:
+        """Rewards add up per agent until its next action.
+
+        multiagent_done_dict (terminated) and truncated_dict end agents early;
+        final_observation_dict gives those agents' last observations (needed
+        for truncated agents, whose learners bootstrap from it; without it the
+        agent's previous observation stands in). "__all__": True ends the
+        episode; use end_episode instead to give final observations."""
         done = dict(multiagent_done_dict or {})
         trunc = dict(truncated_dict or {})
+        finals = dict(final_observation_dict or {})
         aids = list(dict.fromkeys(list(reward_dict) + list(done) + list(trunc)))
         if not aids:
             return
-        rows = pb.RewardRows()
-        rows.episode_ids.append(episode_id)
-        rows.agent_ids.extend(aids)
-        tensors.fill_tensor(rows.rewards, np.array([reward_dict.get(a, 0.0) for a in aids], np.float32))
-        if done or trunc:
-            rows.terminated.extend(bool(done.get(a, False)) for a in aids)
-            rows.truncated.extend(bool(trunc.get(a, False)) for a in aids)
-        if info_dict:
-            rows.infos.extend(_struct(info_dict.get(a)) for a in aids)
-        self._queue_rewards(rows)
+        # Agents with a final observation travel in rows of one space each; the rest together.
+        with_final = [a for a in aids if a in finals and a != "__all__"]
+        plain = [a for a in aids if a not in finals or a == "__all__"]
+        groups = [(g, True) for g in self._groups(with_final).values()] + ([(plain, False)] if plain else [])
+        for group, has_final in groups:
+            rows = pb.RewardRows()
+            rows.episode_ids.append(episode_id)
+            rows.agent_ids.extend(group)
+            tensors.fill_tensor(rows.rewards, np.array([reward_dict.get(a, 0.0) for a in group], np.float32))
+            if done or trunc:
+                rows.terminated.extend(bool(done.get(a, False)) for a in group)
+                rows.truncated.extend(bool(trunc.get(a, False)) for a in group)
+            if info_dict:
+                rows.infos.extend(_struct(info_dict.get(a)) for a in group)
+            if has_final:
+                stacked = tree.stack([finals[a] for a in group])
+                sb_spaces.fill_value(rows.final_observations, self._space(group[0], 0), stacked)
+            self._queue_rewards(rows)
 
     def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,
                     truncated: bool = False) -> None:

@@ -72,8 +72,10 @@ class ExternalMultiAgentEnv(ExternalEnv):
         return MultiAgentPolicyClient(self.address, self.observation_space, self.action_space,
                                       agents=self.agents, **self._client_kwargs)
 
-    def log_returns(self, episode_id: str, reward_dict, info_dict=None, multiagent_done_dict=None) -> None:
-        self.client.log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
+    def log_returns(self, episode_id: str, reward_dict, info_dict=None, multiagent_done_dict=None,
+                    truncated_dict=None, final_observation_dict=None) -> None:
+        self.client.log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict, truncated_dict,
+                                final_observation_dict)
 
     def end_episode(self, episode_id: str, observation_dict=None, truncated: bool = False) -> None:
         self.client.end_episode(episode_id, observation_dict, truncated)

@@ -30,12 +30,12 @@ from simbridge.collector import ExperienceCollector, ExperienceQueue
 from simbridge.episode import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode
 from simbridge.errors import (BridgeError, already_exists, failed_precondition, invalid_argument,
                               not_found, resource_exhausted)
+from simbridge.mapping import DEFAULT_POLICY
 from simbridge.policy import Policy, random_policy_factory
 from simbridge.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
 
-DEFAULT_POLICY = "default_policy"
 SERVER_VERSION = "simbridge 0.1.0"
 
 _NO_FLAGS = (False,) * 4096

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from simbridge.mapping import parse_rules, pattern_mapping
 from simbridge.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server import BridgeServer
 
@@ -36,15 +37,23 @@ def main(argv=None) -> int:
     p.add_argument("--rollout-fragment-length", type=int, default=200)
     p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"])
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="dynamic batcher wait for more rows")
+    p.add_argument("--policy-map", action="append", default=[], metavar="PATTERN=POLICY",
+                   help="map agent ids matching a glob to a policy, e.g. 'player_*=nim' (repeatable; "
+                        "first match wins; others use default_policy). Agents with different spaces "
+                        "need different policies.")
     p.add_argument("--print-every", type=float, default=2.0, help="seconds between progress lines (0: quiet)")
     p.add_argument("--json", action="store_true", help="print progress as JSON lines")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    try:
+        mapping = pattern_mapping(parse_rules(args.policy_map))
+    except ValueError as e:
+        p.error(str(e))
     cfg = BridgeConfig(rollout_fragment_length=args.rollout_fragment_length, batch_mode=args.batch_mode,
                        max_wait_ms=args.max_wait_ms)
-    runtime = BridgeRuntime(cfg)
+    runtime = BridgeRuntime(cfg, policy_mapping_fn=mapping)
     try:
         server = BridgeServer(runtime, args.address).start()
     except RuntimeError as e:
@@ -66,6 +75,7 @@ def main(argv=None) -> int:
         pass
     stop.set()
     server.stop()
+    print(json.dumps({"final": runtime.snapshot()}), flush=True)
     return 0
 
 

@@ -403,3 +403,24 @@ def test_env_steps_counted_once_per_call(make_server):
     b = collected(srv)
     assert b.env_steps() == 3 and b.agent_steps() == 6
     assert rt.metrics.recent[-1]["length"] == 3
+
+
+def test_truncated_agent_keeps_its_final_observation(make_server):
+    other = gym.spaces.Box(-1, 1, (5,), np.float32)
+    rt = BridgeRuntime(policy_mapping_fn=lambda aid, ep: "big" if aid == "big" else "small")
+    srv = make_server(rt)
+    c = MultiAgentPolicyClient(srv.address, OBS, ACT, agents={"big": (other, ACT)})
+    eid = c.start_episode()
+    c.get_action(eid, {"a": o(0), "b": o(0), "big": np.zeros(5, np.float32)})
+    c.log_returns(eid, {"a": 1.0, "b": 1.0, "big": 2.0}, truncated_dict={"a": True, "big": True},
+                  final_observation_dict={"a": o(7), "big": np.ones(5, np.float32)})
+    c.get_action(eid, {"b": o(1)})
+    c.end_episode(eid, {"b": o(2)})
+    c.flush()
+    b = collected(srv).policy_batches
+    small = b["small"]
+    a_row = int(np.flatnonzero(small["agent_index"] == 0)[0])
+    assert small["truncateds"][a_row] and not small["terminateds"][a_row]
+    np.testing.assert_array_equal(small["new_obs"][a_row], o(7))
+    np.testing.assert_array_equal(b["big"]["new_obs"][0], np.ones(5, np.float32))
+    assert b["big"]["truncateds"][0]
