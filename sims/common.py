@@ -1,0 +1,146 @@
+"""What the reference simulators share: CLI options, stop signals, stats, exit codes."""
+import argparse
+import collections
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Dict, Optional
+
+import gymnasium as gym
+import numpy as np
+
+from simbridge.errors import BridgeError
+
+
+def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
+    p.add_argument("--address", default="127.0.0.1:50051",
+                   help="host:port of the simbridge server (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=0,
+                   help="episodes to run, then exit (0: run until stopped; default: %(default)s)")
+    p.add_argument("--transport", choices=["stream", "unary"], default="stream",
+                   help="one bidirectional stream (default) or one RPC per call")
+    p.add_argument("--seed", type=int, default=None, help="seed for the env(s) and the simulator's choices")
+    p.add_argument("--no-training", action="store_true",
+                   help="run episodes with training_enabled=False (the server collects no experience)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the final JSON summary")
+    p.add_argument("--print-every", type=int, default=print_every, metavar="N",
+                   help="a progress line every N episodes (default: %(default)s)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to wait for the server at startup (default: %(default)s)")
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT: the loop ends its open episodes (truncated) and exits cleanly.
+
+    A second SIGINT raises KeyboardInterrupt for an impatient user.
+    """
+
+    def __init__(self):
+        self._event = threading.Event()
+        self.signal_name: Optional[str] = None
+
+    def install(self) -> "StopFlag":
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handler)
+            signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self._event.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        self._event.set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+class Stats:
+    """Counts episodes and steps, prints progress lines, builds the JSON summary."""
+
+    def __init__(self, prog: str, print_every: int = 20, quiet: bool = False, window: int = 20):
+        self.prog = prog
+        self.print_every = max(1, print_every)
+        self.quiet = quiet
+        self.episodes = 0           # episodes that ended by themselves (terminal or time limit)
+        self.cut = 0                # episodes ended (truncated) because the simulator stopped
+        self.terminated = 0
+        self.truncated = 0
+        self.steps = 0              # env steps (one per env copy per step)
+        self.off_policy_steps = 0   # steps whose action the simulator chose (log_action)
+        self.returns = []
+        self.recent = collections.deque(maxlen=window)
+        self.agent_returns: Dict[str, list] = collections.defaultdict(list)
+        self.connected = False
+        self._t0 = time.monotonic()
+        self._last_t = self._t0
+        self._last_steps = 0
+
+    def episode(self, ret: float, truncated: bool, agent_returns: Optional[Dict[str, float]] = None) -> None:
+        self.episodes += 1
+        self.truncated += bool(truncated)
+        self.terminated += not truncated
+        self.returns.append(float(ret))
+        self.recent.append(float(ret))
+        for aid, r in (agent_returns or {}).items():
+            self.agent_returns[aid].append(float(r))
+        if not self.quiet and self.episodes % self.print_every == 0:
+            now = time.monotonic()
+            rate = (self.steps - self._last_steps) / max(now - self._last_t, 1e-9)
+            self._last_t, self._last_steps = now, self.steps
+            print(f"{self.prog}: episodes {self.episodes:6d} | return mean({len(self.recent)}) "
+                  f"{np.mean(self.recent):8.2f} | steps {self.steps:8d} ({rate:7.0f}/s)", flush=True)
+
+    def summary(self, **extra) -> dict:
+        elapsed = time.monotonic() - self._t0
+        out = {
+            "episodes": self.episodes,
+            "steps": self.steps,
+            "return_mean": round(float(np.mean(self.returns)), 4) if self.returns else None,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "cut_at_exit": self.cut,
+            "off_policy_steps": self.off_policy_steps,
+            "elapsed_s": round(elapsed, 3),
+            "steps_per_s": round(self.steps / max(elapsed, 1e-9), 1),
+        }
+        if self.agent_returns:
+            out["agent_return_mean"] = {a: round(float(np.mean(v)), 4)
+                                        for a, v in sorted(self.agent_returns.items())}
+        out.update(extra)
+        return out
+
+
+def cast_to_space(space: gym.Space, value):
+    """Give Box leaves the space's dtype (the server checks dtypes strictly)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: cast_to_space(space[k], value[k]) for k in space.spaces}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(cast_to_space(s, v) for s, v in zip(space.spaces, value))
+    if isinstance(space, gym.spaces.Box):
+        return np.asarray(value, dtype=space.dtype)
+    return value
+
+
+def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) -> int:
+    """Run a simulator body; map BridgeError to exit 2 with its message (no traceback)."""
+    stop = StopFlag().install()
+    try:
+        extra = body(stop, stats) or {}
+    except BridgeError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        if stats.connected:
+            print(json.dumps(stats.summary(error=str(e))), flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    if stop.signal_name and not stats.quiet:
+        print(f"{prog}: stopped by {stop.signal_name}", file=sys.stderr, flush=True)
+    print(json.dumps(stats.summary(**extra)), flush=True)
+    return 0

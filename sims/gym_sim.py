@@ -1,0 +1,234 @@
+"""`simbridge-sim`: a reference simulator that runs a gymnasium env in its own loop.
+
+The env runs here, in the simulator's process; actions come from a simbridge
+server (`simbridge-server` or the trainer) and experience flows back to it:
+
+    simbridge-server &                                   # random policy, port 50051
+    simbridge-sim --env CartPole-v1 --episodes 100
+    simbridge-sim --slots 8                              # 8 envs, batched calls
+    simbridge-sim --off-policy-fraction 0.3              # some actions chosen here (log_action)
+
+With --slots 1 (the default) the loop is an ExternalEnv subclass, the way a
+simulator would be written against RLlib's ExternalEnv. With --slots K > 1 the
+K envs are stepped together with one get_actions / log_returns_batch per step,
+and a slot whose episode ends is ended and restarted on its own (auto-reset).
+
+Time-limit ends are reported as truncated=True, true terminal states as
+truncated=False, as gymnasium's flags say. Stopping the simulator (SIGTERM,
+Ctrl-C, --max-steps) ends its open episodes as truncated.
+"""
+import argparse
+import sys
+import uuid
+from typing import List, Optional
+
+import gymnasium as gym
+import numpy as np
+
+from simbridge import tree
+from simbridge.client import PolicyClient
+from simbridge.external_env import ExternalEnv
+from sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
+
+PROG = "simbridge-sim"
+
+
+def make_env(args) -> gym.Env:
+    kwargs = {}
+    if args.max_episode_steps:
+        kwargs["max_episode_steps"] = args.max_episode_steps
+    return gym.make(args.env, **kwargs)
+
+
+class _Budget:
+    """How many episodes may still start and whether the simulator must stop now."""
+
+    def __init__(self, args, stats: Stats, stop: StopFlag):
+        self.episodes = args.episodes
+        self.max_steps = args.max_steps
+        self.stats = stats
+        self.stop = stop
+        self.started = 0
+
+    def must_stop(self) -> bool:
+        return bool(self.stop) or bool(self.max_steps and self.stats.steps >= self.max_steps)
+
+    def may_start(self, n: int) -> int:
+        """How many of n new episodes may start now (and counts them as started)."""
+        if self.must_stop():
+            return 0
+        if self.episodes:
+            n = max(0, min(n, self.episodes - self.started))
+        self.started += n
+        return n
+
+
+def _client_kwargs(args, slots: int) -> dict:
+    return dict(transport=args.transport, connect_timeout_s=args.connect_timeout,
+                client_name=f"{PROG}[{args.env}]x{slots}")
+
+
+class GymExternalEnv(ExternalEnv):
+    """One env, one episode at a time: the plain ExternalEnv loop."""
+
+    def __init__(self, env: gym.Env, args, stats: Stats, stop: StopFlag):
+        super().__init__(env.action_space, env.observation_space, args.address, **_client_kwargs(args, 1))
+        self.env = env
+        self.args = args
+        self.stats = stats
+        self.budget = _Budget(args, stats, stop)
+        self.rng = np.random.default_rng(args.seed)
+        if args.seed is not None:
+            env.action_space.seed(args.seed)
+
+    def run(self) -> None:
+        env, args, stats = self.env, self.args, self.stats
+        _ = self.client  # connect now, so an unreachable server fails before any work
+        stats.connected = True
+        seed = args.seed
+        while self.budget.may_start(1):
+            eid = self.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training)
+            obs, _ = env.reset(seed=seed)
+            seed = None  # seed the first reset only; later ones continue its RNG
+            obs = cast_to_space(self.observation_space, obs)
+            ret = 0.0
+            while True:
+                if self.budget.must_stop():
+                    self.end_episode(eid, obs, truncated=True)
+                    stats.cut += 1
+                    break
+                if args.off_policy_fraction and self.rng.random() < args.off_policy_fraction:
+                    action = env.action_space.sample()  # the simulator's own choice
+                    self.log_action(eid, obs, action)
+                    stats.off_policy_steps += 1
+                else:
+                    action = self.get_action(eid, obs)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                obs = cast_to_space(self.observation_space, obs)
+                ret += float(reward)
+                stats.steps += 1
+                self.log_returns(eid, float(reward))
+                if terminated or truncated:
+                    trunc = bool(truncated and not terminated)  # a terminal state is never a time limit
+                    self.end_episode(eid, obs, truncated=trunc)
+                    stats.episode(ret, trunc)
+                    break
+        self.close()
+
+
+def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None:
+    """K envs stepped together; per-slot auto-reset."""
+    k = len(envs)
+    obs_space, act_space = envs[0].observation_space, envs[0].action_space
+    client = PolicyClient(args.address, obs_space, act_space, **_client_kwargs(args, k))
+    stats.connected = True
+    budget = _Budget(args, stats, stop)
+    rng = np.random.default_rng(args.seed)
+    seeds: List[Optional[int]] = [None if args.seed is None else args.seed + i for i in range(k)]
+    for env, s in zip(envs, seeds):
+        if s is not None:
+            env.action_space.seed(s)
+    eids: List[Optional[str]] = [None] * k
+    obs: list = [None] * k
+    rets = [0.0] * k
+    training = not args.no_training
+
+    def start(slots: List[int]) -> None:
+        if not slots:
+            return
+        ids = [uuid.uuid4().hex for _ in slots]
+        client.start_episodes(ids, training_enabled=training)  # ids chosen here: pipelined
+        for s, eid in zip(slots, ids):
+            o, _ = envs[s].reset(seed=seeds[s])
+            seeds[s] = None
+            eids[s], obs[s], rets[s] = eid, cast_to_space(obs_space, o), 0.0
+
+    start(list(range(budget.may_start(k))))
+    while True:
+        live = [s for s in range(k) if eids[s] is not None]
+        if not live:
+            break
+        if budget.must_stop():
+            client.end_episodes([eids[s] for s in live], tree.stack([obs[s] for s in live]), [True] * len(live))
+            stats.cut += len(live)
+            break
+        off = [s for s in live if args.off_policy_fraction and rng.random() < args.off_policy_fraction]
+        on = [s for s in live if s not in off]
+        actions = {}
+        if off:
+            for s in off:
+                actions[s] = envs[s].action_space.sample()
+            client.log_actions([eids[s] for s in off], tree.stack([obs[s] for s in off]),
+                               tree.stack([actions[s] for s in off]))
+            stats.off_policy_steps += len(off)
+        if on:
+            acts = client.get_actions([eids[s] for s in on], tree.stack([obs[s] for s in on]))
+            for i, s in enumerate(on):
+                actions[s] = tree.take(acts, i)
+        rewards, ended, ended_trunc = [], [], []
+        for s in live:
+            o, r, terminated, truncated, _ = envs[s].step(actions[s])
+            obs[s] = cast_to_space(obs_space, o)
+            rets[s] += float(r)
+            rewards.append(float(r))
+            if terminated or truncated:
+                ended.append(s)
+                ended_trunc.append(bool(truncated and not terminated))
+        stats.steps += len(live)
+        client.log_returns_batch([eids[s] for s in live], rewards)
+        if ended:
+            client.end_episodes([eids[s] for s in ended], tree.stack([obs[s] for s in ended]), ended_trunc)
+            for s, tr in zip(ended, ended_trunc):
+                stats.episode(rets[s], tr)
+                eids[s] = None
+            start(ended[:budget.may_start(len(ended))])
+    client.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default: %(default)s)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many env steps in all (0: no bound)")
+    p.add_argument("--max-episode-steps", type=int, default=None,
+                   help="time limit per episode (default: the env's own)")
+    p.add_argument("--slots", type=int, default=1,
+                   help="env copies stepped together with batched calls (default: %(default)s)")
+    p.add_argument("--off-policy-fraction", type=float, default=0.0, metavar="F",
+                   help="with probability F per step, pick a random action here and report it with "
+                        "log_action (default: %(default)s)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.slots < 1:
+        print(f"{PROG}: error: --slots must be >= 1", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.off_policy_fraction <= 1.0:
+        print(f"{PROG}: error: --off-policy-fraction must be in [0, 1]", file=sys.stderr)
+        return 2
+    try:
+        envs = [make_env(args) for _ in range(args.slots)]
+    except gym.error.Error as e:
+        print(f"{PROG}: error: cannot make env {args.env!r}: {e}", file=sys.stderr)
+        return 2
+    stats = Stats(PROG, args.print_every, args.quiet)
+
+    def body(stop: StopFlag, stats: Stats) -> dict:
+        if args.slots == 1:
+            GymExternalEnv(envs[0], args, stats, stop).run()  # run the loop on this thread
+        else:
+            run_batched(envs, args, stats, stop)
+        return {"env": args.env, "slots": args.slots, "transport": args.transport}
+
+    try:
+        return run_cli(PROG, body, stats)
+    finally:
+        for env in envs:
+            env.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
