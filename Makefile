@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Pinned and installed first, so the trainer extra does not pull a CUDA build.
+TORCH  ?= torch==2.13.0
 
 .PHONY: venv demo test proto bench clean
 
@@ -11,7 +13,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q '$(TORCH)'
+	$(PY) -m pip install -q -e '.[trainer,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

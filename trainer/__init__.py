@@ -1,0 +1,1 @@
+"""The trainer: learners (DQN, SAC) behind the bridge, and the daemon that runs them."""

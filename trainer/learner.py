@@ -1,0 +1,171 @@
+"""Learner: a Policy the bridge serves actions from, that also learns off-policy.
+
+The bridge's gRPC threads call `compute_actions` (batched by the dynamic
+batcher) while the daemon's learner thread calls `add` and `train`. Acting uses
+its own copy of the networks, refreshed after each train() call under a lock,
+so a forward pass never sees half-updated weights; `version` counts the
+gradient updates in the weights that act.
+
+Replay ratio: `train()` performs the updates that are due, `updates_per_step`
+per agent step added once `learning_starts` steps were seen. The daemon calls
+it before taking more experience, so a slow learner slows the simulators
+(the bridge's queue fills and blocks) instead of falling behind.
+"""
+import copy
+import threading
+from typing import Any, Dict, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from simbridge.policy import ActionBatch, Policy
+from simbridge.sample_batch import SampleBatch
+from trainer.nstep import NStepAccumulator
+from trainer.preprocess import flatten
+from trainer.replay import ReplayBuffer
+
+COMMON_DEFAULTS = {
+    "gamma": 0.99,
+    "n_step": 1,
+    "buffer_size": 100_000,
+    "batch_size": 256,
+    "learning_starts": 1_000,
+    "updates_per_step": 1.0,   # gradient updates per agent step (replay ratio)
+    "hidden": [256, 256],
+    "seed": None,
+}
+
+
+def pick_device(name: Optional[str] = None) -> torch.device:
+    if name and name != "auto":
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Learner(Policy):
+    DEFAULTS: Dict[str, Any] = {}
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True):
+        super().__init__(observation_space, action_space)
+        cfg = {**COMMON_DEFAULTS, **self.DEFAULTS}
+        unknown = set(config or {}) - set(cfg)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
+                             f"known: {sorted(cfg)}")
+        cfg.update(config or {})
+        self.config = cfg
+        self.device = pick_device(device)
+        self.trainable = trainable
+        self.generator = torch.Generator(device=self.device)
+        self.rng = np.random.default_rng(cfg["seed"])
+        if cfg["seed"] is not None:
+            torch.manual_seed(cfg["seed"])
+            self.generator.manual_seed(cfg["seed"])
+        self.replay = ReplayBuffer(cfg["buffer_size"], self.device)
+        self.nstep = NStepAccumulator(cfg["n_step"], cfg["gamma"])
+        self.agent_steps = 0          # transitions added
+        self.updates = 0              # gradient updates done
+        self._act_lock = threading.Lock()
+        self.build()
+        self.acting = copy.deepcopy(self.modules_for_acting())
+        self.last_metrics: Dict[str, float] = {}
+
+    # ------------------------------------------------------------ to implement
+
+    def build(self) -> None:
+        """Create networks and optimizers."""
+        raise NotImplementedError
+
+    def modules_for_acting(self) -> torch.nn.Module:
+        """The module(s) compute_actions needs; copied for acting."""
+        raise NotImplementedError
+
+    def act(self, module: torch.nn.Module, obs: torch.Tensor, explore: bool):
+        """Actions (np, env space) and logp (np or None) for flat obs, with the acting copy."""
+        raise NotImplementedError
+
+    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """One gradient update from a replay sample; returns scalar metrics."""
+        raise NotImplementedError
+
+    def store_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Actions as the replay keeps them (e.g. scaled to [-1, 1]); identity by default."""
+        return actions
+
+    # ------------------------------------------------------------ serving
+
+    def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
+        return torch.as_tensor(flatten(self.observation_space, obs_batch), device=self.device)
+
+    def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
+        obs = self.obs_tensor(obs_batch)
+        with self._act_lock, torch.no_grad():
+            actions, logp = self.act(self.acting, obs, explore)
+        return ActionBatch(actions, logp)
+
+    # ------------------------------------------------------------ learning
+
+    def add(self, batch: SampleBatch) -> None:
+        if not self.trainable or batch.count == 0:
+            return
+        cols = self.nstep.add(batch)
+        if cols:
+            cols["obs"] = flatten(self.observation_space, cols["obs"])
+            cols["new_obs"] = flatten(self.observation_space, cols["new_obs"])
+            cols["actions"] = self.store_actions(np.asarray(cols["actions"]))
+            self.replay.add(cols)
+        self.agent_steps += batch.count
+
+    def updates_due(self) -> int:
+        if not self.trainable or self.agent_steps < self.config["learning_starts"] or len(self.replay) == 0:
+            return 0
+        target = int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
+        return max(0, target - self.updates)
+
+    def train(self, max_updates: Optional[int] = None) -> Dict[str, float]:
+        due = self.updates_due()
+        if max_updates is not None:
+            due = min(due, max_updates)
+        if due == 0:
+            return {}
+        metrics: Dict[str, float] = {}
+        for _ in range(due):
+            metrics = self.update(self.replay.sample(self.config["batch_size"], self.generator))
+            self.updates += 1
+        self.sync_acting()
+        self.last_metrics = metrics
+        return metrics
+
+    def sync_acting(self) -> None:
+        state = self.modules_for_acting().state_dict()
+        with self._act_lock:
+            self.acting.load_state_dict(state)
+            self.version = self.updates
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self, include_replay: bool = False) -> dict:
+        state = {"agent_steps": self.agent_steps, "updates": self.updates, "config": self.config,
+                 "nets": self.nets_state(), "rng": self.rng.bit_generator.state}
+        if include_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent_steps, self.updates = state["agent_steps"], state["updates"]
+        self.load_nets_state(state["nets"])
+        self.rng.bit_generator.state = state["rng"]
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        self.sync_acting()
+
+    def nets_state(self) -> dict:
+        """Networks, target networks and optimizers (override to add more)."""
+        return {name: obj.state_dict() for name, obj in vars(self).items()
+                if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)) and name != "acting"}
+
+    def load_nets_state(self, state: dict) -> None:
+        for name, sd in state.items():
+            getattr(self, name).load_state_dict(sd)
