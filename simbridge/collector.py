@@ -39,6 +39,14 @@ class ExperienceCollector:
         else:
             self._add(policy_id, row)
 
+    def add_rows(self, policy_id: str, columns: dict) -> None:
+        """A chunk of transitions (columns, rows first); truncate_episodes mode only."""
+        b = self._builders.get(policy_id)
+        if b is None:
+            b = self._builders[policy_id] = SampleBatchBuilder()
+        b.add_rows(columns)
+        self._agent_steps += len(columns["rewards"])
+
     def count_env_step(self, episode) -> None:
         if self.complete_episodes:
             episode.held_env_steps += 1

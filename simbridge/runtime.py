@@ -27,7 +27,7 @@ from simbridge import spaces as sb_spaces
 from simbridge import tensors, tree
 from simbridge.batcher import DynamicBatcher
 from simbridge.collector import ExperienceCollector, ExperienceQueue
-from simbridge.episode import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode
+from simbridge.episode import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode, SlotTable
 from simbridge.errors import (BridgeError, already_exists, failed_precondition, invalid_argument,
                               not_found, resource_exhausted)
 from simbridge.mapping import DEFAULT_POLICY
@@ -137,6 +137,7 @@ class BridgeRuntime:
         self._policies: Dict[str, Policy] = {}
         self._policy_keys: Dict[str, tuple] = {}
         self._batchers: Dict[str, DynamicBatcher] = {}
+        self._tables: Dict[tuple, SlotTable] = {}
         self._episode_counter = itertools.count(1)
 
     # ------------------------------------------------------------ policies
@@ -176,7 +177,10 @@ class BridgeRuntime:
         with self._lock:
             if req.resume_session_id:
                 s = self._sessions.get(req.resume_session_id)
-                if s is not None and s.multi_agent == multi_agent:
+                if s is not None and s.multi_agent != multi_agent:
+                    svc = "ExternalMultiAgentEnv" if s.multi_agent else "ExternalEnv"
+                    raise failed_precondition(f"session {s.session_id!r} belongs to {svc}: resume it there")
+                if s is not None:
                     s.detached_since = None
                     s.last_active = time.monotonic()
                     log.info("session %s resumed (%d open episodes)", s.session_id, len(s.episodes))
@@ -406,7 +410,7 @@ class BridgeRuntime:
         for r in rows:
             results.append(self._compute(r))
         with self._lock:
-            self._check_still_open(s, rows)
+            self._check_still_open(s, rows, plans)
             self._apply_returns(s, plans)
             stepped = set()
             for r, (actions, logp, versions) in zip(rows, results):
@@ -462,53 +466,100 @@ class BridgeRuntime:
                 versions[i] = v
         return actions, logp, versions
 
-    def _check_still_open(self, s: Session, rows: List[_Rows]) -> None:
-        for r in rows:
-            for ep in r.episodes:
-                if s.episodes.get(ep.episode_id) is not ep:
-                    raise failed_precondition(f"episode {ep.episode_id!r} ended while its action was "
-                                              f"being computed")
+    def _check_still_open(self, s: Session, rows: List[_Rows], plans: list = ()) -> None:
+        """After the forward pass: every episode the request touches must still be open."""
+        eps = [ep for r in rows for ep in r.episodes] + [ep for plan in plans for ep in plan[2]]
+        for ep in eps:
+            if s.episodes.get(ep.episode_id) is not ep:
+                raise failed_precondition(f"episode {ep.episode_id!r} ended while this request's action "
+                                          f"was being computed; nothing of the request was applied")
+
+    def _table(self, spec: SpaceSpec) -> SlotTable:
+        t = self._tables.get(spec.key)
+        if t is None:
+            t = self._tables[spec.key] = SlotTable(spec.obs_space, spec.act_space)
+        return t
+
+    def _agent(self, ep: Episode, aid: str, spec: SpaceSpec) -> AgentState:
+        st = ep.agents.get(aid)
+        if st is None:
+            st = ep.add_agent(aid, spec, self._table(spec))
+        return st
 
     def _act(self, r: _Rows, actions, logp, versions, stepped: set) -> None:
         """Record observation + action per row; completes each agent's previous transition.
 
-        `stepped` holds the episodes already counted one env step in this call."""
-        nan = np.float32(np.nan)
-        before = len(stepped)
-        for i in range(r.n):
-            ep, aid = r.episodes[i], r.aids[i]
-            st = ep.agent(aid)
+        Vectorised over rows through the agents' slot table: one Python loop to
+        find the slots, then array operations. `stepped` holds the episodes
+        already counted one env step in this call."""
+        n = r.n
+        table = self._table(r.spec)
+        slots = np.empty(n, np.int64)
+        new_steps = 0
+        for i in range(n):
+            ep = r.episodes[i]
+            st = ep.agents.get(r.aids[i])
+            if st is None:
+                st = ep.add_agent(r.aids[i], r.spec, table)
             if st.policy_id is None:
-                st.policy_id, st.spec = r.policy_ids[i], r.spec
-            obs_i = tree.take(r.obs, i)
-            if st.pending:
-                self._emit(ep, st, obs_i, terminated=False, truncated=False)
-            else:
-                st.reward_acc = 0.0  # reward before an agent's first action rewards no action
-            st.last_obs = obs_i
-            st.last_action = tree.take(actions, i)
-            st.last_logp = nan if logp is None else np.float32(logp[i])
-            st.last_version = versions[i]
-            st.pending = True
+                st.policy_id = r.policy_ids[i]
+            slots[i] = st.slot
             if id(ep) not in stepped:
                 stepped.add(id(ep))
+                new_steps += 1
                 ep.length += 1
                 if ep.training_enabled:
                     self.collector.count_env_step(ep)
-        self.metrics.env_steps += len(stepped) - before
-        self.metrics.agent_steps += r.n
+        pend = table.pending[slots]
+        if pend.any():
+            idx = np.flatnonzero(pend)
+            ps = slots[idx]
+            k = len(idx)
+            cols = {"obs": tree.take(table.obs, ps), "new_obs": tree.take(r.obs, idx),
+                    "actions": tree.take(table.act, ps), "rewards": table.reward_acc[ps].astype(np.float32),
+                    "terminateds": np.zeros(k, bool), "truncateds": np.zeros(k, bool),
+                    "eps_id": table.eps_id[ps], "agent_index": table.agent_index[ps], "t": table.t[ps],
+                    "policy_version": table.version[ps], "action_logp": table.logp[ps]}
+            table.t[ps] += 1
+            self._collect_chunk(r, idx, cols)
+        # Reward before an agent's first action rewards no action: dropped with the rest.
+        table.reward_acc[slots] = 0.0
+
+        def put(dst, src):
+            dst[slots] = src
+        tree.map_structure(put, table.obs, r.obs)
+        tree.map_structure(put, table.act, actions)
+        table.logp[slots] = np.nan if logp is None else logp
+        table.version[slots] = versions
+        table.pending[slots] = True
+        self.metrics.env_steps += new_steps
+        self.metrics.agent_steps += n
+
+    def _collect_chunk(self, r: _Rows, idx: np.ndarray, cols: dict) -> None:
+        """Hand completed transitions (rows idx of r) to the collector, per policy."""
+        eps = [r.episodes[i] for i in idx]
+        pids = [r.policy_ids[i] for i in idx]
+        if (not self.collector.complete_episodes and all(p == pids[0] for p in pids)
+                and all(ep.training_enabled for ep in eps)):
+            self.collector.add_rows(pids[0], cols)  # the common case: one chunk
+            return
+        for j, ep in enumerate(eps):
+            if ep.training_enabled:
+                self.collector.add_transition(ep, pids[j], {k: tree.take(v, j) for k, v in cols.items()})
 
     def _emit(self, ep: Episode, st: AgentState, new_obs, terminated: bool, truncated: bool) -> None:
+        """Complete one agent's pending transition (the per-row path: dones, episode ends)."""
+        tb, sl = st.table, st.slot
         if ep.training_enabled:
             self.collector.add_transition(ep, st.policy_id, {
-                "obs": st.last_obs, "new_obs": new_obs, "actions": st.last_action,
-                "rewards": np.float32(st.reward_acc), "terminateds": terminated, "truncateds": truncated,
-                "eps_id": ep.index, "agent_index": st.index, "t": st.t,
-                "policy_version": st.last_version, "action_logp": st.last_logp,
+                "obs": tb.row(sl, "obs"), "new_obs": new_obs, "actions": tb.row(sl, "act"),
+                "rewards": np.float32(tb.reward_acc[sl]), "terminateds": terminated, "truncateds": truncated,
+                "eps_id": ep.index, "agent_index": st.index, "t": int(tb.t[sl]),
+                "policy_version": int(tb.version[sl]), "action_logp": np.float32(tb.logp[sl]),
             })
-        st.reward_acc = 0.0
-        st.pending = False
-        st.t += 1
+        tb.reward_acc[sl] = 0.0
+        tb.pending[sl] = False
+        tb.t[sl] += 1
 
     def _log_action(self, s: Session, req: pb.LogActionRequest) -> pb.LogActionResponse:
         if len(req.actions) != len(req.rows):
@@ -520,7 +571,7 @@ class BridgeRuntime:
             r.actions = sb_spaces.decode_value(r.spec.act_space, a, r.n, what)
             sb_spaces.check_contains(r.spec.act_space, r.actions, r.n, what)
         with self._lock:
-            self._check_still_open(s, rows)
+            self._check_still_open(s, rows, plans)
             self._apply_returns(s, plans)
             stepped = set()
             for r in rows:
@@ -544,7 +595,7 @@ class BridgeRuntime:
     def _check_returns(self, s: Session, rows_msgs) -> list:
         """Lock held. Validates RewardRows; returns plans for _apply_returns."""
         plans = []
-        seen = set()
+        seen: Dict[Tuple[str, str], int] = {}
         for i, m in enumerate(rows_msgs):
             what = f"rewards of rows {i}"
             eids, aids, n = self._resolve_ids(s, m.episode_ids, m.agent_ids, what)
@@ -576,11 +627,15 @@ class BridgeRuntime:
                 st = ep.agents.get(aid)
                 if st is not None and st.done:
                     raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
-                if (eid, aid) in seen and any_done:
-                    raise invalid_argument(f"agent {aid!r} of episode {eid!r} appears twice in one request")
-                seen.add((eid, aid))
+                seen[(eid, aid)] = seen.get((eid, aid), 0) + 1
                 eps.append(ep)
             plans.append((m, aids, eps, rew, term, trunc, final))
+        # An agent marked done may not appear again anywhere in the request: a
+        # reward after its end would count in totals but never reach a transition.
+        for pair in self._done_in(plans):
+            if seen[pair] > 1:
+                raise invalid_argument(f"agent {pair[1]!r} of episode {pair[0]!r} is marked done and "
+                                       f"appears more than once in one request")
         return plans
 
     @staticmethod
@@ -597,21 +652,28 @@ class BridgeRuntime:
         """Lock held, plans validated: rewards accrue until each agent's next action."""
         ending: Dict[str, Tuple[Episode, bool]] = {}
         for m, aids, eps, rew, term, trunc, final in plans:
-            for j, (ep, aid) in enumerate(zip(eps, aids)):
-                if aid == ALL_AGENTS:
+            sts = [ep.agents.get(aid) or self._agent(ep, aid, s.spec_for(aid)) if aid != ALL_AGENTS else None
+                   for ep, aid in zip(eps, aids)]
+            simple = not (m.terminated or m.truncated or m.infos) and None not in sts
+            if simple and all(st.table is sts[0].table for st in sts):
+                tb = sts[0].table  # the common case: one vectorised update
+                slots = np.fromiter((st.slot for st in sts), np.int64, len(sts))
+                np.add.at(tb.reward_acc, slots, rew)
+                np.add.at(tb.reward_total, slots, rew)
+                continue
+            for j, (ep, aid, st) in enumerate(zip(eps, aids, sts)):
+                if st is None:  # "__all__"
                     if term[j] or trunc[j]:
                         ending[ep.episode_id] = (ep, bool(trunc[j]) and not term[j])
                     continue
                 r = float(rew[j])
-                st = ep.agent(aid)
-                st.reward_acc += r
-                st.reward_total += r
-                ep.total_reward += r
+                st.table.reward_acc[st.slot] += r
+                st.table.reward_total[st.slot] += r
                 if m.infos:
                     st.info = json_format.MessageToDict(m.infos[j])
                 if term[j] or trunc[j]:
                     if st.pending:
-                        new_obs = tree.take(final, j) if final is not None else st.last_obs
+                        new_obs = tree.take(final, j) if final is not None else st.table.row(st.slot, "obs")
                         self._emit(ep, st, new_obs, terminated=bool(term[j]), truncated=not term[j])
                     st.done = True
         for ep, truncated in ending.values():
@@ -668,10 +730,12 @@ class BridgeRuntime:
         for aid, st in ep.agents.items():
             if st.pending and not st.done:
                 if drop_pending:
-                    st.pending = False  # its outcome was never observed
+                    st.table.pending[st.slot] = False  # its outcome was never observed
                 else:
-                    self._emit(ep, st, finals.get(aid, st.last_obs), terminated=not truncated,
-                               truncated=truncated)
+                    final = finals.get(aid)
+                    if final is None:
+                        final = st.table.row(st.slot, "obs")
+                    self._emit(ep, st, final, terminated=not truncated, truncated=truncated)
             st.done = True
         del s.episodes[ep.episode_id]
         s.finished[ep.episode_id] = reason
@@ -680,6 +744,7 @@ class BridgeRuntime:
         if ep.training_enabled:
             self.collector.end_episode(ep)
         summary = ep.summary(reason)
+        ep.release()
         self.metrics.episodes += 1
         self.metrics.recent.append(summary)
         for cb in self.episode_end_callbacks:
