@@ -82,6 +82,7 @@ class _Connection:
         self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
         self._deferred: Optional[BridgeError] = None
         self._closing = False
+        self._broken = False
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 256 * 1024 * 1024),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -169,6 +170,14 @@ class _Connection:
     def call(self, kind: str, msg, wait: bool = True):
         """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
         with self._lock:
+            limit = self.session.limits.max_message_bytes
+            if limit and msg.ByteSize() > limit:  # refused here: the server would drop the stream
+                raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
+                                  f"{limit} bytes: send fewer rows per call")
+            if self._broken:
+                self._broken = False
+                self._reconnect(RuntimeError("the previous stream ended with an error"))
             self._seq += 1
             msg.header.seq = self._seq
             if self.transport == "unary":
@@ -202,7 +211,16 @@ class _Connection:
         while True:
             try:
                 resp = next(self._responses)
-            except (grpc.RpcError, StopIteration) as e:
+            except grpc.RpcError as e:
+                if e.code() not in _RETRYABLE:
+                    # The server ended the stream on purpose: resending would fail again. Say
+                    # why; the next call reconnects and resends what is still unanswered.
+                    self._broken = True
+                    bad = self._outstanding.popleft()
+                    raise BridgeError(e.code(), f"{bad[1]} failed and ended the stream: {e.details()}") from None
+                self._reconnect(e)
+                continue
+            except StopIteration as e:
                 self._reconnect(e)
                 continue
             got_seq, kind, _ = self._outstanding.popleft()
