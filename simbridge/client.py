@@ -8,12 +8,12 @@ Transports:
     pipelined call is raised by the next call that reads answers (or flush()).
   * "unary": one RPC per call; simplest, two round trips per lockstep step.
 
-Rewards are coalesced: log_returns queues its rows and the next get_action
-carries them (GetActionRequest.rewards), so a lockstep step is one message
-on either transport. Rewards with done flags, and rewards queued before any
-other call, are sent as their own (pipelined) LogReturns first; if a
-get_action carrying rewards fails, the rewards are resent alone, so a bad
-observation never costs a reward.
+Rewards are coalesced: log_returns queues its rows and the next get_action,
+log_action or end_episode carries them (`rewards` of those requests), so a
+lockstep step is one message on either transport. Rewards with done flags,
+and rewards queued before any other call, are sent as their own (pipelined)
+LogReturns; if a request carrying rewards fails, the rewards are resent
+alone, so a bad observation never costs a reward.
 
 Both number their requests (RequestHeader.seq). When the connection breaks the
 client reconnects, resumes its session and resends what was not answered; the
@@ -203,7 +203,12 @@ class _Connection:
                 return method(msg)
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE,):
-                    raise _bridge_error(e) from None
+                    err = _bridge_error(e)
+                    try:
+                        self._resend_rewards(kind, msg)
+                    except BridgeError as reward_err:
+                        raise reward_err from err
+                    raise err from None
                 self._reconnect(e)
                 msg.header.session_id = self.session_id
 
@@ -223,9 +228,10 @@ class _Connection:
             except StopIteration as e:
                 self._reconnect(e)
                 continue
-            got_seq, kind, _ = self._outstanding.popleft()
+            got_seq, kind, sent = self._outstanding.popleft()
             if resp.HasField("error"):
                 err = BridgeError(grpc.StatusCode(_code(resp.error.code)), resp.error.message)
+                self._resend_rewards(kind, sent)
                 if got_seq == seq:
                     self._raise_deferred()
                     raise err
@@ -235,6 +241,15 @@ class _Connection:
             if got_seq == seq:
                 self._raise_deferred()
                 return getattr(resp, resp.WhichOneof("payload"))
+
+    def _resend_rewards(self, kind: str, sent) -> None:
+        """A failed request had no effect: log the rewards it carried on their own,
+        so a bad observation never costs a reward (if the rewards were the problem,
+        this fails too and says so)."""
+        if kind != "log_returns" and getattr(sent, "rewards", None):
+            retry = pb.LogReturnsRequest()
+            retry.rows.extend(sent.rewards)
+            self.call("log_returns", retry, wait=False)
 
     def _raise_deferred(self):
         if self._deferred is not None:
@@ -327,21 +342,12 @@ class _ClientBase:
             self._conn.call("log_returns", msg, wait=False)
 
     def _call(self, kind: str, msg, wait: bool = True):
-        if kind != "get_action" or not self._rewards:
+        if kind in ("get_action", "log_action", "end_episode") and self._rewards:
+            msg.rewards.extend(self._rewards)  # applied first, all or nothing with the call
+            self._rewards = []
+        else:
             self._send_rewards()
-            return self._conn.call(kind, msg, wait=wait)
-        attached, self._rewards = self._rewards, []
-        msg.rewards.extend(attached)
-        try:
-            return self._conn.call(kind, msg)
-        except (SessionLost, EarlierCallFailed):
-            raise
-        except BridgeError:
-            # The request had no effect at all: log the rewards alone, so none is lost.
-            retry = pb.LogReturnsRequest()
-            retry.rows.extend(attached)
-            self._conn.call("log_returns", retry)  # raises instead if the rewards were the problem
-            raise
+        return self._conn.call(kind, msg, wait=wait)
 
     @property
     def session_id(self) -> str:

@@ -424,3 +424,24 @@ def test_truncated_agent_keeps_its_final_observation(make_server):
     np.testing.assert_array_equal(small["new_obs"][a_row], o(7))
     np.testing.assert_array_equal(b["big"]["new_obs"][0], np.ones(5, np.float32))
     assert b["big"]["truncateds"][0]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_reward_survives_a_failing_call_that_carried_it(server, transport):
+    """log_returns rides on the next call; if that call is refused, the reward is logged alone."""
+    c = PolicyClient(server.address, OBS, ACT, transport=transport)
+    eid = c.start_episode()
+    c.get_action(eid, o(0))
+    c.log_returns(eid, 2.5)
+    bad = np.array([np.nan, 0], np.float32)
+    with pytest.raises(BridgeError) as e:
+        c.get_action(eid, bad)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "nan" in e.value.message.lower()
+    c.get_action(eid, o(1))
+    c.log_returns(eid, 1.0)
+    c.end_episode(eid, o(2))          # carries the 1.0
+    c.flush()
+    b = collected(server).policy_batches["default_policy"]
+    np.testing.assert_allclose(b["rewards"], [2.5, 1.0])
+    assert server.runtime.metrics.recent[-1]["total_reward"] == 3.5
+    c.close()
