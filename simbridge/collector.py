@@ -48,10 +48,16 @@ class ExperienceCollector:
         self._agent_steps += len(columns["rewards"])
 
     def count_env_step(self, episode) -> None:
+        self.count_env_steps([episode])
+
+    def count_env_steps(self, episodes) -> None:
+        """One env step for each of `episodes` (episodes with training disabled don't count)."""
         if self.complete_episodes:
-            episode.held_env_steps += 1
+            for ep in episodes:
+                if ep.training_enabled:
+                    ep.held_env_steps += 1
         else:
-            self._env_steps += 1
+            self._env_steps += sum([ep.training_enabled for ep in episodes])
 
     def end_episode(self, episode) -> None:
         if self.complete_episodes:

@@ -87,6 +87,7 @@ class Session:
         self.last_seq = 0
         self.responses: "collections.OrderedDict[int, object]" = collections.OrderedDict()
         self.closed = False
+        self.episodes_ended = 0
 
     def spec_for(self, agent_id: str) -> SpaceSpec:
         return self.agent_specs.get(agent_id, self.default)
@@ -94,12 +95,13 @@ class Session:
 
 class _Rows:
     """One AgentRows (or RewardRows) resolved against a session."""
-    __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "policy_ids")
+    __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "states", "policy_ids")
 
     def __init__(self, eids, aids, spec, n):
         self.eids, self.aids, self.spec, self.n = eids, aids, spec, n
         self.obs = self.actions = None
         self.episodes: List[Episode] = []
+        self.states: List[Optional[AgentState]] = []   # None: the agent's first appearance
         self.policy_ids: List[str] = []
 
 
@@ -357,6 +359,9 @@ class BridgeRuntime:
             r.obs = sb_spaces.decode_value(r.spec.obs_space, m.observations, n, f"observations of rows {i}")
             out.append(r)
         with self._lock:
+            if len(out) == 1 and not s.multi_agent:
+                self._resolve_single_agent(s, out[0])  # the hot path, with comprehensions
+                return out
             for r in out:
                 for eid, aid in zip(r.eids, r.aids):
                     if (eid, aid) in seen:
@@ -366,14 +371,32 @@ class BridgeRuntime:
                     st = ep.agents.get(aid)
                     if st is not None and st.done:
                         raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}")
-                    if st is not None and st.policy_id is not None:
-                        pid = st.policy_id
-                    else:
-                        pid = self.policy_mapping_fn(aid, ep)
-                        self._bind_policy(pid, r.spec, aid)
                     r.episodes.append(ep)
-                    r.policy_ids.append(pid)
+                    r.states.append(st)
+                    r.policy_ids.append(self._policy_of(st, aid, ep, r.spec))
         return out
+
+    def _policy_of(self, st: Optional[AgentState], aid: str, ep: Episode, spec: SpaceSpec) -> str:
+        if st is not None and st.policy_id is not None:
+            return st.policy_id
+        pid = self.policy_mapping_fn(aid, ep)  # first appearance: bind
+        self._bind_policy(pid, spec, aid)
+        return pid
+
+    def _resolve_single_agent(self, s: Session, r: _Rows) -> None:
+        """Lock held. Same checks as the general path, one comprehension per step."""
+        episodes = s.episodes
+        eps = [episodes.get(e) for e in r.eids]
+        if None in eps:
+            self._open_episode(s, r.eids[eps.index(None)])  # raises the precise error
+        if len(set(r.eids)) != r.n:
+            dup = next(e for i, e in enumerate(r.eids) if e in r.eids[:i])
+            raise invalid_argument(f"agent {SINGLE_AGENT_ID!r} of episode {dup!r} appears twice in one request")
+        sts = [ep.agents.get(SINGLE_AGENT_ID) for ep in eps]
+        pids = [st.policy_id if st is not None else None for st in sts]
+        if None in pids:
+            pids = [self._policy_of(st, SINGLE_AGENT_ID, ep, r.spec) for st, ep in zip(sts, eps)]
+        r.episodes, r.states, r.policy_ids = eps, sts, pids
 
     # ------------------------------------------------------------ calls
 
@@ -405,12 +428,13 @@ class BridgeRuntime:
 
     def _get_action(self, s: Session, req: pb.GetActionRequest) -> pb.GetActionResponse:
         rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
+        ended_before = s.episodes_ended
         # Forward passes, outside the lock, batched across simulators per policy.
         results = []
         for r in rows:
             results.append(self._compute(r))
         with self._lock:
-            self._check_still_open(s, rows, plans)
+            self._check_still_open(s, rows, plans, ended_before)
             self._apply_returns(s, plans)
             stepped = set()
             for r, (actions, logp, versions) in zip(rows, results):
@@ -466,8 +490,10 @@ class BridgeRuntime:
                 versions[i] = v
         return actions, logp, versions
 
-    def _check_still_open(self, s: Session, rows: List[_Rows], plans: list = ()) -> None:
+    def _check_still_open(self, s: Session, rows: List[_Rows], plans: list = (), ended_before: int = -1) -> None:
         """After the forward pass: every episode the request touches must still be open."""
+        if s.episodes_ended == ended_before:
+            return  # none of this session's episodes ended meanwhile
         eps = [ep for r in rows for ep in r.episodes] + [ep for plan in plans for ep in plan[2]]
         for ep in eps:
             if s.episodes.get(ep.episode_id) is not ep:
@@ -494,22 +520,23 @@ class BridgeRuntime:
         already counted one env step in this call."""
         n = r.n
         table = self._table(r.spec)
-        slots = np.empty(n, np.int64)
-        new_steps = 0
-        for i in range(n):
-            ep = r.episodes[i]
-            st = ep.agents.get(r.aids[i])
-            if st is None:
-                st = ep.add_agent(r.aids[i], r.spec, table)
-            if st.policy_id is None:
-                st.policy_id = r.policy_ids[i]
-            slots[i] = st.slot
+        sts = r.states
+        if None in sts or any(st.policy_id is None for st in sts):  # first appearances
+            for i, st in enumerate(sts):
+                if st is None:  # (rewards applied just before may have created it)
+                    ep = r.episodes[i]
+                    st = sts[i] = ep.agents.get(r.aids[i]) or ep.add_agent(r.aids[i], r.spec, table)
+                if st.policy_id is None:
+                    st.policy_id = r.policy_ids[i]
+        slots = np.fromiter([st.slot for st in sts], np.int64, n)
+        counted = []
+        for ep in r.episodes:
             if id(ep) not in stepped:
                 stepped.add(id(ep))
-                new_steps += 1
                 ep.length += 1
-                if ep.training_enabled:
-                    self.collector.count_env_step(ep)
+                counted.append(ep)
+        new_steps = len(counted)
+        self.collector.count_env_steps(counted)
         pend = table.pending[slots]
         if pend.any():
             idx = np.flatnonzero(pend)
@@ -539,8 +566,8 @@ class BridgeRuntime:
         """Hand completed transitions (rows idx of r) to the collector, per policy."""
         eps = [r.episodes[i] for i in idx]
         pids = [r.policy_ids[i] for i in idx]
-        if (not self.collector.complete_episodes and all(p == pids[0] for p in pids)
-                and all(ep.training_enabled for ep in eps)):
+        if (not self.collector.complete_episodes and pids.count(pids[0]) == len(pids)
+                and all([ep.training_enabled for ep in eps])):
             self.collector.add_rows(pids[0], cols)  # the common case: one chunk
             return
         for j, ep in enumerate(eps):
@@ -621,6 +648,13 @@ class BridgeRuntime:
                 spec = self._rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)
                 final = sb_spaces.decode_value(spec.obs_space, m.final_observations, n,
                                                f"final observations of rows {i}")
+            if not s.multi_agent:  # one agent per episode; it is done only when the episode is
+                episodes = s.episodes
+                eps = [episodes.get(e) for e in eids]
+                if None in eps:
+                    self._open_episode(s, eids[eps.index(None)])  # raises the precise error
+                plans.append((m, aids, eps, rew, term, trunc, final))
+                continue
             eps = []
             for j, (eid, aid) in enumerate(zip(eids, aids)):
                 ep = self._open_episode(s, eid)
@@ -643,6 +677,8 @@ class BridgeRuntime:
         """(episode_id, agent_id) pairs that the planned returns finish ("__all__" included)."""
         out = set()
         for m, aids, eps, rew, term, trunc, final in plans:
+            if not (m.terminated or m.truncated):
+                continue
             for j, (ep, aid) in enumerate(zip(eps, aids)):
                 if term[j] or trunc[j]:
                     out.add((ep.episode_id, aid))
@@ -655,7 +691,7 @@ class BridgeRuntime:
             sts = [ep.agents.get(aid) or self._agent(ep, aid, s.spec_for(aid)) if aid != ALL_AGENTS else None
                    for ep, aid in zip(eps, aids)]
             simple = not (m.terminated or m.truncated or m.infos) and None not in sts
-            if simple and all(st.table is sts[0].table for st in sts):
+            if simple and (not s.multi_agent or all([st.table is sts[0].table for st in sts])):
                 tb = sts[0].table  # the common case: one vectorised update
                 slots = np.fromiter((st.slot for st in sts), np.int64, len(sts))
                 np.add.at(tb.reward_acc, slots, rew)
@@ -738,6 +774,7 @@ class BridgeRuntime:
                     self._emit(ep, st, final, terminated=not truncated, truncated=truncated)
             st.done = True
         del s.episodes[ep.episode_id]
+        s.episodes_ended += 1
         s.finished[ep.episode_id] = reason
         while len(s.finished) > self.config.finished_ids_kept:
             s.finished.popitem(last=False)
