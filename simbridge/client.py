@@ -436,8 +436,14 @@ class PolicyClient(_ClientBase):
     def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
         self.end_episodes([episode_id], _batch1(observation), [truncated])
 
-    def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool]) -> None:
+    def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool],
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+        """End N episodes; `start_episode_ids` starts new ones in the same message
+        (per-slot auto-reset for a batched simulator)."""
         msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        if start_episode_ids:
+            msg.start_episode_ids.extend(start_episode_ids)
+            msg.start_training_enabled = training_enabled
         rows = msg.final_observations.add()
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)

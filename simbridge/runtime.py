@@ -404,27 +404,34 @@ class BridgeRuntime:
         training = req.training_enabled if req.HasField("training_enabled") else True
         if req.episode_ids:
             ids = list(req.episode_ids)
-            if len(set(ids)) != len(ids):
-                raise invalid_argument("StartEpisode: episode ids repeat within the request")
         else:
             if req.count < 0 or req.count > self.config.max_rows_per_request:
                 raise invalid_argument(f"StartEpisode: count {req.count} out of range")
             ids = [uuid.uuid4().hex for _ in range(max(1, req.count))]
         with self._lock:
-            for eid in ids:
-                if not eid:
-                    raise invalid_argument("StartEpisode: empty episode id")
-                if eid in s.episodes:
-                    raise already_exists(f"episode {eid!r} is already running")
-                if eid in s.finished:
-                    raise already_exists(f"episode id {eid!r} was already used by an episode that ended")
-            if len(s.episodes) + len(ids) > self.config.max_open_episodes_per_session:
-                raise resource_exhausted(f"session would have more than "
-                                         f"{self.config.max_open_episodes_per_session} open episodes: "
-                                         f"end some first")
-            for eid in ids:
-                s.episodes[eid] = Episode(eid, next(self._episode_counter), s.session_id, training)
+            self._check_new_ids(s, ids)
+            self._open_episodes(s, ids, training)
         return pb.StartEpisodeResponse(episode_ids=ids)
+
+    def _check_new_ids(self, s: Session, ids: List[str], ending: int = 0) -> None:
+        """Lock held. New episode ids must be unused; `ending` episodes close first."""
+        if len(set(ids)) != len(ids):
+            raise invalid_argument("episode ids to start repeat within the request")
+        for eid in ids:
+            if not eid:
+                raise invalid_argument("StartEpisode: empty episode id")
+            if eid in s.episodes:
+                raise already_exists(f"episode {eid!r} is already running")
+            if eid in s.finished:
+                raise already_exists(f"episode id {eid!r} was already used by an episode that ended")
+        if len(s.episodes) - ending + len(ids) > self.config.max_open_episodes_per_session:
+            raise resource_exhausted(f"session would have more than "
+                                     f"{self.config.max_open_episodes_per_session} open episodes: "
+                                     f"end some first")
+
+    def _open_episodes(self, s: Session, ids: List[str], training: bool) -> None:
+        for eid in ids:
+            s.episodes[eid] = Episode(eid, next(self._episode_counter), s.session_id, training)
 
     def _get_action(self, s: Session, req: pb.GetActionRequest) -> pb.GetActionResponse:
         rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
@@ -744,6 +751,9 @@ class BridgeRuntime:
                 finals[eid][aid] = tree.take(obs, j)
         with self._lock:
             eps = [self._open_episode(s, eid) for eid in eids]
+            starts = list(req.start_episode_ids)
+            if starts:
+                self._check_new_ids(s, starts, ending=len(eids))
             plans = self._check_returns(s, req.rewards)
             if any(aid == ALL_AGENTS for _, aid in self._done_in(plans)):
                 raise invalid_argument("EndEpisode: attached rewards may not mark '__all__' done: "
@@ -753,6 +763,9 @@ class BridgeRuntime:
                 tr = bool(req.truncated[0 if len(req.truncated) == 1 else k]) if req.truncated else False
                 self._finish_episode(s, ep, finals[ep.episode_id], truncated=tr,
                                   reason="truncated" if tr else "terminated")
+            if starts:
+                training = req.start_training_enabled if req.HasField("start_training_enabled") else True
+                self._open_episodes(s, starts, training)
             batch = self.collector.ready()
         self._deliver(batch)
         return pb.EndEpisodeResponse()

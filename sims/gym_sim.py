@@ -133,11 +133,13 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
     rets = [0.0] * k
     training = not args.no_training
 
-    def start(slots: List[int]) -> None:
+    def start(slots: List[int], started: Optional[List[str]] = None) -> None:
+        """Reset `slots`' envs; their episodes are started here unless `started` already were."""
         if not slots:
             return
-        ids = [uuid.uuid4().hex for _ in slots]
-        client.start_episodes(ids, training_enabled=training)  # ids chosen here: pipelined
+        ids = started or [uuid.uuid4().hex for _ in slots]
+        if started is None:
+            client.start_episodes(ids, training_enabled=training)  # ids chosen here: pipelined
         for s, eid in zip(slots, ids):
             o, _ = envs[s].reset(seed=seeds[s])
             seeds[s] = None
@@ -177,11 +179,15 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
         stats.steps += len(live)
         client.log_returns_batch([eids[s] for s in live], rewards)
         if ended:
-            client.end_episodes([eids[s] for s in ended], tree.stack([obs[s] for s in ended]), ended_trunc)
+            again = ended[:budget.may_start(len(ended))]
+            new_ids = [uuid.uuid4().hex for _ in again]
+            # Ends the finished slots' episodes and starts their next ones in one message.
+            client.end_episodes([eids[s] for s in ended], tree.stack([obs[s] for s in ended]), ended_trunc,
+                                start_episode_ids=new_ids, training_enabled=training)
             for s, tr in zip(ended, ended_trunc):
                 stats.episode(rets[s], tr)
                 eids[s] = None
-            start(ended[:budget.may_start(len(ended))])
+            start(again, new_ids)
     client.close()
 
 

@@ -445,3 +445,20 @@ def test_reward_survives_a_failing_call_that_carried_it(server, transport):
     np.testing.assert_allclose(b["rewards"], [2.5, 1.0])
     assert server.runtime.metrics.recent[-1]["total_reward"] == 3.5
     c.close()
+
+
+def test_end_and_restart_in_one_message(server):
+    """Per-slot auto-reset: end_episodes(..., start_episode_ids=...) ends and starts atomically."""
+    c = PolicyClient(server.address, OBS, ACT)
+    ids = c.start_episodes(["s0", "s1"])
+    c.get_actions(ids, np.zeros((2, 2), np.float32))
+    c.log_returns_batch(ids, [1.0, 2.0])
+    c.end_episodes(["s0"], np.zeros((1, 2), np.float32), [False], start_episode_ids=["s0b"])
+    acts = c.get_actions(["s0b", "s1"], np.ones((2, 2), np.float32))
+    assert acts.shape == (2,)
+    with pytest.raises(BridgeError) as e:   # all or nothing: s1 stays open when the new id is taken
+        c.end_episodes(["s1"], np.zeros((1, 2), np.float32), [False], start_episode_ids=["s0b"])
+        c.flush()
+    assert e.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert set(server.runtime.session(c.session_id, False).episodes) == {"s0b", "s1"}
+    c.close()

@@ -333,18 +333,22 @@ class LogReturnsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
-    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards")
+    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards", "start_episode_ids", "start_training_enabled")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    START_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    START_TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     episode_ids: _containers.RepeatedScalarFieldContainer[str]
     final_observations: _containers.RepeatedCompositeFieldContainer[AgentRows]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     rewards: _containers.RepeatedCompositeFieldContainer[RewardRows]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ...) -> None: ...
+    start_episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    start_training_enabled: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ..., start_episode_ids: _Optional[_Iterable[str]] = ..., start_training_enabled: _Optional[bool] = ...) -> None: ...
 
 class EndEpisodeResponse(_message.Message):
     __slots__ = ()

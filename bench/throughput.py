@@ -1,0 +1,657 @@
+#!/usr/bin/env python
+"""Throughput and latency of the bridge against a real server in another process.
+
+Every case starts `python -m simbridge.server_cli` as a subprocess on a free
+127.0.0.1 port, waits for it with the standard gRPC health check, and drives it
+from client processes of their own (multiprocessing, spawn), so client and
+server never share a GIL. Each measured window follows a 1 s warm-up.
+
+Cases (--cases):
+  floor      bare grpcio echo between two processes (unary, and a bidi stream
+             ping-pong for reference): what this machine allows per round trip.
+  unary      one CartPole-v1 simulator, transport="unary": per step get_action
+             + log_returns, end_episode/start_episode at episode ends.
+  stream     the same with transport="stream" (log_returns etc. pipelined).
+  four_sims  four such stream simulators at once (aggregate steps/s).
+  batched64  one simulator with 64 episodes per call: get_actions for 64 ids,
+             log_returns_batch, end_episodes/start_episodes for finished slots.
+             The 64 CartPoles are the bench's own numpy implementation of the
+             CartPole-v1 dynamics (BenchVectorCartPole below): gymnasium's
+             SyncVectorEnv costs ~2 ms per step of 64 copies, more than the
+             bridge, so it would measure gymnasium. Its cost is reported as
+             batched64_env_step_us, and SyncVectorEnv's as a reference.
+
+Latency is the wall time of the get_action / get_actions call seen by the
+simulator. One JSON object goes to stdout; logs go to stderr.
+
+    .venv/bin/python bench/throughput.py --seconds 3
+    .venv/bin/python bench/throughput.py --cases stream,batched64 --out runs/bench.json
+"""
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # spawned workers re-import this file
+    sys.path.insert(0, str(REPO))
+
+HOST = "127.0.0.1"          # everything here talks to loopback only
+WARMUP_S = 1.0
+CASES = ("floor", "unary", "stream", "four_sims", "batched64")
+BATCH = 64
+
+log = logging.getLogger("bench")
+
+# gRPC honours http(s)_proxy; never route loopback traffic through one.
+_CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+for _var in ("no_grpc_proxy", "no_proxy"):
+    os.environ[_var] = ",".join(filter(None, [os.environ.get(_var, ""), "127.0.0.1", "localhost"]))
+
+
+# ---------------------------------------------------------------- process helpers
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu_s(pid):
+    """user+system CPU seconds of a process (Linux /proc), None elsewhere."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+try:  # children get SIGTERM if this process dies without cleaning up (Linux)
+    import ctypes
+
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError, ImportError):
+    _prctl = None
+
+
+def _die_with_parent():
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Children:
+    """Every child process of the run; stop_all() ends them whatever happened."""
+
+    def __init__(self):
+        self.procs = []
+
+    def add(self, p):
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, grace=5.0):
+        if isinstance(p, subprocess.Popen):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # server_cli stops cleanly on SIGTERM
+                try:
+                    p.wait(grace)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+        else:  # multiprocessing.Process
+            if p.is_alive():
+                p.join(0.2)
+            if p.is_alive():
+                p.terminate()
+                p.join(grace)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def stop_all(self):
+        for p in list(self.procs):
+            try:
+                self.stop(p, grace=3.0)
+            except Exception:
+                log.exception("could not stop child %r", p)
+
+
+# ---------------------------------------------------------------- servers
+
+def start_bridge_server(children, timeout_s=60.0):
+    """`python -m simbridge.server_cli` on a free loopback port; returns (Popen, address)."""
+    for _ in range(3):
+        address = f"{HOST}:{_free_port()}"
+        cmd = [sys.executable, "-m", "simbridge.server_cli", "--address", address,
+               "--print-every", "0", "--log-level", "WARNING"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        proc = children.add(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=sys.stderr.fileno(), preexec_fn=_die_with_parent))
+        if wait_healthy(address, proc, timeout_s):
+            return proc, address
+        children.stop(proc)
+        if proc.returncode != 2:  # 2: the port was taken meanwhile: try another
+            raise RuntimeError(f"simbridge server at {address} did not become healthy "
+                               f"(exit code {proc.returncode})")
+    raise RuntimeError("could not start a simbridge server on a free port")
+
+
+def wait_healthy(address, proc, timeout_s):
+    """Poll grpc.health.v1 until SERVING; False if the process exited first."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if proc.poll() is not None:
+                return False
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"simbridge server at {address} not SERVING after {timeout_s:.0f}s")
+            time.sleep(0.05)
+
+
+def _floor_server_main(port_q, stop_evt):
+    """Child process: a trivial echo service, bytes in and out, no proto."""
+    os.dup2(2, 1)
+    from concurrent import futures
+
+    import grpc
+
+    handlers = {
+        "Ping": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+        "PingStream": grpc.stream_stream_rpc_method_handler(lambda it, ctx: (m for m in it)),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", handlers),))
+    port = server.add_insecure_port(f"{HOST}:0")
+    server.start()
+    port_q.put(port)
+    stop_evt.wait()
+    server.stop(0)
+
+
+# ---------------------------------------------------------------- simulators (client processes)
+
+class BenchVectorCartPole:
+    """BENCH-ONLY: N CartPole-v1 copies stepped at once with numpy.
+
+    Written for this benchmark (not gymnasium's code): the classic cart-pole
+    equations with CartPole-v1's constants, termination (|x| > 2.4,
+    |theta| > 12 deg), 500-step truncation and reward 1 per step. Autoreset
+    happens in the same step: step() returns the reset observation for the
+    finished slots and their last observation in `final_obs`.
+    """
+
+    gravity, masscart, masspole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
+    x_threshold, theta_threshold = 2.4, 12 * 2 * np.pi / 360
+    max_steps = 500
+
+    def __init__(self, n, seed=0):
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+        total_mass = self.masscart + self.masspole
+        self._pml = self.masspole * self.length / total_mass       # polemass_length / total_mass
+        self._force = self.force_mag / total_mass
+        self._mp_tm = self.masspole / total_mass
+        self.state = np.zeros((4, n))  # rows: x, x_dot, theta, theta_dot
+        self.steps = np.zeros(n, np.int64)
+        self.reward = np.ones(n, np.float32)
+
+    def _obs(self):
+        return np.ascontiguousarray(self.state.T, dtype=np.float32)
+
+    def reset(self):
+        self.state = self.rng.uniform(-0.05, 0.05, (4, self.n))
+        self.steps[:] = 0
+        return self._obs()
+
+    def step(self, actions):
+        x, x_dot, theta, theta_dot = self.state
+        cos, sin = np.cos(theta), np.sin(theta)
+        # (force + polemass_length * theta_dot^2 * sin) / total_mass, force = +-force_mag
+        temp = (2.0 * np.asarray(actions) - 1.0) * self._force + self._pml * theta_dot * theta_dot * sin
+        theta_acc = (self.gravity * sin - cos * temp) / (self.length * (4.0 / 3.0 - self._mp_tm * cos * cos))
+        x_acc = temp - self._pml * theta_acc * cos
+        x += self.tau * x_dot          # euler, in place: these are rows of self.state
+        x_dot += self.tau * x_acc
+        theta += self.tau * theta_dot
+        theta_dot += self.tau * theta_acc
+        self.steps += 1
+        terminated = (np.abs(x) > self.x_threshold) | (np.abs(theta) > self.theta_threshold)
+        truncated = (self.steps >= self.max_steps) & ~terminated
+        obs = self._obs()
+        final_obs = None
+        done = terminated | truncated
+        if done.any():
+            final_obs = obs.copy()
+            self.state[:, done] = self.rng.uniform(-0.05, 0.05, (4, int(done.sum())))
+            self.steps[done] = 0
+            obs[done] = self.state[:, done].T
+        return obs, self.reward, terminated, truncated, final_obs
+
+
+class LockstepSim:
+    """One gymnasium CartPole-v1, one episode at a time, in lockstep with the policy."""
+
+    def __init__(self, address, transport, seed):
+        import gymnasium as gym
+
+        from simbridge.client import PolicyClient
+
+        self.env = gym.make("CartPole-v1")
+        self.client = PolicyClient(address, self.env.observation_space, self.env.action_space,
+                                   transport=transport, client_name=f"bench-{transport}-{seed}")
+        self.obs, _ = self.env.reset(seed=seed)
+        # Ids made here: with transport="stream" start_episode is then pipelined too.
+        self.eid = self.client.start_episode(uuid.uuid4().hex)
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        c, env = self.client, self.env
+        t0 = time.perf_counter()
+        action = c.get_action(self.eid, self.obs)
+        t1 = time.perf_counter()
+        obs, reward, terminated, truncated, _ = env.step(action)
+        env_s = time.perf_counter() - t1
+        c.log_returns(self.eid, reward)
+        if terminated or truncated:
+            c.end_episode(self.eid, obs, truncated=bool(truncated and not terminated))
+            t2 = time.perf_counter()
+            obs, _ = env.reset()
+            env_s += time.perf_counter() - t2
+            self.eid = c.start_episode(uuid.uuid4().hex)
+            self.episodes += record
+        self.obs = obs
+        if record:
+            self.lat_ms.append((t1 - t0) * 1e3)
+            self.env_s += env_s
+        return 1
+
+    def close(self):
+        self.client.close()
+
+
+class Batched64Sim:
+    """64 episodes stepped together: one get_actions call per step for all of them."""
+
+    def __init__(self, address, transport, seed):
+        import gymnasium as gym
+
+        from simbridge.client import PolicyClient
+
+        self.env = BenchVectorCartPole(BATCH, seed)
+        spec_env = gym.make("CartPole-v1")  # only for its spaces
+        self.client = PolicyClient(address, spec_env.observation_space, spec_env.action_space,
+                                   transport=transport, client_name=f"bench-batched{BATCH}")
+        spec_env.close()
+        self.ids = self.client.start_episodes(count=BATCH)
+        self.obs = self.env.reset()
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        c = self.client
+        t0 = time.perf_counter()
+        actions = c.get_actions(self.ids, self.obs)
+        t1 = time.perf_counter()
+        obs, rewards, terminated, truncated, final_obs = self.env.step(actions)
+        env_s = time.perf_counter() - t1
+        c.log_returns_batch(self.ids, rewards)
+        if final_obs is not None:
+            done = np.flatnonzero(terminated | truncated)
+            ids = self.ids
+            new = [uuid.uuid4().hex for _ in done]
+            # End and restart the finished slots in one message (per-slot auto-reset).
+            c.end_episodes([ids[i] for i in done], final_obs[done], truncated[done], start_episode_ids=new)
+            for i, eid in zip(done, new):
+                ids[i] = eid
+            self.episodes += len(done) * record
+        self.obs = obs
+        if record:
+            self.lat_ms.append((t1 - t0) * 1e3)
+            self.env_s += env_s
+        return BATCH
+
+    def close(self):
+        self.client.close()
+
+
+class FloorClient:
+    """Bare grpcio round trips to the echo server: unary calls or a bidi stream ping-pong."""
+
+    def __init__(self, address, transport, seed):
+        import grpc
+
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        grpc.channel_ready_future(self.channel).result(timeout=30)
+        self.payload = bytes(48)  # about a CartPole get_action request
+        self.transport = transport
+        if transport == "unary":
+            self.call = self.channel.unary_unary("/bench.Echo/Ping")
+        else:
+            self.q = queue.SimpleQueue()
+            self.responses = self.channel.stream_stream("/bench.Echo/PingStream")(iter(self.q.get, None))
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        t0 = time.perf_counter()
+        if self.transport == "unary":
+            self.call(self.payload)
+        else:
+            self.q.put(self.payload)
+            next(self.responses)
+        if record:
+            self.lat_ms.append((time.perf_counter() - t0) * 1e3)
+        return 1
+
+    def close(self):
+        if self.transport != "unary":
+            self.q.put(None)
+        self.channel.close()
+
+
+SIMS = {"lockstep": LockstepSim, "batched": Batched64Sim, "floor": FloorClient}
+
+
+def _client_main(idx, sim_kind, address, transport, seconds, barrier, results, server_pid):
+    """Child process: set up one simulator, wait for the others, warm up, measure."""
+    os.dup2(2, 1)  # stdout belongs to the parent's JSON
+    try:
+        sim = SIMS[sim_kind](address, transport, seed=idx)
+        barrier.wait(timeout=120)  # all simulators of a case start together
+        t_warm = time.perf_counter() + WARMUP_S
+        while time.perf_counter() < t_warm:
+            sim.step(False)
+        cpu0, srv0 = time.process_time(), _proc_cpu_s(server_pid)
+        t0 = time.perf_counter()
+        t_end = t0 + seconds
+        steps = agent_steps = 0
+        while True:
+            agent_steps += sim.step(True)
+            steps += 1
+            if time.perf_counter() >= t_end:
+                break
+        elapsed = time.perf_counter() - t0
+        cpu1, srv1 = time.process_time(), _proc_cpu_s(server_pid)
+        sim.close()
+        results.put((idx, "ok", {
+            "steps": steps, "agent_steps": agent_steps, "elapsed_s": elapsed,
+            "lat_ms": np.asarray(sim.lat_ms), "env_s": sim.env_s, "episodes": sim.episodes,
+            "client_cpu_s": cpu1 - cpu0,
+            "server_cpu_s": None if srv0 is None or srv1 is None else srv1 - srv0,
+        }))
+    except BaseException:
+        results.put((idx, "error", traceback.format_exc()))
+
+
+def run_clients(children, n, sim_kind, address, transport, seconds, server_pid):
+    """n client processes; returns their result dicts (raises if one fails)."""
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [children.add(ctx.Process(target=_client_main, name=f"bench-{sim_kind}-{i}", daemon=True,
+                                      args=(i, sim_kind, address, transport, seconds, barrier, results,
+                                            server_pid if i == 0 else None)))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    out = {}
+    deadline = time.monotonic() + 120 + WARMUP_S + seconds
+    try:
+        while len(out) < n:
+            try:
+                idx, status, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead:
+                    raise RuntimeError(f"client process {dead[0].name} died (exit code {dead[0].exitcode})")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{sim_kind} clients did not finish in time")
+                continue
+            if status != "ok":
+                raise RuntimeError(f"client {idx} ({sim_kind}, {transport}) failed:\n{payload}")
+            out[idx] = payload
+    finally:
+        for p in procs:
+            children.stop(p)
+    return [out[i] for i in range(n)]
+
+
+# ---------------------------------------------------------------- cases
+
+def _summary(prefix, res, per_agent=False):
+    """Flat metrics of one case from the result dicts of its client processes."""
+    lat = np.concatenate([r["lat_ms"] for r in res])
+    steps = sum(r["agent_steps" if per_agent else "steps"] / r["elapsed_s"] for r in res)
+    p50, p99 = np.percentile(lat, [50, 99])
+    out = {
+        f"{prefix}_steps_per_s": round(float(steps), 1),
+        f"{prefix}_p50_ms": round(float(p50), 4),
+        f"{prefix}_p99_ms": round(float(p99), 4),
+        f"{prefix}_mean_ms": round(float(lat.mean()), 4),
+        f"{prefix}_calls": int(lat.size),
+    }
+    if per_agent:
+        out[f"{prefix}_agent_steps_per_s"] = out.pop(f"{prefix}_steps_per_s")
+        out[f"{prefix}_calls_per_s"] = round(float(sum(r["steps"] / r["elapsed_s"] for r in res)), 1)
+    total_calls = sum(r["steps"] for r in res)
+    if any(r["env_s"] for r in res):
+        out[f"{prefix}_env_step_us"] = round(1e6 * sum(r["env_s"] for r in res) / total_calls, 2)
+    if any(r["episodes"] for r in res):
+        out[f"{prefix}_episodes"] = int(sum(r["episodes"] for r in res))
+    window = res[0]["elapsed_s"]
+    out[f"{prefix}_client_cpu_cores"] = round(sum(r["client_cpu_s"] / r["elapsed_s"] for r in res), 3)
+    if res[0]["server_cpu_s"] is not None:
+        out[f"{prefix}_server_cpu_cores"] = round(res[0]["server_cpu_s"] / window, 3)
+        out[f"{prefix}_server_cpu_us_per_call"] = round(
+            1e6 * res[0]["server_cpu_s"] / max(1, sum(r["steps"] for r in res)), 1)
+    return out
+
+
+def case_floor(children, seconds):
+    ctx = mp.get_context("spawn")
+    port_q, stop_evt = ctx.Queue(), ctx.Event()
+    server = children.add(ctx.Process(target=_floor_server_main, args=(port_q, stop_evt),
+                                      name="bench-floor-server", daemon=True))
+    server.start()
+    try:
+        address = f"{HOST}:{port_q.get(timeout=60)}"
+        unary = run_clients(children, 1, "floor", address, "unary", seconds, server.pid)
+        stream = run_clients(children, 1, "floor", address, "stream", seconds, server.pid)
+    finally:
+        stop_evt.set()
+        children.stop(server)
+    u, s = _summary("floor_unary", unary), _summary("floor_stream", stream)
+    return {
+        "grpc_floor_roundtrips_per_s": u["floor_unary_steps_per_s"],
+        "grpc_floor_p50_ms": u["floor_unary_p50_ms"],
+        "grpc_floor_p99_ms": u["floor_unary_p99_ms"],
+        "grpc_floor_stream_roundtrips_per_s": s["floor_stream_steps_per_s"],
+        "grpc_floor_stream_p50_ms": s["floor_stream_p50_ms"],
+        "grpc_floor_stream_p99_ms": s["floor_stream_p99_ms"],
+        "grpc_floor_server_cpu_us_per_call": u.get("floor_unary_server_cpu_us_per_call"),
+        "grpc_floor_stream_server_cpu_us_per_call": s.get("floor_stream_server_cpu_us_per_call"),
+    }
+
+
+def _bridge_case(children, seconds, prefix, n, sim_kind, transport, per_agent=False):
+    proc, address = start_bridge_server(children)
+    try:
+        res = run_clients(children, n, sim_kind, address, transport, seconds, proc.pid)
+    finally:
+        children.stop(proc)
+    return _summary(prefix, res, per_agent)
+
+
+def case_unary(children, seconds):
+    return _bridge_case(children, seconds, "unary_lockstep", 1, "lockstep", "unary")
+
+
+def case_stream(children, seconds):
+    return _bridge_case(children, seconds, "stream_lockstep", 1, "lockstep", "stream")
+
+
+def case_four_sims(children, seconds):
+    return _bridge_case(children, seconds, "four_sims", 4, "lockstep", "stream")
+
+
+def case_batched64(children, seconds):
+    out = _bridge_case(children, seconds, f"batched{BATCH}", 1, "batched", "stream", per_agent=True)
+    out[f"syncvector{BATCH}_env_step_us"] = syncvector_env_step_us()
+    return out
+
+
+def syncvector_env_step_us(duration_s=0.3):
+    """Reference: gymnasium SyncVectorEnv of 64 CartPole-v1 (same-step autoreset), per step."""
+    try:
+        import gymnasium as gym
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        env = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(BATCH)],
+                            autoreset_mode=AutoresetMode.SAME_STEP)
+        env.reset(seed=0)
+        actions = np.zeros(BATCH, np.int64)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < duration_s:
+            env.step(actions)
+            n += 1
+        us = 1e6 * (time.perf_counter() - t0) / n
+        env.close()
+        return round(us, 1)
+    except Exception as e:  # only a reference figure
+        log.warning("SyncVectorEnv reference failed: %r", e)
+        return None
+
+
+CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
+              "four_sims": case_four_sims, "batched64": case_batched64}
+
+
+# ---------------------------------------------------------------- main
+
+def _loadavg():
+    """1-minute load average: other work on the machine skews every figure here."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_info():
+    import google.protobuf
+    import grpc
+    import gymnasium
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "nproc": os.cpu_count(), "usable_cpus": affinity,
+        "python": platform.python_version(), "implementation": platform.python_implementation(),
+        "grpcio": grpc.__version__, "protobuf": google.protobuf.__version__,
+        "numpy": np.__version__, "gymnasium": gymnasium.__version__,
+        "platform": platform.platform(), "processor": platform.machine(),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per case (default 5)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASE_FUNCS]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+    if args.seconds <= 0:
+        p.error("--seconds must be positive")
+
+    # SIGTERM -> SystemExit, so the finally below still stops every child.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    children = Children()
+    result = {}
+    load_start = _loadavg()
+    t_start = time.monotonic()
+    try:
+        for case in cases:
+            log.info("case %s: %.1f s warm-up + %.1f s measured", case, WARMUP_S, args.seconds)
+            t0 = time.monotonic()
+            result.update(CASE_FUNCS[case](children, args.seconds))
+            log.info("case %s done in %.1f s", case, time.monotonic() - t0)
+    finally:
+        children.stop_all()
+
+    floor = result.get("grpc_floor_roundtrips_per_s")
+    if floor:
+        for prefix in ("stream", "unary"):
+            rate = result.get(f"{prefix}_lockstep_steps_per_s")
+            if rate is not None:
+                result[f"{prefix}_vs_floor"] = round(rate / floor, 3)
+        sfloor = result.get("grpc_floor_stream_roundtrips_per_s")
+        if sfloor and "stream_lockstep_steps_per_s" in result:
+            result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
+    result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
+    result["config"] = {
+        "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
+        "total_runtime_s": round(time.monotonic() - t_start, 1),
+        "server": "python -m simbridge.server_cli (random policy, default BridgeConfig), fresh per case",
+        "clients": "one process per simulator (multiprocessing spawn)",
+        "lockstep_env": "gymnasium CartPole-v1",
+        "batched_env": f"BenchVectorCartPole: the bench's own numpy CartPole-v1 x{BATCH}, same-step autoreset",
+        "episode_ids": "made by the simulator (start_episode(id), pipelined on stream), "
+                       "except the initial start_episodes(count=64)",
+        "latency": "wall time of get_action / get_actions",
+        "client_options": "PolicyClient library defaults apart from transport (whatever they are in "
+                          "this checkout, e.g. reward coalescing into the next get_action)",
+        "notes": "a lockstep step is get_action + log_returns (+ end/start at episode ends) through the "
+                 "public API; how many RPCs that makes depends on the client (unary: 1 or 2, the floor: "
+                 "1 per round trip); *_vs_floor = steps_per_s / grpc_floor_roundtrips_per_s; "
+                 "*_cpu_cores = CPU seconds per wall second (server from /proc, all its threads); "
+                 "*_server_cpu_us_per_call = server CPU per get_action(s) call",
+    }
+    text = json.dumps(result, indent=2)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; child processes stopped", file=sys.stderr)
+        sys.exit(130)
