@@ -49,6 +49,7 @@ _REQUEST_TYPES = {
     "close_session": pb.CloseSessionRequest,
 }
 _UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in _REQUEST_TYPES}
+_FRAMING_BYTES = 1024  # request header + stream envelope, generously
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 
 
@@ -171,7 +172,9 @@ class _Connection:
         """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
         with self._lock:
             limit = self.session.limits.max_message_bytes
-            if limit and msg.ByteSize() > limit:  # refused here: the server would drop the stream
+            # Refused here (with room for header and framing): the server would end the stream.
+            if limit and msg.ByteSize() + _FRAMING_BYTES > limit:
+                self._resend_rewards(kind, msg)
                 raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                   f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
                                   f"{limit} bytes: send fewer rows per call")
@@ -221,8 +224,13 @@ class _Connection:
                     # The server ended the stream on purpose: resending would fail again. Say
                     # why; the next call reconnects and resends what is still unanswered.
                     self._broken = True
-                    bad = self._outstanding.popleft()
-                    raise BridgeError(e.code(), f"{bad[1]} failed and ended the stream: {e.details()}") from None
+                    _, bad_kind, bad_msg = self._outstanding.popleft()
+                    err = BridgeError(e.code(), f"{bad_kind} failed and ended the stream: {e.details()}")
+                    try:
+                        self._resend_rewards(bad_kind, bad_msg)  # reconnects first
+                    except BridgeError as reward_err:
+                        raise reward_err from err
+                    raise err from None
                 self._reconnect(e)
                 continue
             except StopIteration as e:
