@@ -113,12 +113,13 @@ class Metrics:
         self.recent = collections.deque(maxlen=100)   # episode summaries
         self.errors = collections.Counter()           # status code name -> count
 
-    def policy_return_means(self) -> Dict[str, float]:
+    def policy_return_means(self, last: int = 100) -> Dict[str, float]:
+        """Mean episode return per policy over its last `last` episodes (of the 100 kept)."""
         sums: Dict[str, List[float]] = collections.defaultdict(list)
         for s in self.recent:
             for pid, r in s["policy_rewards"].items():
                 sums[pid].append(r)
-        return {pid: float(np.mean(v)) for pid, v in sums.items()}
+        return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
 
 
 class BridgeRuntime:
@@ -822,6 +823,7 @@ class BridgeRuntime:
                 "agent_steps": self.metrics.agent_steps,
                 "episode_return_mean": float(np.mean(returns)) if returns else None,
                 "policy_return_mean": self.metrics.policy_return_means(),
+                "policy_return_mean_10": self.metrics.policy_return_means(10),
                 "policy_versions": {pid: p.version for pid, p in self._policies.items()},
                 "experience_queue": self.experience.qsize(),
                 "experience_blocked_puts": self.experience.blocked_puts,
