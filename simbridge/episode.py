@@ -151,7 +151,8 @@ class Episode:
             "total_reward": self.total_reward,
             "length": self.length,
             "agent_rewards": self.agent_rewards,
-            "policy_rewards": policy_rewards,
+            "agent_policies": {a: st.policy_id for a, st in self.agents.items() if st.policy_id is not None},
+            "policy_rewards": policy_rewards,   # summed over each policy's agents
             "custom_metrics": dict(self.custom_metrics),
             "training_enabled": self.training_enabled,
             "end_reason": reason,

@@ -114,11 +114,12 @@ class Metrics:
         self.errors = collections.Counter()           # status code name -> count
 
     def policy_return_means(self, last: int = 100) -> Dict[str, float]:
-        """Mean episode return per policy over its last `last` episodes (of the 100 kept)."""
+        """Mean return of one agent's episode, per policy, over its last `last` agent-episodes
+        (of the last 100 episodes), as RLlib's policy_reward_mean."""
         sums: Dict[str, List[float]] = collections.defaultdict(list)
         for s in self.recent:
-            for pid, r in s["policy_rewards"].items():
-                sums[pid].append(r)
+            for aid, pid in s["agent_policies"].items():
+                sums[pid].append(s["agent_rewards"][aid])
         return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
 
 
