@@ -1,0 +1,386 @@
+"""The trainer daemon's configuration: a TOML file -> dataclasses.
+
+    [server]                       # the embedded bridge (simbridge.runtime.BridgeConfig)
+    address = "127.0.0.1:50051"
+    rollout_fragment_length = 200
+    batch_mode = "truncate_episodes"   # or "complete_episodes"
+    max_wait_ms = 0.0
+    experience_queue_size = 4          # small: a slow learner slows the simulators down
+
+    [run]
+    logdir = "runs/cartpole_dqn"
+    checkpoint_every_env_steps = 10000
+    keep_replay_in_checkpoint = false
+    device = "auto"                    # "cpu", "cuda", "cuda:1", ...
+    total_env_steps = 0                # 0: run until stopped
+    seed = 0                           # optional
+    print_every_s = 2.0                # console line, metrics.jsonl and TensorBoard interval
+    torch_threads = 1                  # torch intra-op threads (0: torch's default, one per core);
+                                       # on a CPU shared with gRPC threads and simulators, 1 is
+                                       # ~10x faster per update than one per core on 2 cores
+
+    [policies.default_policy]
+    algorithm = "dqn"                  # "dqn", "sac", "random" or "package.module:Class"
+    config = { learning_starts = 500 } # overrides of the learner's defaults
+    # observation_space = { type = "Box", low = -1.0, high = 1.0, shape = [4] }
+    # action_space = { type = "Discrete", n = 2 }
+
+    [mapping]
+    rules = ["player_*=nim", "cart_[02]=p0"]   # glob on agent ids = policy id; first match wins
+    default = "default_policy"
+
+    policies_to_train = ["p0"]         # top-level key (put it before the first [table]);
+                                       # default: every learner policy
+
+Spaces are optional: by default each policy is created when the first simulator
+that uses it connects, with the spaces its handshake declares. Declared spaces
+create the policy at startup, and simulators declaring other spaces are refused.
+Space tables: {type="Discrete", n=, start=0}, {type="Box", low=, high=, shape=[..],
+dtype="float32"}, {type="MultiDiscrete", nvec=[..]}, {type="MultiBinary", n=}.
+
+`algorithm = "package.module:Class"` names any importable class: a
+trainer.learner.Learner subclass (built as Class(obs_space, act_space,
+config=..., device=..., trainable=...)) or a simbridge.policy.Policy subclass
+that only acts (built as Class(obs_space, act_space, **config)).
+
+Parsing checks everything that can be checked without importing learners;
+`resolve_algorithm` imports the class (the daemon calls it at startup).
+"""
+import dataclasses
+import importlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from simbridge.collector import BATCH_MODES
+from simbridge.mapping import DEFAULT_POLICY, parse_rules
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
+
+# Learners by name, imported only when used.
+ALGORITHMS = {"dqn": "trainer.dqn:DQNLearner", "sac": "trainer.sac:SACLearner"}
+RANDOM = "random"
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message says how to fix it."""
+
+
+@dataclass
+class ServerSection:
+    address: str = "127.0.0.1:50051"
+    rollout_fragment_length: int = 200
+    batch_mode: str = "truncate_episodes"
+    count_steps_by: str = "env_steps"
+    max_wait_ms: float = 0.0
+    experience_queue_size: int = 4
+
+
+@dataclass
+class RunSection:
+    logdir: str = "runs/cartpole_dqn"
+    checkpoint_every_env_steps: int = 10_000
+    keep_replay_in_checkpoint: bool = False
+    device: str = "auto"
+    total_env_steps: int = 0
+    seed: Optional[int] = None
+    print_every_s: float = 2.0
+    torch_threads: int = 1
+
+
+@dataclass
+class PolicySpec:
+    policy_id: str
+    algorithm: str
+    observation_space: Optional[gym.Space] = None
+    action_space: Optional[gym.Space] = None
+    config: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_random(self) -> bool:
+        return self.algorithm == RANDOM
+
+
+@dataclass
+class MappingSection:
+    rules: List[Tuple[str, str]] = field(default_factory=list)
+    default: Optional[str] = DEFAULT_POLICY  # None: agents no rule matches are refused
+
+
+@dataclass
+class TrainerConfig:
+    server: ServerSection
+    run: RunSection
+    policies: Dict[str, PolicySpec]
+    mapping: MappingSection
+    policies_to_train: List[str]
+    source: str = "<config>"
+    text: str = ""  # the TOML text, saved next to the run
+
+    def trainable(self, policy_id: str) -> bool:
+        return policy_id in self.policies_to_train
+
+
+# ---------------------------------------------------------------- loading
+
+def load_config(path=None) -> TrainerConfig:
+    """Parse a TOML file (default: the embedded configs/cartpole_dqn.toml)."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {str(path)!r}: {e.strerror}; pass an existing file "
+                          f"with --config (examples: {CONFIG_DIR})") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    where = source
+    known_top = {"server", "run", "policies", "mapping", "policies_to_train"}
+    _no_unknown(data, known_top, f"{where}: top level")
+    server = _section(ServerSection, data.get("server", {}), f"{where}: [server]")
+    run = _section(RunSection, data.get("run", {}), f"{where}: [run]")
+    _check_server(server, where)
+    _check_run(run, where)
+
+    raw_policies = data.get("policies")
+    if not raw_policies:
+        raise ConfigError(f"{where}: no [policies.<id>] table: add one, e.g.\n"
+                          f"  [policies.default_policy]\n  algorithm = \"dqn\"")
+    _expect(raw_policies, dict, f"{where}: [policies]")
+    policies = {pid: _policy(pid, raw, where) for pid, raw in raw_policies.items()}
+
+    mapping = _mapping(data.get("mapping", {}), policies, where)
+
+    learners = [pid for pid, p in policies.items() if not p.is_random]
+    if "policies_to_train" in data:
+        ptt = data["policies_to_train"]
+        if not isinstance(ptt, list) or not all(isinstance(x, str) for x in ptt):
+            raise ConfigError(f"{where}: policies_to_train must be a list of policy ids, e.g. [\"p0\"]")
+        for pid in ptt:
+            if pid not in policies:
+                raise ConfigError(f"{where}: policies_to_train names {pid!r}, which is not defined: "
+                                  f"add [policies.{pid}] or use one of {sorted(policies)}")
+            if policies[pid].is_random:
+                raise ConfigError(f"{where}: policies_to_train names {pid!r}, whose algorithm is "
+                                  f"\"random\" and cannot learn: remove it from policies_to_train")
+        policies_to_train = list(dict.fromkeys(ptt))
+    else:
+        policies_to_train = learners
+    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text)
+
+
+# ---------------------------------------------------------------- sections
+
+def _expect(value, typ, what: str):
+    if not isinstance(value, typ):
+        name = {dict: "a table", list: "a list", str: "a string"}.get(typ, typ.__name__)
+        raise ConfigError(f"{what} must be {name}, got {value!r}")
+    return value
+
+
+def _no_unknown(raw: dict, known, what: str) -> None:
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        hint = ""
+        if "policies_to_train" in unknown:
+            hint = ("; policies_to_train is a top-level key: put it above the first [table] "
+                    "(TOML files keys that follow a [table] header under that table)")
+        raise ConfigError(f"{what}: unknown key(s) {unknown}; known: {sorted(known)}{hint}")
+
+
+def _section(cls, raw, what: str):
+    """A flat table -> dataclass, with type checks against the defaults."""
+    _expect(raw, dict, what)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _no_unknown(raw, fields, what)
+    out = cls()
+    for key, value in raw.items():
+        default = getattr(out, key)
+        if isinstance(default, bool) or key == "keep_replay_in_checkpoint":
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif isinstance(default, int) or key == "seed":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            kind = "an integer" if key == "seed" else type(default).__name__
+            raise ConfigError(f"{what}: {key} = {value!r} should be {kind}")
+        setattr(out, key, value)
+    return out
+
+
+def _check_server(s: ServerSection, where: str) -> None:
+    host, sep, port = s.address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{where}: [server] address = {s.address!r} is not HOST:PORT "
+                          f"(e.g. \"127.0.0.1:50051\")")
+    if s.batch_mode not in BATCH_MODES:
+        raise ConfigError(f"{where}: [server] batch_mode = {s.batch_mode!r}: use one of {list(BATCH_MODES)}")
+    if s.count_steps_by not in ("env_steps", "agent_steps"):
+        raise ConfigError(f"{where}: [server] count_steps_by = {s.count_steps_by!r}: use \"env_steps\" "
+                          f"or \"agent_steps\"")
+    if s.rollout_fragment_length < 1:
+        raise ConfigError(f"{where}: [server] rollout_fragment_length must be >= 1")
+    if s.experience_queue_size < 1:
+        raise ConfigError(f"{where}: [server] experience_queue_size must be >= 1 (small values, like 4, "
+                          f"make a slow learner slow the simulators down)")
+    if s.max_wait_ms < 0:
+        raise ConfigError(f"{where}: [server] max_wait_ms must be >= 0")
+
+
+def _check_run(r: RunSection, where: str) -> None:
+    if r.checkpoint_every_env_steps < 0:
+        raise ConfigError(f"{where}: [run] checkpoint_every_env_steps must be >= 0 (0: only at exit)")
+    if r.total_env_steps < 0:
+        raise ConfigError(f"{where}: [run] total_env_steps must be >= 0 (0: run until stopped)")
+    if r.torch_threads < 0:
+        raise ConfigError(f"{where}: [run] torch_threads must be >= 0 (0: torch's default)")
+    if r.print_every_s <= 0:
+        raise ConfigError(f"{where}: [run] print_every_s must be > 0")
+    if not r.logdir:
+        raise ConfigError(f"{where}: [run] logdir must not be empty")
+    dev = r.device
+    if not (dev in ("auto", "cpu", "mps") or dev == "cuda" or dev.startswith("cuda:")):
+        raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+
+
+def known_algorithms() -> List[str]:
+    return sorted(ALGORITHMS) + [RANDOM]
+
+
+def _policy(pid: str, raw, where: str) -> PolicySpec:
+    what = f"{where}: [policies.{pid}]"
+    _expect(raw, dict, what)
+    _no_unknown(raw, {"algorithm", "observation_space", "action_space", "config"}, what)
+    if "algorithm" not in raw:
+        raise ConfigError(f"{what}: no algorithm: add algorithm = one of {known_algorithms()} "
+                          f"or \"package.module:Class\"")
+    algo = _expect(raw["algorithm"], str, f"{what} algorithm")
+    if algo not in ALGORITHMS and algo != RANDOM and not _is_import_path(algo):
+        raise ConfigError(f"{what}: unknown algorithm {algo!r}: use one of {known_algorithms()} or an "
+                          f"import path \"package.module:Class\"")
+    cfg = dict(_expect(raw.get("config", {}), dict, f"{what} config"))
+    if algo == RANDOM:
+        _no_unknown(cfg, {"seed"}, f"{what} config (algorithm \"random\")")
+    obs = _space(raw["observation_space"], f"{what} observation_space") if "observation_space" in raw else None
+    act = _space(raw["action_space"], f"{what} action_space") if "action_space" in raw else None
+    if (obs is None) != (act is None):
+        raise ConfigError(f"{what}: declare both observation_space and action_space, or neither "
+                          f"(then the first simulator's handshake provides them)")
+    return PolicySpec(pid, algo, obs, act, cfg)
+
+
+def _is_import_path(s: str) -> bool:
+    mod, sep, name = s.partition(":")
+    return bool(sep and mod and name and all(p.isidentifier() for p in mod.split("."))
+                and all(p.isidentifier() for p in name.split(".")))
+
+
+_SPACE_KEYS = {
+    "Discrete": {"n", "start"},
+    "Box": {"low", "high", "shape", "dtype"},
+    "MultiDiscrete": {"nvec"},
+    "MultiBinary": {"n"},
+}
+
+
+def _space(raw, what: str) -> gym.Space:
+    _expect(raw, dict, what)
+    kind = raw.get("type")
+    if kind not in _SPACE_KEYS:
+        raise ConfigError(f"{what}: type = {kind!r}: use one of {sorted(_SPACE_KEYS)}, e.g. "
+                          f"{{ type = \"Discrete\", n = 2 }}")
+    _no_unknown(raw, _SPACE_KEYS[kind] | {"type"}, what)
+    try:
+        if kind == "Discrete":
+            return gym.spaces.Discrete(int(raw["n"]), start=int(raw.get("start", 0)))
+        if kind == "MultiDiscrete":
+            return gym.spaces.MultiDiscrete(np.asarray(raw["nvec"], np.int64))
+        if kind == "MultiBinary":
+            return gym.spaces.MultiBinary(raw["n"])
+        dtype = np.dtype(raw.get("dtype", "float32"))
+        shape = tuple(raw["shape"]) if "shape" in raw else None
+        low, high = raw["low"], raw["high"]
+        conv = (lambda v: np.asarray(v, dtype)) if shape is None else (lambda v: v)
+        return gym.spaces.Box(low=conv(low), high=conv(high), shape=shape, dtype=dtype)
+    except KeyError as e:
+        raise ConfigError(f"{what}: {kind} needs {e.args[0]!r}") from None
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ConfigError(f"{what}: not a valid {kind}: {e}") from None
+
+
+def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection:
+    what = f"{where}: [mapping]"
+    _expect(raw, dict, what)
+    _no_unknown(raw, {"rules", "default"}, what)
+    specs = raw.get("rules", [])
+    if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
+        raise ConfigError(f"{what}: rules must be a list of \"PATTERN=POLICY\" strings, "
+                          f"e.g. [\"player_*=nim\"]")
+    try:
+        rules = parse_rules(specs)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+    for pattern, pid in rules:
+        if pid not in policies:
+            raise ConfigError(f"{what}: rule \"{pattern}={pid}\" maps to policy {pid!r}, which is not "
+                              f"defined: add [policies.{pid}] or map to one of {sorted(policies)}")
+    if "default" in raw:
+        default = _expect(raw["default"], str, f"{what} default")
+        if default not in policies:
+            raise ConfigError(f"{what}: default = {default!r} is not a defined policy: add "
+                              f"[policies.{default}] or set default to one of {sorted(policies)}")
+    elif DEFAULT_POLICY in policies:
+        default = DEFAULT_POLICY
+    elif len(policies) == 1:
+        default = next(iter(policies))
+    else:
+        default = None  # every agent must match a rule
+    return MappingSection(rules, default)
+
+
+# ---------------------------------------------------------------- algorithms
+
+def resolve_algorithm(spec: PolicySpec):
+    """The class behind spec.algorithm (None for "random"), with its config keys checked."""
+    from simbridge.policy import Policy
+    from trainer.learner import COMMON_DEFAULTS, Learner
+
+    if spec.is_random:
+        return None
+    path = ALGORITHMS.get(spec.algorithm, spec.algorithm)
+    mod_name, _, attr = path.partition(":")
+    what = f"[policies.{spec.policy_id}] algorithm = {spec.algorithm!r}"
+    try:
+        obj = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError(f"{what}: cannot import {mod_name!r} ({e}); check the module path and "
+                          f"PYTHONPATH") from None
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"{what}: module {mod_name!r} has no {attr!r}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Policy)):
+        raise ConfigError(f"{what}: {path} is not a trainer.learner.Learner (or simbridge.policy.Policy) "
+                          f"subclass")
+    if issubclass(obj, Learner):
+        known = {**COMMON_DEFAULTS, **obj.DEFAULTS}
+        unknown = sorted(set(spec.config) - set(known))
+        if unknown:
+            raise ConfigError(f"[policies.{spec.policy_id}] config: unknown key(s) {unknown} for "
+                              f"{obj.__name__}; known: {sorted(known)}")
+    return obj
