@@ -67,6 +67,7 @@ class Learner(Policy):
         self.nstep = NStepAccumulator(cfg["n_step"], cfg["gamma"])
         self.agent_steps = 0          # transitions added
         self.updates = 0              # gradient updates done
+        self.updates_forgiven = 0     # due updates skipped (resumed without a replay buffer)
         self._act_lock = threading.Lock()
         self.build()
         self.acting = copy.deepcopy(self.modules_for_acting())
@@ -97,7 +98,8 @@ class Learner(Policy):
     # ------------------------------------------------------------ serving
 
     def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
-        return torch.as_tensor(flatten(self.observation_space, obs_batch), device=self.device)
+        # The bridge's observations are read-only views of the request: torch gets a copy.
+        return torch.tensor(flatten(self.observation_space, obs_batch), device=self.device)
 
     def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
         obs = self.obs_tensor(obs_batch)
@@ -118,11 +120,14 @@ class Learner(Policy):
             self.replay.add(cols)
         self.agent_steps += batch.count
 
+    def _update_target(self) -> int:
+        return int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
+
     def updates_due(self) -> int:
-        if not self.trainable or self.agent_steps < self.config["learning_starts"] or len(self.replay) == 0:
+        if (not self.trainable or self.agent_steps < self.config["learning_starts"]
+                or len(self.replay) < self.config["batch_size"]):
             return 0
-        target = int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
-        return max(0, target - self.updates)
+        return max(0, self._update_target() - self.updates - self.updates_forgiven)
 
     def train(self, max_updates: Optional[int] = None) -> Dict[str, float]:
         due = self.updates_due()
@@ -147,7 +152,8 @@ class Learner(Policy):
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self, include_replay: bool = False) -> dict:
-        state = {"agent_steps": self.agent_steps, "updates": self.updates, "config": self.config,
+        state = {"agent_steps": self.agent_steps, "updates": self.updates,
+                 "updates_forgiven": self.updates_forgiven, "config": self.config,
                  "nets": self.nets_state(), "rng": self.rng.bit_generator.state}
         if include_replay:
             state["replay"] = self.replay.state_dict()
@@ -157,8 +163,13 @@ class Learner(Policy):
         self.agent_steps, self.updates = state["agent_steps"], state["updates"]
         self.load_nets_state(state["nets"])
         self.rng.bit_generator.state = state["rng"]
+        self.updates_forgiven = state.get("updates_forgiven", 0)
         if "replay" in state:
             self.replay.load_state_dict(state["replay"])
+        else:
+            # An empty buffer must not pay off the updates that were due at the
+            # checkpoint: that burst would overfit its first few transitions.
+            self.updates_forgiven = max(0, self._update_target() - self.updates)
         self.sync_acting()
 
     def nets_state(self) -> dict:

@@ -13,6 +13,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from simbridge import tree
 from simbridge.sample_batch import SampleBatch
 
 class NStepAccumulator:
@@ -36,7 +37,7 @@ class NStepAccumulator:
         keys = list(zip(batch["eps_id"].tolist(), batch["agent_index"].tolist()))
         for i, key in enumerate(keys):
             traj = self._open.pop(key, None) or []
-            traj.append((obs[i], act[i], float(rew[i]), nobs[i], bool(term[i])))
+            traj.append((tree.take(obs, i), tree.take(act, i), float(rew[i]), tree.take(nobs, i), bool(term[i])))
             if term[i] or trunc[i]:
                 while traj:
                     out.append(self._target(traj))
@@ -51,8 +52,8 @@ class NStepAccumulator:
         if not out:
             return {}
         o, a, r, no, t, d = zip(*out)
-        return {"obs": np.stack(o), "actions": np.stack(a), "rewards": np.asarray(r, np.float32),
-                "new_obs": np.stack(no), "terminateds": np.asarray(t, bool),
+        return {"obs": tree.stack(o), "actions": tree.stack(a), "rewards": np.asarray(r, np.float32),
+                "new_obs": tree.stack(no), "terminateds": np.asarray(t, bool),
                 "discounts": np.asarray(d, np.float32)}
 
     def _target(self, traj: list) -> tuple:
