@@ -54,7 +54,10 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.Statu
 
 
 class SessionLost(BridgeError):
-    """The server no longer knows this client's session (it restarted or expired it)."""
+    """The server no longer knows this client's session (it restarted or expired it).
+
+    The client goes on with a new session; `close_connection()` closes it instead."""
+    close_connection = staticmethod(lambda: None)
 
 
 class EarlierCallFailed(BridgeError):
@@ -154,9 +157,11 @@ class _Connection:
             self.session_id = resp.session_id
             self._outstanding.clear()
             self._seq = 0
-            raise SessionLost(grpc.StatusCode.UNAVAILABLE,
-                              f"the server no longer had session {old} (restarted or expired): its open "
-                              f"episodes are gone; start new episodes (new session {resp.session_id})")
+            lost = SessionLost(grpc.StatusCode.UNAVAILABLE,
+                               f"the server no longer had session {old} (restarted or expired): its open "
+                               f"episodes are gone; start new episodes (new session {resp.session_id})")
+            lost.close_connection = self.close  # for callers that start over with a new client
+            raise lost
         log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
         if self.transport == "stream":
             for _, kind, msg in self._outstanding:

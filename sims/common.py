@@ -11,6 +11,7 @@ from typing import Callable, Dict, Optional
 import gymnasium as gym
 import numpy as np
 
+from simbridge.client import SessionLost
 from simbridge.errors import BridgeError
 
 
@@ -128,10 +129,23 @@ def cast_to_space(space: gym.Space, value):
 
 
 def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) -> int:
-    """Run a simulator body; map BridgeError to exit 2 with its message (no traceback)."""
+    """Run a simulator body; map BridgeError to exit 2 with its message (no traceback).
+
+    When the server restarted (a trainer daemon resumed from its checkpoint),
+    the client reconnects but the open episodes are gone: the body runs again
+    with new episodes, keeping the counts, instead of exiting."""
     stop = StopFlag().install()
     try:
-        extra = body(stop, stats) or {}
+        while True:
+            try:
+                extra = body(stop, stats) or {}
+                break
+            except SessionLost as e:
+                e.close_connection()  # the body starts over with a client of its own
+                if stop:
+                    extra = {}
+                    break
+                print(f"{prog}: {e.message}; going on with new episodes", file=sys.stderr, flush=True)
     except BridgeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         if stats.connected:
