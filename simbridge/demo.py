@@ -1,10 +1,11 @@
-"""`make demo` (python -m simbridge.demo): a bridge server and three simulators, live.
+"""`make demo` (python -m simbridge.demo): the trainer daemon learns CartPole from simulator processes.
 
-Starts a bridge server serving a random policy on a free loopback port, waits
-for its health check, launches three reference simulators as separate
-processes (CartPole with one env, CartPole with 8 envs stepped together, and
-turn-based Nim with two players), shows the server's progress lines for
---seconds, then stops everything (SIGTERM, then kill) and prints a summary.
+Starts `simbridge-trainer run` (DQN, the embedded cartpole_dqn.toml) on a free
+loopback port, waits for its health check, launches two reference CartPole
+simulators as separate processes (one stepping 4 envs together), and shows the
+trainer's progress lines until the mean return of the last 10 episodes reaches
+--target or --seconds pass. Then it stops everything (SIGTERM: the trainer
+writes its checkpoint), draws the learning curves to PNG and prints a summary.
 """
 import argparse
 import json
@@ -12,134 +13,124 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from pathlib import Path
+from typing import List, Optional
 
 from simbridge.launch import Proc, free_port, python_module, start_server
 
-# name, what it is, python -m argv (address added)
 SIMULATORS = [
     ("cartpole", "gym_sim CartPole-v1, 1 env", ["sims.gym_sim", "--env", "CartPole-v1", "--seed", "1"]),
-    ("cartpole-x8", "gym_sim CartPole-v1, 8 envs batched",
-     ["sims.gym_sim", "--env", "CartPole-v1", "--slots", "8", "--seed", "2"]),
-    ("nim", "multiagent_sim turn_based (Nim)", ["sims.multiagent_sim", "--game", "turn_based", "--seed", "3"]),
+    ("cartpole-x4", "gym_sim CartPole-v1, 4 envs batched",
+     ["sims.gym_sim", "--env", "CartPole-v1", "--slots", "4", "--seed", "2"]),
 ]
 
 
 class _Console:
-    """Prints child output with a [name] prefix; keeps the JSON lines (summaries) aside."""
-
     def __init__(self):
         self._lock = threading.Lock()
-        self.json: Dict[str, dict] = {}
 
     def say(self, msg: str) -> None:
         with self._lock:
             print(f"demo: {msg}", flush=True)
 
     def on_line(self, name: str, line: str) -> None:
-        if line.startswith("{"):
-            try:
-                self.json[name] = json.loads(line)
-                return
-            except ValueError:
-                pass
+        if line.startswith("{"):  # the simulators' JSON summaries: shown in the summary instead
+            return
         with self._lock:
-            print(f"[{name}] {line}", flush=True)
+            print(line if line.startswith("[trainer]") else f"[{name}] {line}", flush=True)
 
 
-def _fmt(x, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _summary(console: _Console, sims: List[Proc], seconds: float) -> List[str]:
-    out = [f"summary after {seconds:.1f} s:"]
-    final = console.json.get("server", {}).get("final")
-    if final:
-        pol = ", ".join(f"{p} {_fmt(r)}" for p, r in sorted(final["policy_return_mean"].items()))
-        out.append(f"  server        episodes {final['episodes']:6d}  env steps {final['env_steps']:8d}  "
-                   f"return mean by policy: {pol or '-'}")
-    for (name, what, _), proc in zip(SIMULATORS, sims):
-        s = console.json.get(name)
-        if s is None:
-            out.append(f"  {name:12s}  no summary (exit code {proc.poll()})")
+def last_metrics(logdir: Path) -> Optional[dict]:
+    try:
+        lines = (logdir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
             continue
-        extra = ""
-        if s.get("first_mover_win_rate") is not None:
-            extra = f"  first mover won {s['first_mover_win_rate']:.0%}"
-        out.append(f"  {name:12s}  episodes {s['episodes']:6d}  env steps {s['steps']:8d}  "
-                   f"return mean {_fmt(s['return_mean']):>7s}  ({s['steps_per_s']:.0f} steps/s; {what}){extra}")
-    return out
+    return None
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m simbridge.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=20.0, help="how long to let it run (default: %(default)s)")
-    p.add_argument("--print-every", type=float, default=2.0, help="seconds between server progress lines (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=600.0, help="stop after this long at most (default: %(default)s)")
+    p.add_argument("--target", type=float, default=475.0,
+                   help="stop once the mean return of the last 10 episodes reaches this (default: %(default)s)")
+    p.add_argument("--logdir", default=None, help="run directory (default: runs/demo-<time>)")
     args = p.parse_args(argv)
+    logdir = Path(args.logdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
     def _interrupt(*_):
         raise KeyboardInterrupt
-    # Ctrl-C (also when started in the background) and SIGTERM: stop everything cleanly.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
 
     console = _Console()
     address = f"127.0.0.1:{free_port()}"
-    console.say(f"starting a bridge server (random policy) on {address} ...")
+    console.say(f"starting the trainer daemon (DQN on CartPole) on {address}, logs in {logdir} ...")
     t0 = time.monotonic()
     try:
-        server = start_server("server", python_module("simbridge.server_cli", "--address", address,
-                                                      # Nim's players have other spaces than CartPole's:
-                                                      # they get a policy of their own.
-                                                      "--policy-map", "player_*=nim",
-                                                      "--print-every", args.print_every, "--log-level", "WARNING"),
-                              address, timeout=60.0, on_line=console.on_line)
+        trainer = start_server("trainer", python_module("trainer.daemon", "run", "--address", address,
+                                                        "--logdir", str(logdir), "--log-level", "WARNING"),
+                               address, timeout=120.0, on_line=console.on_line)
     except RuntimeError as e:
-        console.say(f"the server did not start: {e}")
+        console.say(f"the trainer did not start: {e}")
         return 1
     except KeyboardInterrupt:
-        console.say("interrupted while the server was starting")
+        console.say("interrupted while the trainer was starting")
         return 130
-    console.say(f"server healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
+    console.say(f"trainer healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
     sims: List[Proc] = []
     failed: Optional[str] = None
-    interrupted = False
+    interrupted = reached = False
     t_run = time.monotonic()
     try:
         for name, what, cmd in SIMULATORS:
             proc = Proc(name, python_module(*cmd, "--address", address, "--quiet"), console.on_line)
             sims.append(proc)
             console.say(f"  {name:12s} pid {proc.pid:7d}  {what}")
-        console.say(f"running for {args.seconds:.0f} s (server progress every {args.print_every:g} s) ...")
-        t_run = time.monotonic()
+        console.say(f"learning until the last 10 episodes average {args.target:g} or {args.seconds:.0f} s pass "
+                    f"(Ctrl-C stops early) ...")
         deadline = t_run + args.seconds
         while time.monotonic() < deadline:
-            if server.poll() is not None:
-                failed = f"the server exited early (code {server.poll()})"
+            if trainer.poll() is not None:
+                failed = f"the trainer exited early (code {trainer.poll()})"
                 break
             dead = [s for s in sims if s.poll() is not None]
             if dead:
                 failed = ", ".join(f"{s.name} exited early (code {s.poll()})" for s in dead)
                 break
-            time.sleep(0.1)
+            rec = last_metrics(logdir)
+            r10 = (rec or {}).get("return_mean_10", {}).get("default_policy")
+            if r10 is not None and r10 >= args.target:
+                reached = True
+                break
+            time.sleep(0.5)
     except KeyboardInterrupt:
         interrupted = True
         console.say("interrupted")
     finally:
         elapsed = time.monotonic() - t_run
-        console.say("stopping the simulators, then the server ...")
+        console.say("stopping the simulators, then the trainer (it writes a checkpoint) ...")
         for s in sims:
             s.stop(timeout=10.0)
-        server.stop(timeout=10.0)
-    for line in _summary(console, sims, elapsed):
-        console.say(line)
+        trainer.stop(timeout=30.0)
+    rec = last_metrics(logdir) or {}
+    plot = Proc("plot", python_module("trainer.daemon", "plot", str(logdir)), console.on_line)
+    plot.popen.wait(timeout=120.0)
+    plot.wait_output()
+    r10 = rec.get("return_mean_10", {}).get("default_policy")
+    console.say(f"after {elapsed:.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
+                f"mean return of the last 10 episodes {'-' if r10 is None else f'{r10:.1f}'}"
+                f"{' (target reached)' if reached else ''}")
+    console.say(f"learning curves: {logdir / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {logdir}")
+    console.say(f"go on from the checkpoint: simbridge-trainer run --resume --logdir {logdir}")
     if failed:
         console.say(f"FAILED: {failed}")
         return 1
-    if interrupted:
-        return 130
-    console.say("done. Try it by hand: `simbridge-server` in one shell, `simbridge-sim --slots 8` in another.")
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

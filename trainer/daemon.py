@@ -302,7 +302,8 @@ class TrainerDaemon:
         rec = {"env_steps": snap["env_steps"], "agent_steps": snap["agent_steps"], "episodes": snap["episodes"],
                "wall_s": round(self.wall_s(), 3), "steps_per_s": round(rate, 1),
                "sessions": snap["sessions"], "episode_return_mean": snap["episode_return_mean"],
-               "return_mean": snap["policy_return_mean"], "updates": {}, "versions": {}, "losses": {},
+               "return_mean": snap["policy_return_mean"], "return_mean_10": snap["policy_return_mean_10"],
+               "updates": {}, "versions": {}, "losses": {},
                "experience_queue": snap["experience_queue"],
                "experience_blocked_puts": snap["experience_blocked_puts"]}
         for pid, p in sorted(self._learners()):
