@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     console.say(f"trainer healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
     sims: List[Proc] = []
     failed: Optional[str] = None
-    interrupted = reached = False
+    interrupted = False
+    reached: Optional[dict] = None
     t_run = time.monotonic()
     try:
         for name, what, cmd in SIMULATORS:
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
             rec = last_metrics(logdir)
             r10 = (rec or {}).get("return_mean_10", {}).get("default_policy")
             if r10 is not None and r10 >= args.target:
-                reached = True
+                reached = rec  # reported below: stopping cuts open episodes short, which would count
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
@@ -117,12 +118,12 @@ def main(argv=None) -> int:
         for s in sims:
             s.stop(timeout=10.0)
         trainer.stop(timeout=30.0)
-    rec = last_metrics(logdir) or {}
+    rec = reached or last_metrics(logdir) or {}
     plot = Proc("plot", python_module("trainer.daemon", "plot", str(logdir)), console.on_line)
     plot.popen.wait(timeout=120.0)
     plot.wait_output()
     r10 = rec.get("return_mean_10", {}).get("default_policy")
-    console.say(f"after {elapsed:.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
+    console.say(f"after {rec.get('wall_s', elapsed):.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
                 f"mean return of the last 10 episodes {'-' if r10 is None else f'{r10:.1f}'}"
                 f"{' (target reached)' if reached else ''}")
     console.say(f"learning curves: {logdir / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {logdir}")
