@@ -1,0 +1,214 @@
+"""Learning benchmarks through the bridge: the trainer daemon and simulators as separate processes.
+
+    python bench/learning.py TASK [--seed S] [--no-inprocess] [--out FILE]
+
+TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, multiagent-cartpole.
+Prints one JSON object: task, solved, env_steps (when solved, else at the end),
+final_return (mean of the last 10 episodes), wall_s, and inprocess_wall_s: the
+same learner and config with the env stepped in this process, no bridge (for
+multiagent-cartpole: one trained policy's learner on one CartPole), so the
+bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`.
+
+The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
+trainer/sac.py), starts `python -m trainer.daemon run` on a free loopback port,
+starts the reference simulators against it and polls the daemon's
+metrics.jsonl until the target is met or the env-step budget is spent.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simbridge.launch import child_env, free_port, wait_for_health  # noqa: E402
+
+TASKS = {
+    # CartPole-v1: mean return of the last 10 episodes >= 475 within 50k env steps.
+    "dqn-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
+                         budget=50_000, fragment=32, sims=[["--slots", "1"]]),
+    # Pendulum-v1: >= -200 within 10k env steps.
+    "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="PENDULUM_PRESET", threshold=-200.0,
+                         budget=10_000, fragment=200, sims=[["--slots", "1"]]),
+    # The simulator overrides 30% of the actions with its own choice, reported with log_action.
+    "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
+                                budget=50_000, fragment=32, off_policy=0.3,
+                                sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
+    # 4 carts on 2 trained policies (p0: cart_0, cart_2; p1: cart_1, cart_3) plus a frozen p2 (cart_4).
+    "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=300.0,
+                                budget=40_000, fragment=32, multiagent=True),
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML for {v!r}")
+
+
+def _inline(d: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in d.items() if v is not None) + " }"
+
+
+def preset(task: dict, seed: int) -> dict:
+    module = "trainer.dqn" if task["algorithm"] == "dqn" else "trainer.sac"
+    mod = __import__(module, fromlist=[task["preset"]])
+    return {**getattr(mod, task["preset"]), "seed": seed}
+
+
+def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path) -> List[str]:
+    """The daemon's TOML; returns the trained policy ids."""
+    cfg = preset(task, seed)
+    lines = []
+    if task.get("multiagent"):
+        trained = ["p0", "p1"]
+        lines.append('policies_to_train = ["p0", "p1"]')
+    else:
+        trained = ["default_policy"]
+    lines += ["[server]", f'address = "{address}"', f"rollout_fragment_length = {task['fragment']}",
+              "experience_queue_size = 4",
+              "[run]", f'logdir = "{logdir}"', f"total_env_steps = {task['budget']}", f"seed = {seed}",
+              "checkpoint_every_env_steps = 1000000", "print_every_s = 1.0", "torch_threads = 1"]
+    for pid in (["p0", "p1", "p2"] if task.get("multiagent") else ["default_policy"]):
+        lines += [f"[policies.{pid}]", f'algorithm = "{task["algorithm"]}"', f"config = {_inline(cfg)}"]
+    if task.get("multiagent"):
+        lines += ["[mapping]", 'rules = ["cart_[02]=p0", "cart_[13]=p1", "cart_4=p2"]', 'default = "p2"']
+    path.write_text("\n".join(lines) + "\n")
+    return trained
+
+
+def read_metrics(logdir: Path) -> List[dict]:
+    try:
+        text = (logdir / "metrics.jsonl").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{name}-"))
+    logdir = tmp / "run"
+    address = f"127.0.0.1:{free_port()}"
+    trained = write_config(task, seed, address, logdir, tmp / "config.toml")
+    env = child_env()
+    log = open(tmp / "processes.log", "w")
+    procs: List[subprocess.Popen] = []
+    t0 = time.monotonic()
+    try:
+        daemon = subprocess.Popen([sys.executable, "-m", "trainer.daemon", "run", "--config", str(tmp / "config.toml"),
+                                   "--log-level", "WARNING"], env=env, cwd=str(ROOT), stdout=log, stderr=log)
+        procs.append(daemon)
+        wait_for_health(address, timeout=120)
+        t_start = time.monotonic()
+        if task.get("multiagent"):
+            sims = [["sims.multiagent_sim", "--game", "simultaneous", "--agents", "5"]]
+        else:
+            sims = [["sims.gym_sim", "--env", task["env"], *extra] for extra in task["sims"]]
+        for i, cmd in enumerate(sims):
+            procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet",
+                                           "--seed", str(seed * 100 + i)], env=env, cwd=str(ROOT),
+                                          stdout=log, stderr=log))
+        solved_at: Optional[dict] = None
+        last: Optional[dict] = None
+        while time.monotonic() - t_start < timeout_s:
+            recs = [r for r in read_metrics(logdir) if r.get("event") != "stop"]
+            if recs:
+                last = recs[-1]
+                r10 = last.get("return_mean_10", {})
+                if solved_at is None and all(r10.get(p, -1e9) >= task["threshold"] for p in trained) \
+                        and last["env_steps"] <= task["budget"]:
+                    solved_at = last
+                    break
+            if daemon.poll() is not None:  # reached total_env_steps (or failed)
+                break
+            time.sleep(0.5)
+        end = solved_at or last or {}
+        r10 = end.get("return_mean_10", {})
+        out = {"task": name, "solved": solved_at is not None, "env_steps": end.get("env_steps", 0),
+               "final_return": (min(r10[p] for p in trained) if all(p in r10 for p in trained) else None),
+               "wall_s": round(end.get("wall_s", time.monotonic() - t0), 1), "seed": seed,
+               "threshold": task["threshold"], "budget": task["budget"],
+               "return_mean_10": r10, "versions": end.get("versions", {}), "updates": end.get("updates", {})}
+        if task.get("multiagent"):
+            out["frozen_policy_version"] = end.get("versions", {}).get("p2")
+            out["frozen_return_mean_10"] = r10.get("p2")
+        return out
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+
+def run_inprocess(task: dict, seed: int) -> dict:
+    import gymnasium as gym
+
+    from trainer import inprocess
+
+    cfg = preset(task, seed)
+    env = gym.make(task["env"])
+    if task["algorithm"] == "dqn":
+        from trainer.dqn import DQNLearner as cls
+    else:
+        from trainer.sac import SACLearner as cls
+    learner = cls(env.observation_space, env.action_space, cfg, device="cpu")
+    kwargs = {}
+    if task.get("off_policy"):
+        kwargs["off_policy_fraction"] = task["off_policy"]
+    res = inprocess.run_inprocess(learner, task["env"], task["budget"], seed=seed, fragment=task["fragment"],
+                                  stop_at_return=task["threshold"], **kwargs)
+    return {"inprocess_wall_s": round(res["wall_s"], 1), "inprocess_solved": res["reached_step"] is not None,
+            "inprocess_env_steps": res["reached_step"] or res["env_steps"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
+    p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
+    p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
+    p.add_argument("--out", help="also write the JSON here")
+    args = p.parse_args(argv)
+    task = dict(TASKS[args.task])
+    if args.budget:
+        task["budget"] = args.budget
+    result = run_bridge(args.task, task, args.seed, args.timeout)
+    if not args.no_inprocess:
+        result.update(run_inprocess(task, args.seed))
+        if result["wall_s"] and result["inprocess_wall_s"]:
+            result["bridge_vs_inprocess_wall"] = round(result["wall_s"] / result["inprocess_wall_s"], 2)
+    result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
+    text = json.dumps(result)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
