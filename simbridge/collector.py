@@ -44,8 +44,9 @@ class ExperienceCollector:
         b = self._builders.get(policy_id)
         if b is None:
             b = self._builders[policy_id] = SampleBatchBuilder()
-        b.add_rows(columns)
-        self._agent_steps += len(columns["rewards"])
+        n = len(columns["rewards"])
+        b.add_rows(columns, count=n)  # built consistently by the runtime: no re-validation
+        self._agent_steps += n
 
     def count_env_step(self, episode) -> None:
         self.count_env_steps([episode])

@@ -95,7 +95,8 @@ class Session:
 
 class _Rows:
     """One AgentRows (or RewardRows) resolved against a session."""
-    __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "states", "policy_ids")
+    __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "states", "policy_ids",
+                 "unique_episodes")
 
     def __init__(self, eids, aids, spec, n):
         self.eids, self.aids, self.spec, self.n = eids, aids, spec, n
@@ -103,6 +104,7 @@ class _Rows:
         self.episodes: List[Episode] = []
         self.states: List[Optional[AgentState]] = []   # None: the agent's first appearance
         self.policy_ids: List[str] = []
+        self.unique_episodes = False   # known: no episode appears twice in these rows
 
 
 class Metrics:
@@ -399,6 +401,7 @@ class BridgeRuntime:
         if None in pids:
             pids = [self._policy_of(st, SINGLE_AGENT_ID, ep, r.spec) for st, ep in zip(sts, eps)]
         r.episodes, r.states, r.policy_ids = eps, sts, pids
+        r.unique_episodes = True
 
     # ------------------------------------------------------------ calls
 
@@ -476,7 +479,7 @@ class BridgeRuntime:
 
     def _compute(self, r: _Rows):
         pids = r.policy_ids
-        if all(p == pids[0] for p in pids):  # common case: one policy for all rows
+        if pids.count(pids[0]) == len(pids):  # common case: one policy for all rows
             actions, logp, version = self._batchers[pids[0]].compute(r.obs, r.n)
             return actions, logp, [version] * r.n
         # Rows of several policies: one pass per policy, then reassembled in row order.
@@ -538,12 +541,17 @@ class BridgeRuntime:
                 if st.policy_id is None:
                     st.policy_id = r.policy_ids[i]
         slots = np.fromiter([st.slot for st in sts], np.int64, n)
-        counted = []
-        for ep in r.episodes:
-            if id(ep) not in stepped:
-                stepped.add(id(ep))
-                ep.length += 1
-                counted.append(ep)
+        if r.unique_episodes and not stepped:  # single-agent rows: one row per episode
+            counted = r.episodes
+            stepped.update(map(id, counted))
+        else:
+            counted = []
+            for ep in r.episodes:
+                if id(ep) not in stepped:
+                    stepped.add(id(ep))
+                    counted.append(ep)
+        for ep in counted:
+            ep.length += 1
         new_steps = len(counted)
         self.collector.count_env_steps(counted)
         pend = table.pending[slots]

@@ -599,8 +599,17 @@ class SampleBatchBuilder:
         seg.count += 1
         self._count += 1
 
-    def add_rows(self, columns: Mapping[str, Any]) -> None:
-        """Append a chunk of rows; every column has a leading row dimension."""
+    def add_rows(self, columns: Mapping[str, Any], count: int | None = None) -> None:
+        """Append a chunk of rows; every column has a leading row dimension.
+
+        `count`: the chunk's row count, given by a caller that built the columns
+        consistently itself (the bridge's collector); skips re-validating them,
+        which would cost more than the append on the per-call hot path."""
+        if count is not None:
+            self._check_columns(list(columns))
+            self._segments.append(dict(columns))
+            self._count += count
+            return
         chunk = columns if isinstance(columns, SampleBatch) else SampleBatch(columns)
         if not chunk._data:
             raise ValueError("add_rows needs at least one column")
