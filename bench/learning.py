@@ -17,18 +17,17 @@ metrics.jsonl until the target is met or the env-step budget is spent.
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simbridge.launch import child_env, free_port, wait_for_health  # noqa: E402
+from simbridge.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
 
 TASKS = {
     # CartPole-v1: mean return of the last 10 episodes >= 475 within 50k env steps.
@@ -153,14 +152,7 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
             out["frozen_return_mean_10"] = r10.get("p2")
         return out
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(list(reversed(procs)))
         log.close()
 
 

@@ -96,6 +96,21 @@ class Proc:
         return self.popen.returncode
 
 
+def stop_all(popens: Sequence[Optional[subprocess.Popen]], timeout: float = 30.0) -> None:
+    """SIGTERM every live process at once (so they shut down in parallel), then wait for each
+    up to `timeout` s and kill what is left. None entries are skipped."""
+    live = [p for p in popens if p is not None]
+    for p in live:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in live:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def wait_for_health(address: str, timeout: float = 30.0, proc: Optional[Proc] = None,
                     service: str = "") -> None:
     """Block until the gRPC health service at `address` answers SERVING.

@@ -28,7 +28,7 @@ from simbridge import tensors, tree
 from simbridge.batcher import DynamicBatcher
 from simbridge.collector import ExperienceCollector, ExperienceQueue
 from simbridge.episode import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode, SlotTable
-from simbridge.errors import (BridgeError, already_exists, failed_precondition, invalid_argument,
+from simbridge.errors import (already_exists, failed_precondition, invalid_argument,
                               not_found, resource_exhausted)
 from simbridge.mapping import DEFAULT_POLICY
 from simbridge.policy import Policy, random_policy_factory

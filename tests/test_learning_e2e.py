@@ -4,12 +4,11 @@ Small budgets (the full runs are bench/learning.py): DQN's CartPole preset passe
 of 150 over the last 10 episodes at about 6k env steps; the test allows 15k.
 """
 import json
-import signal
 import subprocess
 import sys
 import time
 
-from simbridge.launch import child_env, free_port, wait_for_health
+from simbridge.launch import child_env, free_port, stop_all, wait_for_health
 
 PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timesteps = 50000, batch_size = 128, '
           'buffer_size = 100000, learning_starts = 1000, updates_per_step = 1.0, hidden = [128, 128], '
@@ -53,14 +52,7 @@ checkpoint_every_env_steps = 1000000
             time.sleep(0.5)
         return recs
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(list(reversed(procs)))
 
 
 def r10(rec, pid):

@@ -5,9 +5,8 @@ import subprocess
 import sys
 import time
 
-import pytest
 
-from simbridge.launch import child_env, free_port, wait_for_health
+from simbridge.launch import child_env, free_port, stop_all, wait_for_health
 
 CONFIG = """
 [server]
@@ -67,15 +66,7 @@ def test_daemon_sigterm_resume_simulator_goes_on(tmp_path):
         assert resumed and resumed[0]["env_steps"] >= before["env_steps"]   # counts continue
         assert sim.poll() is None
     finally:
-        for p in (sim, d1, d2):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (sim, d1, d2):
-            if p is not None:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_all([sim, d1, d2], timeout=20)
     if sim is not None:
         err = sim.stderr.read()
         assert "going on with new episodes" in err, err

@@ -7,7 +7,6 @@ tests/ on the daemon's PYTHONPATH), so nothing here depends on DQN or SAC.
 """
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
