@@ -169,10 +169,6 @@ class _Connection:
 
     # -------------------------------------------------------------- calls
 
-    def new_request(self, kind: str):
-        msg = _REQUEST_TYPES[kind]()
-        return msg
-
     def call(self, kind: str, msg, wait: bool = True):
         """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
         with self._lock:

@@ -48,9 +48,6 @@ class ExperienceCollector:
         b.add_rows(columns, count=n)  # built consistently by the runtime: no re-validation
         self._agent_steps += n
 
-    def count_env_step(self, episode) -> None:
-        self.count_env_steps([episode])
-
     def count_env_steps(self, episodes) -> None:
         """One env step for each of `episodes` (episodes with training disabled don't count)."""
         if self.complete_episodes:
