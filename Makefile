@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH)'
-	$(PY) -m pip install -q -e '.[trainer,dev]'
+	$(PY) -m pip install -q -e '.[trainer,dev,unity]'
 	touch $(STAMP)
 
 demo: $(STAMP)
