@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 from google.protobuf import json_format
 
+from simbridge import local_serving, slots
 from simbridge import spaces as sb_spaces
 from simbridge import tensors, tree
 from simbridge.batcher import DynamicBatcher
@@ -301,6 +302,17 @@ class BridgeRuntime:
                 while len(s.responses) > self.config.response_cache_size:
                     s.responses.popitem(last=False)
         return resp
+
+    # Batched simulators (slots.py) and clients that act locally (local_serving.py)
+    # keep their own rooms; the runtime only dispatches to them.
+    def _step(self, s: Session, req: pb.StepRequest) -> pb.StepResponse:
+        return slots.step(self, s, req)
+
+    def _get_policy(self, s: Session, req: pb.GetPolicyRequest) -> pb.GetPolicyResponse:
+        return local_serving.get_policy(self, s, req)
+
+    def _upload_experience(self, s: Session, req: pb.UploadExperienceRequest) -> pb.UploadExperienceResponse:
+        return local_serving.upload_experience(self, s, req)
 
     def _deliver(self, batch) -> None:
         if batch is not None:

@@ -29,6 +29,7 @@ _STREAM_CALLS = {
     "log_returns": "log_returns",
     "end_episode": "end_episode",
     "close_session": "close_session",
+    "step": "step",
 }
 
 
@@ -72,6 +73,15 @@ class _Servicer:
 
     def CloseSession(self, request, context):
         return self._unary("close_session", request, context)
+
+    def Step(self, request, context):
+        return self._unary("step", request, context)
+
+    def GetPolicy(self, request, context):
+        return self._unary("get_policy", request, context)
+
+    def UploadExperience(self, request, context):
+        return self._unary("upload_experience", request, context)
 
     def Stream(self, request_iterator, context):
         session = None

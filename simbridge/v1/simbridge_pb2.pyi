@@ -162,18 +162,22 @@ class AgentSpec(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("client_name", "observation_space", "action_space", "agents", "resume_session_id")
+    __slots__ = ("client_name", "observation_space", "action_space", "agents", "resume_session_id", "num_slots", "slots_training_enabled")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     RESUME_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     observation_space: Space
     action_space: Space
     agents: _containers.RepeatedCompositeFieldContainer[AgentSpec]
     resume_session_id: str
-    def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ...) -> None: ...
+    num_slots: int
+    slots_training_enabled: bool
+    def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s")
@@ -354,8 +358,160 @@ class EndEpisodeResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class StepRequest(_message.Message):
+    __slots__ = ("header", "observations", "rewards", "terminated", "truncated", "final_observations", "final")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    observations: Value
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    final_observations: Value
+    final: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., final_observations: _Optional[_Union[Value, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("actions", "policy_versions", "policy_id")
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    actions: Value
+    policy_versions: Tensor
+    policy_id: str
+    def __init__(self, actions: _Optional[_Union[Value, _Mapping]] = ..., policy_versions: _Optional[_Union[Tensor, _Mapping]] = ..., policy_id: _Optional[str] = ...) -> None: ...
+
+class PortablePolicy(_message.Message):
+    __slots__ = ("policy_id", "version", "observation_space", "action_space", "preprocessor", "layers", "head", "onnx_model")
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    PREPROCESSOR_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    ONNX_MODEL_FIELD_NUMBER: _ClassVar[int]
+    policy_id: str
+    version: int
+    observation_space: Space
+    action_space: Space
+    preprocessor: str
+    layers: _containers.RepeatedCompositeFieldContainer[Layer]
+    head: ActionHead
+    onnx_model: bytes
+    def __init__(self, policy_id: _Optional[str] = ..., version: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., preprocessor: _Optional[str] = ..., layers: _Optional[_Iterable[_Union[Layer, _Mapping]]] = ..., head: _Optional[_Union[ActionHead, _Mapping]] = ..., onnx_model: _Optional[bytes] = ...) -> None: ...
+
+class Layer(_message.Message):
+    __slots__ = ("op", "weight", "bias")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    weight: Tensor
+    bias: Tensor
+    def __init__(self, op: _Optional[str] = ..., weight: _Optional[_Union[Tensor, _Mapping]] = ..., bias: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class ActionHead(_message.Message):
+    __slots__ = ("kind", "branch_sizes", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    branch_sizes: _containers.RepeatedScalarFieldContainer[int]
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, kind: _Optional[str] = ..., branch_sizes: _Optional[_Iterable[int]] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ("header", "known_version", "include_onnx")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ONNX_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    known_version: int
+    include_onnx: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., known_version: _Optional[int] = ..., include_onnx: _Optional[bool] = ...) -> None: ...
+
+class GetPolicyResponse(_message.Message):
+    __slots__ = ("unchanged", "policy")
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    unchanged: bool
+    policy: PortablePolicy
+    def __init__(self, unchanged: _Optional[bool] = ..., policy: _Optional[_Union[PortablePolicy, _Mapping]] = ...) -> None: ...
+
+class UploadExperienceRequest(_message.Message):
+    __slots__ = ("header", "episode_ids", "episode_index", "t", "observations", "actions", "rewards", "next_observations", "terminated", "truncated", "policy_versions", "action_logp", "finished_episodes")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTION_LOGP_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    episode_index: Tensor
+    t: Tensor
+    observations: Value
+    actions: Value
+    rewards: Tensor
+    next_observations: Value
+    terminated: Tensor
+    truncated: Tensor
+    policy_versions: Tensor
+    action_logp: Tensor
+    finished_episodes: _containers.RepeatedCompositeFieldContainer[EpisodeSummary]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., episode_index: _Optional[_Union[Tensor, _Mapping]] = ..., t: _Optional[_Union[Tensor, _Mapping]] = ..., observations: _Optional[_Union[Value, _Mapping]] = ..., actions: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., next_observations: _Optional[_Union[Value, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[Tensor, _Mapping]] = ..., action_logp: _Optional[_Union[Tensor, _Mapping]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeSummary, _Mapping]]] = ...) -> None: ...
+
+class EpisodeSummary(_message.Message):
+    __slots__ = ("episode_id", "total_reward", "length", "truncated", "custom_metrics")
+    class CustomMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_REWARD_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    total_reward: float
+    length: int
+    truncated: bool
+    custom_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, episode_id: _Optional[str] = ..., total_reward: _Optional[float] = ..., length: _Optional[int] = ..., truncated: _Optional[bool] = ..., custom_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class UploadExperienceResponse(_message.Message):
+    __slots__ = ("accepted_steps", "policy_version")
+    ACCEPTED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    accepted_steps: int
+    policy_version: int
+    def __init__(self, accepted_steps: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
 class StreamRequest(_message.Message):
-    __slots__ = ("create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode", "close_session")
+    __slots__ = ("create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode", "close_session", "step")
     CREATE_SESSION_FIELD_NUMBER: _ClassVar[int]
     START_EPISODE_FIELD_NUMBER: _ClassVar[int]
     GET_ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +519,7 @@ class StreamRequest(_message.Message):
     LOG_RETURNS_FIELD_NUMBER: _ClassVar[int]
     END_EPISODE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_SESSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     create_session: CreateSessionRequest
     start_episode: StartEpisodeRequest
     get_action: GetActionRequest
@@ -370,10 +527,11 @@ class StreamRequest(_message.Message):
     log_returns: LogReturnsRequest
     end_episode: EndEpisodeRequest
     close_session: CloseSessionRequest
-    def __init__(self, create_session: _Optional[_Union[CreateSessionRequest, _Mapping]] = ..., start_episode: _Optional[_Union[StartEpisodeRequest, _Mapping]] = ..., get_action: _Optional[_Union[GetActionRequest, _Mapping]] = ..., log_action: _Optional[_Union[LogActionRequest, _Mapping]] = ..., log_returns: _Optional[_Union[LogReturnsRequest, _Mapping]] = ..., end_episode: _Optional[_Union[EndEpisodeRequest, _Mapping]] = ..., close_session: _Optional[_Union[CloseSessionRequest, _Mapping]] = ...) -> None: ...
+    step: StepRequest
+    def __init__(self, create_session: _Optional[_Union[CreateSessionRequest, _Mapping]] = ..., start_episode: _Optional[_Union[StartEpisodeRequest, _Mapping]] = ..., get_action: _Optional[_Union[GetActionRequest, _Mapping]] = ..., log_action: _Optional[_Union[LogActionRequest, _Mapping]] = ..., log_returns: _Optional[_Union[LogReturnsRequest, _Mapping]] = ..., end_episode: _Optional[_Union[EndEpisodeRequest, _Mapping]] = ..., close_session: _Optional[_Union[CloseSessionRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
-    __slots__ = ("error", "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode", "close_session")
+    __slots__ = ("error", "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode", "close_session", "step")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATE_SESSION_FIELD_NUMBER: _ClassVar[int]
     START_EPISODE_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +540,7 @@ class StreamResponse(_message.Message):
     LOG_RETURNS_FIELD_NUMBER: _ClassVar[int]
     END_EPISODE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_SESSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     error: _status_pb2.Status
     create_session: CreateSessionResponse
     start_episode: StartEpisodeResponse
@@ -390,4 +549,5 @@ class StreamResponse(_message.Message):
     log_returns: LogReturnsResponse
     end_episode: EndEpisodeResponse
     close_session: CloseSessionResponse
-    def __init__(self, error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., create_session: _Optional[_Union[CreateSessionResponse, _Mapping]] = ..., start_episode: _Optional[_Union[StartEpisodeResponse, _Mapping]] = ..., get_action: _Optional[_Union[GetActionResponse, _Mapping]] = ..., log_action: _Optional[_Union[LogActionResponse, _Mapping]] = ..., log_returns: _Optional[_Union[LogReturnsResponse, _Mapping]] = ..., end_episode: _Optional[_Union[EndEpisodeResponse, _Mapping]] = ..., close_session: _Optional[_Union[CloseSessionResponse, _Mapping]] = ...) -> None: ...
+    step: StepResponse
+    def __init__(self, error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., create_session: _Optional[_Union[CreateSessionResponse, _Mapping]] = ..., start_episode: _Optional[_Union[StartEpisodeResponse, _Mapping]] = ..., get_action: _Optional[_Union[GetActionResponse, _Mapping]] = ..., log_action: _Optional[_Union[LogActionResponse, _Mapping]] = ..., log_returns: _Optional[_Union[LogReturnsResponse, _Mapping]] = ..., end_episode: _Optional[_Union[EndEpisodeResponse, _Mapping]] = ..., close_session: _Optional[_Union[CloseSessionResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ...) -> None: ...

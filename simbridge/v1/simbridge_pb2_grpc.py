@@ -29,6 +29,8 @@ class ExternalEnvStub:
     """---------------------------------------------------------------- services
 
     One agent per episode. AgentRows.agent_ids must be empty.
+    Step serves sessions created with num_slots; GetPolicy and
+    UploadExperience serve clients that act locally (unary only).
     """
 
     def __init__(self, channel):
@@ -77,12 +79,29 @@ class ExternalEnvStub:
                 request_serializer=simbridge_dot_v1_dot_simbridge__pb2.StreamRequest.SerializeToString,
                 response_deserializer=simbridge_dot_v1_dot_simbridge__pb2.StreamResponse.FromString,
                 _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/simbridge.v1.ExternalEnv/Step',
+                request_serializer=simbridge_dot_v1_dot_simbridge__pb2.StepRequest.SerializeToString,
+                response_deserializer=simbridge_dot_v1_dot_simbridge__pb2.StepResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/simbridge.v1.ExternalEnv/GetPolicy',
+                request_serializer=simbridge_dot_v1_dot_simbridge__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=simbridge_dot_v1_dot_simbridge__pb2.GetPolicyResponse.FromString,
+                _registered_method=True)
+        self.UploadExperience = channel.unary_unary(
+                '/simbridge.v1.ExternalEnv/UploadExperience',
+                request_serializer=simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceRequest.SerializeToString,
+                response_deserializer=simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceResponse.FromString,
+                _registered_method=True)
 
 
 class ExternalEnvServicer:
     """---------------------------------------------------------------- services
 
     One agent per episode. AgentRows.agent_ids must be empty.
+    Step serves sessions created with num_slots; GetPolicy and
+    UploadExperience serve clients that act locally (unary only).
     """
 
     def CreateSession(self, request, context):
@@ -133,6 +152,24 @@ class ExternalEnvServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Step(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadExperience(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExternalEnvServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +213,21 @@ def add_ExternalEnvServicer_to_server(servicer, server):
                     request_deserializer=simbridge_dot_v1_dot_simbridge__pb2.StreamRequest.FromString,
                     response_serializer=simbridge_dot_v1_dot_simbridge__pb2.StreamResponse.SerializeToString,
             ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=simbridge_dot_v1_dot_simbridge__pb2.StepRequest.FromString,
+                    response_serializer=simbridge_dot_v1_dot_simbridge__pb2.StepResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=simbridge_dot_v1_dot_simbridge__pb2.GetPolicyRequest.FromString,
+                    response_serializer=simbridge_dot_v1_dot_simbridge__pb2.GetPolicyResponse.SerializeToString,
+            ),
+            'UploadExperience': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadExperience,
+                    request_deserializer=simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceRequest.FromString,
+                    response_serializer=simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'simbridge.v1.ExternalEnv', rpc_method_handlers)
@@ -188,6 +240,8 @@ class ExternalEnv:
     """---------------------------------------------------------------- services
 
     One agent per episode. AgentRows.agent_ids must be empty.
+    Step serves sessions created with num_slots; GetPolicy and
+    UploadExperience serve clients that act locally (unary only).
     """
 
     @staticmethod
@@ -396,6 +450,87 @@ class ExternalEnv:
             '/simbridge.v1.ExternalEnv/Stream',
             simbridge_dot_v1_dot_simbridge__pb2.StreamRequest.SerializeToString,
             simbridge_dot_v1_dot_simbridge__pb2.StreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/simbridge.v1.ExternalEnv/Step',
+            simbridge_dot_v1_dot_simbridge__pb2.StepRequest.SerializeToString,
+            simbridge_dot_v1_dot_simbridge__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/simbridge.v1.ExternalEnv/GetPolicy',
+            simbridge_dot_v1_dot_simbridge__pb2.GetPolicyRequest.SerializeToString,
+            simbridge_dot_v1_dot_simbridge__pb2.GetPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadExperience(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/simbridge.v1.ExternalEnv/UploadExperience',
+            simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceRequest.SerializeToString,
+            simbridge_dot_v1_dot_simbridge__pb2.UploadExperienceResponse.FromString,
             options,
             channel_credentials,
             insecure,
