@@ -28,6 +28,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --cases stream,batched64 --out runs/bench.json
 """
 import argparse
+import functools
 import json
 import logging
 import multiprocessing as mp
@@ -51,7 +52,7 @@ if str(REPO) not in sys.path:  # spawned workers re-import this file
 
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
-CASES = ("floor", "unary", "stream", "four_sims", "batched64")
+CASES = ("floor", "unary", "stream", "four_sims", "batched64", "slots64", "batched256")
 BATCH = 64
 
 log = logging.getLogger("bench")
@@ -378,7 +379,38 @@ class FloorClient:
         self.channel.close()
 
 
-SIMS = {"lockstep": LockstepSim, "batched": Batched64Sim, "floor": FloorClient}
+class SlotSim:
+    """A batched simulator of n slots on the Step call: one message each way per step for all
+    slots, per-slot auto-reset (sims/vector_cartpole.py: numpy CartPole-v1 x n)."""
+
+    def __init__(self, address, transport, seed, n):
+        from simbridge.slot_client import SlotClient
+        from sims.vector_cartpole import VectorCartPole
+
+        self.n = n
+        self.env = VectorCartPole(n, seed=seed)
+        self.client = SlotClient(address, self.env.observation_space, self.env.action_space, n,
+                                 transport=transport, client_name=f"bench-slots{n}")
+        self.actions = self.client.step(self.env.reset())
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        t0 = time.perf_counter()
+        obs, rewards, terminated, truncated, final_obs = self.env.step(self.actions)
+        t1 = time.perf_counter()
+        self.actions = self.client.step(obs, rewards, terminated, truncated, final_obs)
+        if record:
+            self.lat_ms.append((time.perf_counter() - t1) * 1e3)
+            self.env_s += t1 - t0
+            self.episodes += len(final_obs)
+        return self.n
+
+    def close(self):
+        self.client.close()
+
+
+SIMS = {"lockstep": LockstepSim, "batched": Batched64Sim, "floor": FloorClient,
+        "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256)}
 
 
 def _client_main(idx, sim_kind, address, transport, seconds, barrier, results, server_pid):
@@ -528,6 +560,15 @@ def case_batched64(children, seconds):
     return out
 
 
+def case_slots64(children, seconds):
+    return _bridge_case(children, seconds, "slots64", 1, "slots64", "stream", per_agent=True)
+
+
+def case_batched256(children, seconds):
+    """One simulator, 256 slots, remote inference, on the Step call."""
+    return _bridge_case(children, seconds, "batched256", 1, "slots256", "stream", per_agent=True)
+
+
 def syncvector_env_step_us(duration_s=0.3):
     """Reference: gymnasium SyncVectorEnv of 64 CartPole-v1 (same-step autoreset), per step."""
     try:
@@ -551,7 +592,8 @@ def syncvector_env_step_us(duration_s=0.3):
 
 
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
-              "four_sims": case_four_sims, "batched64": case_batched64}
+              "four_sims": case_four_sims, "batched64": case_batched64, "slots64": case_slots64,
+              "batched256": case_batched256}
 
 
 # ---------------------------------------------------------------- main

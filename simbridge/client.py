@@ -47,6 +47,7 @@ _REQUEST_TYPES = {
     "log_returns": pb.LogReturnsRequest,
     "end_episode": pb.EndEpisodeRequest,
     "close_session": pb.CloseSessionRequest,
+    "step": pb.StepRequest,
 }
 _UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in _REQUEST_TYPES}
 _FRAMING_BYTES = 1024  # request header + stream envelope, generously
@@ -255,7 +256,7 @@ class _Connection:
         """A failed request had no effect: log the rewards it carried on their own,
         so a bad observation never costs a reward (if the rewards were the problem,
         this fails too and says so)."""
-        if kind != "log_returns" and getattr(sent, "rewards", None):
+        if kind not in ("log_returns", "step") and getattr(sent, "rewards", None):
             retry = pb.LogReturnsRequest()
             retry.rows.extend(sent.rewards)
             self.call("log_returns", retry, wait=False)
@@ -552,4 +553,57 @@ class MultiAgentPolicyClient(_ClientBase):
         if observation_dict:
             for aids in self._groups(observation_dict).values():
                 self._fill_rows(msg.final_observations.add(), episode_id, aids, observation_dict)
+        self._call("end_episode", msg, wait=False)
+
+    # ---------------------------------------------------------- rows of many episodes
+    # Batched forms for simulators that run many episodes at once, each row one
+    # (episode, agent) with the default spaces (e.g. one Unity agent-episode per
+    # episode): one message per call whatever the number of rows.
+
+    def get_actions(self, episode_ids: Sequence[str], agent_ids: Sequence[str], observations) -> Any:
+        """Actions for N rows in one round trip; observations and the returned actions are
+        batched values of the default spaces, shaped (N, *shape)."""
+        msg = pb.GetActionRequest()
+        rows = msg.rows.add()
+        rows.episode_ids.extend(episode_ids)
+        rows.agent_ids.extend(agent_ids)
+        sb_spaces.fill_value(rows.observations, self.observation_space, observations)
+        out = self._call("get_action", msg).actions[0]
+        self.last_policy_versions = list(out.policy_versions)
+        return sb_spaces.decode_value(self.action_space, out.actions, len(agent_ids), "actions from server")
+
+    def log_returns_batch(self, episode_ids: Sequence[str], agent_ids: Sequence[str], rewards) -> None:
+        """Rewards of N rows; queued and carried by the next call, like log_returns."""
+        rows = pb.RewardRows()
+        rows.episode_ids.extend(episode_ids)
+        rows.agent_ids.extend(agent_ids)
+        tensors.fill_tensor(rows.rewards, np.asarray(rewards, np.float32))
+        self._queue_rewards(rows)
+
+    def log_custom_metrics(self, metrics: Dict[str, Dict[str, float]]) -> None:
+        """Custom metrics per episode id, reported with each episode's summary (pipelined)."""
+        if not metrics:
+            return
+        msg = pb.LogReturnsRequest()
+        msg.rows.extend(self._rewards)  # queued rewards ride along, in order
+        self._rewards = []
+        for eid, values in metrics.items():
+            msg.custom_metrics.add(episode_id=eid, values={k: float(v) for k, v in values.items()})
+        self._conn.call("log_returns", msg, wait=False)
+
+    def end_episodes(self, episode_ids: Sequence[str], truncated: Sequence[bool],
+                     final_agent_ids: Optional[Sequence[str]] = None, final_observations=None,
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+        """End N episodes in one pipelined message. final_observations (batched, one row per
+        ended episode, for the agent final_agent_ids names) are what truncated episodes
+        bootstrap from; start_episode_ids starts new episodes in the same message."""
+        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        if final_observations is not None:
+            rows = msg.final_observations.add()
+            rows.episode_ids.extend(episode_ids)
+            rows.agent_ids.extend(final_agent_ids)
+            sb_spaces.fill_value(rows.observations, self.observation_space, final_observations)
+        if start_episode_ids:
+            msg.start_episode_ids.extend(start_episode_ids)
+            msg.start_training_enabled = training_enabled
         self._call("end_episode", msg, wait=False)

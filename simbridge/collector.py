@@ -48,6 +48,10 @@ class ExperienceCollector:
         b.add_rows(columns, count=n)  # built consistently by the runtime: no re-validation
         self._agent_steps += n
 
+    def add_env_steps(self, n: int) -> None:
+        """n env steps of rows given to add_rows (batched slots: one per slot and Step)."""
+        self._env_steps += n
+
     def count_env_steps(self, episodes) -> None:
         """One env step for each of `episodes` (episodes with training disabled don't count)."""
         if self.complete_episodes:

@@ -60,6 +60,8 @@ class BridgeConfig:
     experience_queue_size: int = 64
     response_cache_size: int = 256             # answers kept for resent requests
     finished_ids_kept: int = 10_000            # for precise "already ended" errors
+    upload_queue_wait_s: float = 0.2           # UploadExperience: wait this long for room in the
+                                               # experience queue, then refuse (RESOURCE_EXHAUSTED)
 
 
 class SpaceSpec:
@@ -89,6 +91,7 @@ class Session:
         self.responses: "collections.OrderedDict[int, object]" = collections.OrderedDict()
         self.closed = False
         self.episodes_ended = 0
+        self.slots = None   # slots.SlotBank of a batched simulator (CreateSession.num_slots)
 
     def spec_for(self, agent_id: str) -> SpaceSpec:
         return self.agent_specs.get(agent_id, self.default)
@@ -115,6 +118,11 @@ class Metrics:
         self.episodes = 0
         self.recent = collections.deque(maxlen=100)   # episode summaries
         self.errors = collections.Counter()           # status code name -> count
+        # UploadExperience (clients acting locally): accepted steps, and chunks refused because
+        # the experience queue stayed full (the client keeps and resends them: no drop).
+        self.uploaded_steps = 0
+        self.upload_refused_chunks = 0
+        self.upload_refused_steps = 0
 
     def policy_return_means(self, last: int = 100) -> Dict[str, float]:
         """Mean return of one agent's episode, per policy, over its last `last` agent-episodes
@@ -207,6 +215,7 @@ class BridgeRuntime:
             agent_specs[a.agent_id] = SpaceSpec(obs, act)
         s = Session(uuid.uuid4().hex, multi_agent, default, agent_specs, req.client_name)
         with self._lock:
+            s.slots = slots.create_bank(self, s, req)
             self._sessions[s.session_id] = s
         log.info("session %s created for %r (%s)", s.session_id, req.client_name,
                  "multi-agent" if multi_agent else "single-agent")
@@ -251,6 +260,7 @@ class BridgeRuntime:
             ended = list(s.episodes)
             for ep in list(s.episodes.values()):
                 self._finish_episode(s, ep, {}, truncated=True, reason=reason, drop_pending=True)
+            slots.close_bank(self, s, reason)
             s.closed = True
             self._sessions.pop(s.session_id, None)
             batch = self.collector.ready()
