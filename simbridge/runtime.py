@@ -840,6 +840,8 @@ class BridgeRuntime:
     def flush(self) -> None:
         """Hand whatever experience is collected to the queue now."""
         with self._lock:
+            for s in self._sessions.values():
+                slots.hand_over(self, s)
             batch = self.collector.flush()
         self._deliver(batch)
 
@@ -848,7 +850,8 @@ class BridgeRuntime:
             returns = [x["total_reward"] for x in self.metrics.recent]
             return {
                 "sessions": len(self._sessions),
-                "open_episodes": sum(len(s.episodes) for s in self._sessions.values()),
+                "open_episodes": sum(len(s.episodes) + (s.slots.n if s.slots and not s.slots.closed else 0)
+                                     for s in self._sessions.values()),
                 "episodes": self.metrics.episodes,
                 "env_steps": self.metrics.env_steps,
                 "agent_steps": self.metrics.agent_steps,
@@ -858,4 +861,7 @@ class BridgeRuntime:
                 "policy_versions": {pid: p.version for pid, p in self._policies.items()},
                 "experience_queue": self.experience.qsize(),
                 "experience_blocked_puts": self.experience.blocked_puts,
+                "uploaded_steps": self.metrics.uploaded_steps,
+                "upload_refused_chunks": self.metrics.upload_refused_chunks,
+                "upload_refused_steps": self.metrics.upload_refused_steps,
             }

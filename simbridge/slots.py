@@ -152,6 +152,9 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
             batch = runtime.collector.ready()
         if req.final:
             bank.closed = True
+            if bank.fragment:
+                _hand_over(runtime, bank)
+            batch = runtime.collector.ready()
     runtime._deliver(batch)
     if req.final:
         return pb.StepResponse(policy_id=bank.policy_id)
@@ -228,6 +231,13 @@ def _record_outcome(runtime, session, bank: SlotBank, obs, rewards, term, trunc,
     bank.t += 1
     if len(done_idx):
         _end_slot_episodes(runtime, session, bank, done_idx, trunc)
+
+
+def hand_over(runtime, session) -> None:
+    """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
+    bank = getattr(session, "slots", None)
+    if bank is not None and bank.fragment:
+        _hand_over(runtime, bank)
 
 
 def _hand_over(runtime, bank: SlotBank) -> None:
