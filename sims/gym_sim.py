@@ -5,13 +5,18 @@ server (`simbridge-server` or the trainer) and experience flows back to it:
 
     simbridge-server &                                   # random policy, port 50051
     simbridge-sim --env CartPole-v1 --episodes 100
-    simbridge-sim --slots 8                              # 8 envs, batched calls
+    simbridge-sim --slots 8                              # 8 envs, one Step call per step for all
+    simbridge-sim --slots 256 --vector                   # CartPole in numpy for all 256 slots at once
     simbridge-sim --off-policy-fraction 0.3              # some actions chosen here (log_action)
+    simbridge-sim --inference local                      # act here with numpy, upload experience in chunks
 
 With --slots 1 (the default) the loop is an ExternalEnv subclass, the way a
 simulator would be written against RLlib's ExternalEnv. With --slots K > 1 the
-K envs are stepped together with one get_actions / log_returns_batch per step,
-and a slot whose episode ends is ended and restarted on its own (auto-reset).
+K envs are a batched simulator on the Step call (SlotClient): one message each
+way per step for all slots, and a slot whose episode ends starts its next one
+in the same step (per-slot auto-reset, as envrax's BatchedEnv). With
+--slot-protocol rows (needed for --off-policy-fraction and exact --episodes
+budgets) the same K envs use get_actions / log_returns_batch / end_episodes.
 
 Time-limit ends are reported as truncated=True, true terminal states as
 truncated=False, as gymnasium's flags say. Stopping the simulator (SIGTERM,
@@ -116,6 +121,24 @@ class GymExternalEnv(ExternalEnv):
         self.close()
 
 
+class LocalGymExternalEnv(GymExternalEnv):
+    """The same loop with local inference: actions computed here (LocalPolicyClient, no torch)."""
+
+    def _make_client(self):
+        from simbridge.local_client import LocalPolicyClient
+        a = self.args
+        return LocalPolicyClient(self.address, self.observation_space, self.action_space,
+                                 update_interval_s=a.update_interval, chunk_steps=a.chunk_steps,
+                                 max_buffered_steps=a.max_buffered_steps, connect_timeout_s=a.connect_timeout,
+                                 client_name=f"{PROG}[{a.env}]local", seed=a.seed)
+
+    def close(self) -> None:
+        if self._client is not None:
+            client = self._client
+            super().close()  # uploads what is left first
+            self.local_stats = client.stats()
+
+
 def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None:
     """K envs stepped together; per-slot auto-reset."""
     k = len(envs)
@@ -201,10 +224,111 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time limit per episode (default: the env's own)")
     p.add_argument("--slots", type=int, default=1,
                    help="env copies stepped together with batched calls (default: %(default)s)")
+    p.add_argument("--slot-protocol", choices=["step", "rows"], default=None,
+                   help="with --slots K > 1: 'step' (one Step message per step for all slots, "
+                        "the default) or 'rows' (get_actions/log_returns_batch/end_episodes; "
+                        "the default with --off-policy-fraction)")
+    p.add_argument("--vector", action="store_true",
+                   help="with --env CartPole-v1 and --slots K: step the K carts in numpy at once "
+                        "(sims/vector_cartpole.py) instead of K gymnasium envs")
     p.add_argument("--off-policy-fraction", type=float, default=0.0, metavar="F",
                    help="with probability F per step, pick a random action here and report it with "
                         "log_action (default: %(default)s)")
+    p.add_argument("--inference", choices=["remote", "local"], default="remote",
+                   help="remote: the server computes actions (default); local: this process does, with "
+                        "numpy, from the policy it downloads, and uploads its experience in chunks")
+    p.add_argument("--update-interval", type=float, default=1.0, metavar="S",
+                   help="local inference: seconds between checks for a newer policy (default: %(default)s)")
+    p.add_argument("--chunk-steps", type=int, default=128, metavar="N",
+                   help="local inference: transitions per upload (default: %(default)s)")
+    p.add_argument("--max-buffered-steps", type=int, default=1024, metavar="N",
+                   help="local inference: transitions kept while the server refuses more; then the "
+                        "simulator waits (default: %(default)s)")
     return p
+
+
+class GymSlots:
+    """K gymnasium envs behind the batched-env interface of sims/vector_cartpole.py:
+    step(actions) -> obs, rewards, terminated, truncated, final observations of the ended slots,
+    each ended slot already reset (same-step auto-reset)."""
+
+    def __init__(self, envs: List[gym.Env], seed: Optional[int]):
+        self.envs = envs
+        self.observation_space, self.action_space = envs[0].observation_space, envs[0].action_space
+        self.seed = seed
+
+    def reset(self):
+        out = []
+        for i, env in enumerate(self.envs):
+            if self.seed is not None:
+                env.action_space.seed(self.seed + i)
+            o, _ = env.reset(seed=None if self.seed is None else self.seed + i)
+            out.append(cast_to_space(self.observation_space, o))
+        return tree.stack(out)
+
+    def step(self, actions):
+        obs, rewards, term, trunc, finals = [], [], [], [], []
+        for i, env in enumerate(self.envs):
+            o, r, te, tr, _ = env.step(tree.take(actions, i))
+            o = cast_to_space(self.observation_space, o)
+            if te or tr:
+                finals.append(o)
+                o, _ = env.reset()
+                o = cast_to_space(self.observation_space, o)
+            obs.append(o)
+            rewards.append(r)
+            term.append(bool(te))
+            trunc.append(bool(tr and not te))
+        final = tree.stack(finals) if finals else None
+        return tree.stack(obs), np.asarray(rewards, np.float32), np.asarray(term), np.asarray(trunc), final
+
+
+def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
+    """A batched simulator on Step: all slots in one message per step, auto-reset per slot."""
+    from simbridge.slot_client import SlotClient
+
+    k = len(batched.envs) if hasattr(batched, "envs") else batched.n
+    client = SlotClient(args.address, batched.observation_space, batched.action_space, k,
+                        training_enabled=not args.no_training, **_client_kwargs(args, k))
+    stats.connected = True
+    returns = np.zeros(k)
+    obs = batched.reset()
+    actions = client.step(obs)
+    outcome = None
+    try:
+        # The last step (below) reports the outcome of the last actions: stop one step early.
+        while not stop and not (args.max_steps and stats.steps + k >= args.max_steps) \
+                and not (args.episodes and stats.episodes >= args.episodes):
+            obs, rewards, term, trunc, finals = batched.step(actions)
+            stats.steps += k
+            returns += rewards
+            outcome = (rewards, term, trunc, finals)
+            for i in np.flatnonzero(term | trunc).tolist():
+                stats.episode(float(returns[i]), bool(trunc[i]))
+                returns[i] = 0.0
+            actions = client.step(obs, rewards, term, trunc, finals)
+            outcome = None
+        # The last actions' outcome: step once more and report it with every slot's last
+        # observation; the open episodes end truncated there.
+        if outcome is None:
+            obs2, rewards, term, trunc, finals = batched.step(actions)
+            last = tree.map_structure(np.array, obs2)
+            done = np.flatnonzero(term | trunc)
+            returns += rewards
+            for i in done.tolist():
+                stats.episode(float(returns[i]), bool(trunc[i]))
+            if len(done):
+                def put(dst, src):
+                    dst[done] = src
+                tree.map_structure(put, last, finals)
+            stats.steps += k
+            stats.cut += int((~(term | trunc)).sum())
+            client.close(rewards, term, trunc, last)
+        else:
+            client.close()
+    except BaseException:
+        client.close()
+        raise
 
 
 def main(argv=None) -> int:
@@ -212,22 +336,45 @@ def main(argv=None) -> int:
     if args.slots < 1:
         print(f"{PROG}: error: --slots must be >= 1", file=sys.stderr)
         return 2
+    if args.inference == "local" and args.slots != 1:
+        print(f"{PROG}: error: --inference local runs one env (--slots 1)", file=sys.stderr)
+        return 2
     if not 0.0 <= args.off_policy_fraction <= 1.0:
         print(f"{PROG}: error: --off-policy-fraction must be in [0, 1]", file=sys.stderr)
         return 2
+    protocol = args.slot_protocol or ("rows" if args.off_policy_fraction else "step")
+    if protocol == "step" and args.off_policy_fraction:
+        print(f"{PROG}: error: --off-policy-fraction needs --slot-protocol rows (Step has no log_action)",
+              file=sys.stderr)
+        return 2
+    if args.vector and (args.env != "CartPole-v1" or args.slots < 2 or protocol != "step"):
+        print(f"{PROG}: error: --vector is for --env CartPole-v1 with --slots K > 1 on the step protocol",
+              file=sys.stderr)
+        return 2
     try:
-        envs = [make_env(args) for _ in range(args.slots)]
+        envs = [make_env(args) for _ in range(1 if args.vector else args.slots)]
     except gym.error.Error as e:
         print(f"{PROG}: error: cannot make env {args.env!r}: {e}", file=sys.stderr)
         return 2
     stats = Stats(PROG, args.print_every, args.quiet)
 
     def body(stop: StopFlag, stats: Stats) -> dict:
+        if args.slots == 1 and args.inference == "local":
+            sim = LocalGymExternalEnv(envs[0], args, stats, stop)
+            sim.run()
+            return {"env": args.env, "slots": 1, "inference": "local", "local": getattr(sim, "local_stats", {})}
         if args.slots == 1:
             GymExternalEnv(envs[0], args, stats, stop).run()  # run the loop on this thread
-        else:
+        elif protocol == "rows":
             run_batched(envs, args, stats, stop)
-        return {"env": args.env, "slots": args.slots, "transport": args.transport}
+        elif args.vector:
+            from sims.vector_cartpole import VectorCartPole
+            run_step_slots(VectorCartPole(args.slots, args.max_episode_steps or 500, seed=args.seed),
+                           args, stats, stop)
+        else:
+            run_step_slots(GymSlots(envs, args.seed), args, stats, stop)
+        return {"env": args.env, "slots": args.slots, "transport": args.transport,
+                "slot_protocol": protocol if args.slots > 1 else None}
 
     try:
         return run_cli(PROG, body, stats)

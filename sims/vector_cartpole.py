@@ -24,8 +24,8 @@ class VectorCartPole:
         self.n = num_slots
         self.max_episode_steps = max_episode_steps
         self.rng = np.random.default_rng(seed)
-        high = np.array([X_LIMIT * 2, np.finfo(np.float32).max, THETA_LIMIT * 2, np.finfo(np.float32).max],
-                        np.float32)
+        # Exactly CartPole-v1's spaces, so both kinds of simulators can feed one policy.
+        high = np.array([X_LIMIT * 2, np.inf, THETA_LIMIT * 2, np.inf], np.float32)
         self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.state = np.zeros((num_slots, 4), np.float64)

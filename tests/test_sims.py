@@ -65,7 +65,7 @@ def in_bounds(obs) -> bool:
 
 def test_gym_sim_slots_terminal_and_truncated(server):
     n_eps, limit = 24, 15
-    s = run_sim("sims.gym_sim", server, "--slots", "4", "--episodes", str(n_eps),
+    s = run_sim("sims.gym_sim", server, "--slots", "4", "--episodes", str(n_eps), "--slot-protocol", "rows",
                 "--max-episode-steps", str(limit), "--seed", "0")
     snap = server.runtime.snapshot()
     assert s["episodes"] == snap["episodes"] == n_eps and s["cut_at_exit"] == 0
@@ -97,6 +97,37 @@ def test_gym_sim_slots_terminal_and_truncated(server):
     assert 0 < n_trunc < n_eps
 
 
+@pytest.mark.parametrize("vector", [False, True])
+def test_gym_sim_slots_on_step(server, vector):
+    """The Step protocol: every slot always runs an episode; at exit the open ones are cut
+    (truncated at their last observation, fewer steps than the limit)."""
+    n_eps, limit = 24, 15
+    s = run_sim("sims.gym_sim", server, "--slots", "4", "--episodes", str(n_eps), "--seed", "0",
+                "--max-episode-steps", str(limit), *(["--vector"] if vector else []))
+    assert s["slot_protocol"] == "step" and s["episodes"] >= n_eps
+    snap = server.runtime.snapshot()
+    assert snap["episodes"] == s["episodes"] + s["cut_at_exit"]
+    assert snap["open_episodes"] == 0 and snap["sessions"] == 0 and snap["env_steps"] == s["steps"]
+    b = collected(server)["default_policy"]
+    assert b.count == s["steps"]
+    eps = episodes_of(b)
+    assert len(eps) == snap["episodes"]
+    cut = limited = 0
+    for ix in eps.values():
+        assert list(b["t"][ix]) == list(range(len(ix)))
+        ends = b["terminateds"][ix] | b["truncateds"][ix]
+        assert not ends[:-1].any() and ends[-1], "exactly the last transition ends the episode"
+        np.testing.assert_array_equal(b["new_obs"][ix[:-1]], b["obs"][ix[1:]])
+        last = ix[-1]
+        if b["truncateds"][last]:
+            assert in_bounds(b["new_obs"][last])
+            limited += len(ix) == limit
+            cut += len(ix) < limit
+        else:
+            assert not in_bounds(b["new_obs"][last])
+    assert cut == s["cut_at_exit"] and limited == s["truncated"] > 0
+
+
 @pytest.mark.parametrize("slots,transport", [(1, "stream"), (3, "unary")])
 def test_gym_sim_off_policy_fraction(server, slots, transport):
     s = run_sim("sims.gym_sim", server, "--slots", str(slots), "--transport", transport,
@@ -110,7 +141,8 @@ def test_gym_sim_off_policy_fraction(server, slots, transport):
 
 
 def test_gym_sim_no_training(server):
-    s = run_sim("sims.gym_sim", server, "--no-training", "--episodes", "10", "--slots", "2")
+    s = run_sim("sims.gym_sim", server, "--no-training", "--episodes", "10", "--slots", "2",
+                "--slot-protocol", "rows")
     snap = server.runtime.snapshot()
     assert s["episodes"] == snap["episodes"] == 10
     assert snap["env_steps"] == s["steps"] > 0
