@@ -91,3 +91,16 @@ default = "p1\""""
     assert r10(last, "p0") >= 100 and r10(last, "p0") > 2 * r10(first, "p0"), (first, last)
     assert last["versions"]["p0"] > 0 and last["versions"]["p1"] == 0   # frozen: never updated
     assert r10(last, "p1") < 60                                          # and still acting randomly
+
+
+def test_dqn_learns_cartpole_from_a_batched_simulator_on_step(tmp_path):
+    """Four slots on the Step call, the carts stepped in numpy (per-slot auto-reset)."""
+    tables = f"""[policies.default_policy]
+algorithm = "dqn"
+config = {PRESET}"""
+    recs = run(tmp_path, "", tables, [["sims.gym_sim", "--slots", "4", "--vector", "--seed", "0"]],
+               budget=20_000, done=lambda rec: r10(rec, "default_policy") >= 150)
+    assert recs, "no metrics were written"
+    last = recs[-1]
+    assert r10(last, "default_policy") >= 150, f"mean(10) {r10(last, 'default_policy')} at {last['env_steps']} steps"
+    assert last["env_steps"] <= 20_000
