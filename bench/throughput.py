@@ -596,6 +596,107 @@ CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
               "batched256": case_batched256}
 
 
+# ---------------------------------------------------------------- local inference
+# local: one gymnasium CartPole-v1 simulator acting itself (LocalPolicyClient: numpy forward
+# passes in the simulator's process, experience uploaded in chunks by a background thread),
+# against server_cli's random policy (local_*) and against a frozen DQN policy of the CartPole
+# preset's size served by the trainer daemon (local_dqn_*: 4-128-128-2, epsilon 0.02).
+
+LOCAL_NOTES = ("local*: LocalPolicyClient library defaults; latency = get_action, computed in the "
+               "simulator's process; local_dqn*: trainer daemon serving a frozen DQN [128, 128]")
+
+
+class LocalSim:
+    """One gymnasium CartPole-v1, one episode at a time, acting locally."""
+
+    def __init__(self, address, transport, seed):
+        import gymnasium as gym
+
+        from simbridge.local_client import LocalPolicyClient
+
+        self.env = gym.make("CartPole-v1")
+        self.client = LocalPolicyClient(address, self.env.observation_space, self.env.action_space,
+                                        client_name=f"bench-local-{seed}", seed=seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.eid = self.client.start_episode()
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        c, env = self.client, self.env
+        t0 = time.perf_counter()
+        action = c.get_action(self.eid, self.obs)
+        t1 = time.perf_counter()
+        obs, reward, terminated, truncated, _ = env.step(action)
+        env_s = time.perf_counter() - t1
+        c.log_returns(self.eid, reward)
+        if terminated or truncated:
+            c.end_episode(self.eid, obs, truncated=bool(truncated and not terminated))
+            t2 = time.perf_counter()
+            obs, _ = env.reset()
+            env_s += time.perf_counter() - t2
+            self.eid = c.start_episode()
+            self.episodes += record
+        self.obs = obs
+        if record:
+            self.lat_ms.append((t1 - t0) * 1e3)
+            self.env_s += env_s
+        return 1
+
+    def close(self):
+        stats = self.client.stats()
+        self.client.close()
+        log.info("local client: %s", {k: stats[k] for k in ("uploaded_steps", "refusals", "blocked_s",
+                                                             "lost_steps", "policy_version")})
+
+
+SIMS["local"] = LocalSim
+
+
+def start_dqn_trainer(children, logdir, timeout_s=120.0):
+    """`python -m trainer.daemon run` with one frozen DQN policy on a free loopback port."""
+    address = f"{HOST}:{_free_port()}"
+    cfg = Path(logdir) / "bench_dqn.toml"
+    cfg.write_text(f"""policies_to_train = []
+[server]
+address = "{address}"
+experience_queue_size = 64
+[run]
+logdir = "{Path(logdir) / 'run'}"
+print_every_s = 600.0
+checkpoint_every_env_steps = 0
+torch_threads = 1
+[policies.default_policy]
+algorithm = "dqn"
+config = {{ hidden = [128, 128], epsilon_initial = 0.02, epsilon_final = 0.02, seed = 0 }}
+""")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = children.add(subprocess.Popen([sys.executable, "-m", "trainer.daemon", "run", "--config", str(cfg),
+                                          "--log-level", "WARNING"], cwd=REPO, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                         preexec_fn=_die_with_parent))
+    if not wait_healthy(address, proc, timeout_s):
+        raise RuntimeError(f"trainer daemon at {address} exited (code {proc.returncode})")
+    return proc, address
+
+
+def case_local(children, seconds):
+    import tempfile
+
+    out = _bridge_case(children, seconds, "local", 1, "local", "unary")
+    with tempfile.TemporaryDirectory(prefix="bench-local-") as tmp:
+        proc, address = start_dqn_trainer(children, tmp)
+        try:
+            res = run_clients(children, 1, "local", address, "unary", seconds, proc.pid)
+        finally:
+            children.stop(proc, grace=30.0)
+    out.update(_summary("local_dqn", res))
+    return out
+
+
+CASES = CASES + ("local",)
+CASE_FUNCS["local"] = case_local
+
+
 # ---------------------------------------------------------------- main
 
 def _loadavg():
@@ -682,6 +783,7 @@ def main(argv=None):
                  "1 per round trip); *_vs_floor = steps_per_s / grpc_floor_roundtrips_per_s; "
                  "*_cpu_cores = CPU seconds per wall second (server from /proc, all its threads); "
                  "*_server_cpu_us_per_call = server CPU per get_action(s) call",
+        "local": LOCAL_NOTES,
     }
     text = json.dumps(result, indent=2)
     print(text, flush=True)

@@ -14,6 +14,7 @@ import numpy as np
 
 from simbridge import spaces as sb_spaces
 from simbridge.tree import rows
+from simbridge.v1 import simbridge_pb2 as pb
 
 
 @dataclass
@@ -33,6 +34,12 @@ class Policy:
     def compute_actions(self, obs_batch: Any) -> ActionBatch:
         raise NotImplementedError
 
+    def portable(self, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
+        """This policy's acting weights as a PortablePolicy, for clients that act locally
+        (simbridge.local_policy); None: it cannot run outside this process. The message
+        may be shared between calls: copy it before changing it."""
+        return None
+
 
 class RandomPolicy(Policy):
     """Uniform random actions: the default until a trainer plugs in learners."""
@@ -43,6 +50,7 @@ class RandomPolicy(Policy):
         self._lock = threading.Lock()
         self._pool = np.zeros(0, np.int64)
         self._pos = 0
+        self._portable: Optional[pb.PortablePolicy] = None
 
     def compute_actions(self, obs_batch):
         n = rows(obs_batch)
@@ -56,6 +64,15 @@ class RandomPolicy(Policy):
                 self._pos += n
             return ActionBatch(out)
         return ActionBatch(sb_spaces.sample_batch_of(sp, n, self._rng))
+
+    def portable(self, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
+        if self._portable is None or self._portable.version != self.version:
+            msg = pb.PortablePolicy(version=self.version, preprocessor="flatten",
+                                    observation_space=sb_spaces.space_to_proto(self.observation_space),
+                                    action_space=sb_spaces.space_to_proto(self.action_space))
+            msg.head.kind = "random"
+            self._portable = msg
+        return self._portable
 
 
 def random_policy_factory(policy_id: str, observation_space, action_space) -> Policy:

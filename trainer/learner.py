@@ -107,6 +107,12 @@ class Learner(Policy):
             actions, logp = self.act(self.acting, obs, explore)
         return ActionBatch(actions, logp)
 
+    def portable(self, include_onnx: bool = False):
+        """The acting networks as a PortablePolicy for clients that act locally (trainer/export.py);
+        None when this learner has no portable form."""
+        from trainer import export
+        return export.portable(self, include_onnx)
+
     # ------------------------------------------------------------ learning
 
     def add(self, batch: SampleBatch) -> None:
