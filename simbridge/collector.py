@@ -123,6 +123,24 @@ class ExperienceQueue:
             self.env_steps_in += batch.env_steps()
             self.agent_steps_in += batch.agent_steps()
 
+    def offer(self, batch: MultiAgentBatch, timeout: float) -> bool:
+        """put() with a bounded wait: False (nothing queued) when still full after `timeout`.
+
+        For callers that would rather tell their client to retry than hold it (uploads from
+        clients acting locally keep the chunk and slow their simulator down)."""
+        try:
+            if timeout > 0:
+                self._q.put(batch, timeout=timeout)
+            else:
+                self._q.put_nowait(batch)
+        except queue.Full:
+            return False
+        with self._lock:
+            self.batches_in += 1
+            self.env_steps_in += batch.env_steps()
+            self.agent_steps_in += batch.agent_steps()
+        return True
+
     def get(self, timeout: Optional[float] = None) -> Optional[MultiAgentBatch]:
         try:
             return self._q.get(timeout=timeout)

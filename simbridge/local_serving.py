@@ -37,10 +37,8 @@ arrives.
 """
 import logging
 import math
-import queue as queue_module
 import threading
 import time
-import weakref
 from typing import Dict, Optional
 
 import numpy as np
@@ -76,16 +74,17 @@ class _LocalState:
         self.episodes: Dict[str, _LocalEpisode] = {}
 
 
-_states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Session -> _LocalState
 _states_lock = threading.Lock()
 
 
 def _state(session) -> _LocalState:
-    with _states_lock:
-        st = _states.get(session)
-        if st is None:
-            st = _states[session] = _LocalState()
-        return st
+    st = session.local
+    if st is None:
+        with _states_lock:
+            if session.local is None:
+                session.local = _LocalState()
+            st = session.local
+    return st
 
 
 def _check_session(session) -> None:
@@ -139,7 +138,7 @@ def upload_experience(runtime, session, req: pb.UploadExperienceRequest) -> pb.U
             plan = _check_against_state(runtime, session, st, chunk, version)
         if chunk.n:
             batch = MultiAgentBatch({pid: SampleBatch(_columns(chunk, plan))}, chunk.n)
-            if not _offer(runtime.experience, batch, runtime.config.upload_queue_wait_s):
+            if not runtime.experience.offer(batch, runtime.config.upload_queue_wait_s):
                 with runtime._lock:
                     runtime.metrics.upload_refused_chunks += 1
                     runtime.metrics.upload_refused_steps += chunk.n
@@ -147,26 +146,6 @@ def upload_experience(runtime, session, req: pb.UploadExperienceRequest) -> pb.U
         with runtime._lock:
             _apply(runtime, session, st, chunk, plan, pid)
     return pb.UploadExperienceResponse(accepted_steps=chunk.n, policy_version=version)
-
-
-def _offer(experience, batch, timeout: float) -> bool:
-    """ExperienceQueue.put with a bounded wait; False when still full after `timeout`.
-
-    ExperienceQueue.put blocks until there is room, which would hold this RPC (and the
-    client's uploader) for as long as the learner is behind; here the wait is bounded
-    and the client is told, so it can keep the chunk and slow its simulator down."""
-    try:
-        if timeout > 0:
-            experience._q.put(batch, timeout=timeout)
-        else:
-            experience._q.put_nowait(batch)
-    except queue_module.Full:
-        return False
-    with experience._lock:  # the counters ExperienceQueue.put keeps
-        experience.batches_in += 1
-        experience.env_steps_in += batch.env_steps()
-        experience.agent_steps_in += batch.agent_steps()
-    return True
 
 
 class _Chunk:

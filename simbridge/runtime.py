@@ -92,6 +92,7 @@ class Session:
         self.closed = False
         self.episodes_ended = 0
         self.slots = None   # slots.SlotBank of a batched simulator (CreateSession.num_slots)
+        self.local = None   # local_serving state of a client that acts locally
 
     def spec_for(self, agent_id: str) -> SpaceSpec:
         return self.agent_specs.get(agent_id, self.default)

@@ -200,7 +200,6 @@ def _flags(req: pb.StepRequest, name: str, n: int) -> np.ndarray:
 
 def _record_outcome(runtime, session, bank: SlotBank, obs, rewards, term, trunc, done_idx, finals) -> None:
     """Lock held. Completes the N pending transitions; ends and restarts the slots that are done."""
-    n = bank.n
     if len(done_idx):
         if obs is None:   # final Step: every slot ended; the finals are their last observations
             new_obs = finals if finals is not None else bank.prev_obs
