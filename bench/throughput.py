@@ -21,7 +21,15 @@ Cases (--cases):
              bridge, so it would measure gymnasium. Its cost is reported as
              batched64_env_step_us, and SyncVectorEnv's as a reference.
 
-Latency is the wall time of the get_action / get_actions call seen by the
+  step_lockstep  one gymnasium CartPole-v1 as a 1-slot simulator on Step
+             (SlotClient): reward, episode end and next observation in one message.
+  slots64    one simulator with 64 slots on Step (sims/vector_cartpole.py).
+  batched256 the same with 256 slots: batched256_agent_steps_per_s.
+  local      one CartPole-v1 simulator with local inference (LocalPolicyClient):
+             local_steps_per_s against the random policy, local_dqn_* against a
+             frozen DQN served by the trainer daemon.
+
+Latency is the wall time of the get_action / get_actions / step call seen by the
 simulator. One JSON object goes to stdout; logs go to stderr.
 
     .venv/bin/python bench/throughput.py --seconds 3
@@ -52,7 +60,8 @@ if str(REPO) not in sys.path:  # spawned workers re-import this file
 
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
-CASES = ("floor", "unary", "stream", "four_sims", "batched64", "slots64", "batched256")
+CASES = ("floor", "unary", "stream", "step_lockstep", "four_sims", "batched64", "slots64", "batched256",
+         "local")
 BATCH = 64
 
 log = logging.getLogger("bench")
@@ -409,7 +418,36 @@ class SlotSim:
         self.client.close()
 
 
-SIMS = {"lockstep": LockstepSim, "batched": Batched64Sim, "floor": FloorClient,
+class StepLockstepSim(SlotSim):
+    """One gymnasium CartPole-v1 as a 1-slot batched simulator: a lockstep simulator on Step,
+    where reward, episode end and the next episode's first observation ride on one message."""
+
+    def __init__(self, address, transport, seed):
+        import gymnasium as gym
+
+        from simbridge.slot_client import SlotClient
+        from sims.gym_sim import GymSlots
+
+        self.n = 1
+        self.env = GymSlots([gym.make("CartPole-v1")], seed)
+        self.client = SlotClient(address, self.env.observation_space, self.env.action_space, 1,
+                                 transport=transport, client_name="bench-step-lockstep")
+        self.actions = self.client.step(self.env.reset())
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def step(self, record):
+        t0 = time.perf_counter()
+        obs, rewards, terminated, truncated, final_obs = self.env.step(self.actions)
+        t1 = time.perf_counter()
+        self.actions = self.client.step(obs, rewards, terminated, truncated, final_obs)
+        if record:
+            self.lat_ms.append((time.perf_counter() - t1) * 1e3)
+            self.env_s += t1 - t0
+            self.episodes += final_obs is not None
+        return 1
+
+
+SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "batched": Batched64Sim, "floor": FloorClient,
         "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256)}
 
 
@@ -560,6 +598,10 @@ def case_batched64(children, seconds):
     return out
 
 
+def case_step_lockstep(children, seconds):
+    return _bridge_case(children, seconds, "step_lockstep", 1, "step_lockstep", "stream")
+
+
 def case_slots64(children, seconds):
     return _bridge_case(children, seconds, "slots64", 1, "slots64", "stream", per_agent=True)
 
@@ -592,7 +634,8 @@ def syncvector_env_step_us(duration_s=0.3):
 
 
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
-              "four_sims": case_four_sims, "batched64": case_batched64, "slots64": case_slots64,
+              "four_sims": case_four_sims, "batched64": case_batched64, "step_lockstep": case_step_lockstep,
+              "slots64": case_slots64,
               "batched256": case_batched256}
 
 
@@ -693,7 +736,6 @@ def case_local(children, seconds):
     return out
 
 
-CASES = CASES + ("local",)
 CASE_FUNCS["local"] = case_local
 
 
