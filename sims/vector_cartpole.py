@@ -28,36 +28,40 @@ class VectorCartPole:
         high = np.array([X_LIMIT * 2, np.inf, THETA_LIMIT * 2, np.inf], np.float32)
         self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
-        self.state = np.zeros((num_slots, 4), np.float64)
+        # (4, n): each state variable contiguous, updated in place.
+        self.state = np.zeros((4, num_slots), np.float64)
         self.steps = np.zeros(num_slots, np.int64)
+        self.rewards = np.ones(num_slots, np.float32)
+
+    def _obs(self) -> np.ndarray:
+        return self.state.T.astype(np.float32, order="C")
 
     def reset(self) -> np.ndarray:
-        self.state = self.rng.uniform(-0.05, 0.05, (self.n, 4))
+        self.state = self.rng.uniform(-0.05, 0.05, (4, self.n))
         self.steps[:] = 0
-        return self.state.astype(np.float32)
+        return self._obs()
 
     def step(self, actions):
         """-> obs, rewards, terminated, truncated, final_obs (rows of the ended slots)."""
-        x, x_dot, theta, theta_dot = self.state.T
+        x, x_dot, theta, theta_dot = self.state
         force = np.where(np.asarray(actions) == 1, FORCE, -FORCE)
         cos, sin = np.cos(theta), np.sin(theta)
-        temp = (force + POLE_MASS_LENGTH * theta_dot ** 2 * sin) / TOTAL_MASS
-        theta_acc = (GRAVITY * sin - cos * temp) / (
-            HALF_LENGTH * (4.0 / 3.0 - MASS_POLE * cos ** 2 / TOTAL_MASS))
-        x_acc = temp - POLE_MASS_LENGTH * theta_acc * cos / TOTAL_MASS
-        # Euler integration, as gymnasium's default kinematics_integrator.
-        self.state = np.stack([x + TAU * x_dot, x_dot + TAU * x_acc,
-                               theta + TAU * theta_dot, theta_dot + TAU * theta_acc], axis=1)
+        temp = (force + POLE_MASS_LENGTH * theta_dot * theta_dot * sin) / TOTAL_MASS
+        theta_acc = (GRAVITY * sin - cos * temp) / (HALF_LENGTH * (4.0 / 3.0 - MASS_POLE / TOTAL_MASS * cos * cos))
+        x_acc = temp - POLE_MASS_LENGTH / TOTAL_MASS * theta_acc * cos
+        # Euler integration, as gymnasium's default kinematics_integrator (old velocities first).
+        x += TAU * x_dot
+        x_dot += TAU * x_acc
+        theta += TAU * theta_dot
+        theta_dot += TAU * theta_acc
         self.steps += 1
-        x, theta = self.state[:, 0], self.state[:, 2]
-        terminated = (x < -X_LIMIT) | (x > X_LIMIT) | (theta < -THETA_LIMIT) | (theta > THETA_LIMIT)
+        terminated = (np.abs(x) > X_LIMIT) | (np.abs(theta) > THETA_LIMIT)
         truncated = (self.steps >= self.max_episode_steps) & ~terminated
-        rewards = np.ones(self.n, np.float32)
-        obs = self.state.astype(np.float32)
+        obs = self._obs()
         done = np.flatnonzero(terminated | truncated)
         final_obs = obs[done]   # a copy: fancy indexing
         if len(done):
-            self.state[done] = self.rng.uniform(-0.05, 0.05, (len(done), 4))
+            self.state[:, done] = self.rng.uniform(-0.05, 0.05, (4, len(done)))
             self.steps[done] = 0
-            obs[done] = self.state[done]
-        return obs, rewards, terminated, truncated, final_obs
+            obs[done] = self.state[:, done].T
+        return obs, self.rewards.copy(), terminated, truncated, final_obs

@@ -150,7 +150,7 @@ def test_vector_cartpole_matches_gymnasium_dynamics():
     obs = env.reset()
     ref.reset()
     ref.state = obs[0].astype(np.float64)
-    env.state = obs.astype(np.float64)
+    env.state = obs.T.astype(np.float64)
     for action in [1, 0, 0, 1, 1, 1, 0]:
         o1, r, term, trunc, fin = env.step(np.array([action]))
         o2, r2, term2, _, _ = ref.step(action)
