@@ -309,3 +309,60 @@ def test_inprocess_hands_over_bridge_columns_in_fragments_with_truncation():
     logged = b["policy_version"] == -1
     assert 10 < logged.sum() < 40 and np.isnan(b["action_logp"][logged]).all()
     assert (b["policy_version"][~logged] == 7).all() and (b["action_logp"][~logged] == -1).all()
+
+
+# ------------------------------------------------------------------ action masks (Unity connector)
+
+def masked_space(n_mask):
+    """The Unity connector's observation for a behavior with masks: 1 = allowed."""
+    return gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(n_mask), "obs_0": gym.spaces.Box(-1, 1, (2,))})
+
+
+class Fixed(nn.Module):
+    """The same Q-values for every row: (B, branches, actions)."""
+
+    def __init__(self, q):
+        super().__init__()
+        self.q = torch.as_tensor(q, dtype=torch.float32)
+
+    def forward(self, obs):
+        return self.q.expand(len(obs), *self.q.shape)
+
+
+def test_masked_actions_are_never_chosen_greedy_or_exploring_and_logp_counts_allowed_only():
+    learner = make(gym.spaces.Discrete(4), masked_space(4), epsilon_initial=0.5, epsilon_final=0.5)
+    q = Fixed([[0.0, 1.0, 2.0, 3.0]])                      # action 3 is the unmasked favourite
+    mask = np.array([[1, 1, 1, 0]] * 3000 + [[0, 1, 0, 0]] * 1000, np.int8)
+    obs = learner.obs_tensor({"action_mask": mask, "obs_0": np.zeros((len(mask), 2), np.float32)})
+    greedy, _ = learner.act(q, obs, explore=False)
+    np.testing.assert_array_equal(greedy, [2] * 3000 + [1] * 1000)     # best allowed, not 3
+    actions, logp = learner.act(q, obs, explore=True)
+    assert mask[np.arange(len(mask)), actions].all()                   # never a masked action
+    first = actions[:3000]
+    assert set(first) == {0, 1, 2} and np.mean(first == 2) == pytest.approx(0.5 + 0.5 / 3, abs=0.04)
+    np.testing.assert_allclose(np.exp(logp[:3000]), np.where(first == 2, 0.5 + 0.5 / 3, 0.5 / 3), rtol=1e-6)
+    np.testing.assert_allclose(np.exp(logp[3000:]), 1.0, rtol=1e-6)   # one allowed action: certain
+
+
+def test_masks_apply_per_branch_of_multidiscrete():
+    learner = make(gym.spaces.MultiDiscrete([3, 2]), masked_space(5), epsilon_initial=1.0, epsilon_final=1.0)
+    mask = np.tile(np.array([[0, 1, 1, 1, 0]], np.int8), (2000, 1))   # branch 0: not 0; branch 1: only 0
+    obs = learner.obs_tensor({"action_mask": mask, "obs_0": np.zeros((2000, 2), np.float32)})
+    actions, logp = learner.act(learner.acting, obs, explore=True)
+    assert set(actions[:, 0]) == {1, 2} and set(actions[:, 1]) == {0}
+    np.testing.assert_allclose(np.exp(logp), 0.5, rtol=1e-6)          # 2 x 1 allowed joint actions
+
+
+def test_target_bootstraps_from_the_best_allowed_next_action():
+    learner = make(gym.spaces.Discrete(3), masked_space(3))
+    learner.q = Fixed([[0.0, 5.0, 9.0]])
+    learner.q_target = Fixed([[1.0, 2.0, 30.0]])
+    new_obs = learner.obs_tensor({"action_mask": np.array([[1, 1, 0], [1, 1, 1]], np.int8),
+                                  "obs_0": np.zeros((2, 2), np.float32)})
+    batch = {"new_obs": new_obs, "rewards": torch.zeros(2), "discounts": torch.ones(2)}
+    torch.testing.assert_close(learner.td_target(batch), torch.tensor([2.0, 30.0]))  # action 1 when 2 is masked
+
+
+def test_mask_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="action_mask"):
+        make(gym.spaces.Discrete(4), masked_space(3))

@@ -35,6 +35,12 @@ Read top to bottom:
 5. Adam, with the global gradient norm clipped to `grad_clip`; with `lr_final` set, the
    learning rate decays linearly from `lr` to `lr_final` over `lr_timesteps` agent steps.
 
+6. Action masks: when the observation space is a Dict with an "action_mask" key (MultiBinary
+   over all branches side by side, 1 = allowed; the Unity connector's convention), masked
+   actions are never chosen: greedy takes the argmax over allowed actions, exploration draws
+   uniformly among them, and the target's a*_b is the best allowed action in s'. The mask is
+   read from the flat observation, so it is also an input of the network.
+
 The replay ratio (`updates_per_step`), `learning_starts`, `n_step`, `gamma`, `batch_size`,
 `buffer_size`, `hidden` and `seed` are the Learner base's COMMON_DEFAULTS.
 """
@@ -47,7 +53,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.learner import Learner
-from trainer.preprocess import flat_dim
+from trainer.preprocess import dict_key_columns, flat_dim
+
+MASK_KEY = "action_mask"
 
 DQN_DEFAULTS = {
     "lr": 5e-4,
@@ -167,6 +175,21 @@ class DQNLearner(Learner):
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg["lr"], eps=cfg["adam_eps"], **fused)
         if cfg["loss"] not in ("huber", "mse"):
             raise ValueError(f"DQN loss must be 'huber' or 'mse', got {cfg['loss']!r}")
+        self.mask_columns = dict_key_columns(self.observation_space, MASK_KEY)
+        self.slot_index, self.slot_valid = self.q.index, self.q.valid  # flat action -> (branch, slot)
+        if self.mask_columns is not None:
+            width = self.mask_columns.stop - self.mask_columns.start
+            if width != int(self.nvec.sum()):
+                raise ValueError(f"observation key {MASK_KEY!r} has {width} entries; the action space "
+                                 f"{self.action_space} needs one per action, {int(self.nvec.sum())}")
+
+    def allowed(self, obs: torch.Tensor):
+        """(B, branches, max_actions) bool of the actions the observations' masks allow (padding
+        is never allowed), or None without masks. A branch whose mask allows nothing allows all."""
+        if self.mask_columns is None:
+            return None
+        ok = (obs[:, self.mask_columns] > 0.5)[:, self.slot_index] & self.slot_valid
+        return ok | (~ok.any(-1, keepdim=True) & self.slot_valid)
 
     def modules_for_acting(self) -> nn.Module:
         return self.q
@@ -186,14 +209,25 @@ class DQNLearner(Learner):
         return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
 
     def act(self, module: nn.Module, obs: torch.Tensor, explore: bool):
-        greedy = module(obs).argmax(-1).cpu().numpy()             # (N, branches)
+        q = module(obs)
+        allowed = self.allowed(obs)
+        if allowed is not None:
+            q = q.masked_fill(~allowed, float("-inf"))
+        greedy = q.argmax(-1).cpu().numpy()                       # (N, branches)
         eps = self.epsilon() if explore else 0.0
         n_rows = len(greedy)
         explore_rows = self.rng.random(n_rows) < eps
-        random_actions = self.rng.integers(0, self.nvec, size=greedy.shape)
+        if allowed is None:
+            random_actions = self.rng.integers(0, self.nvec, size=greedy.shape)
+            n_choices = float(np.prod(self.nvec, dtype=np.float64))
+        else:
+            ok = allowed.cpu().numpy()
+            draw = np.where(ok, self.rng.random(ok.shape), -1.0)  # uniform over the allowed ones
+            random_actions = draw.argmax(-1)
+            n_choices = ok.sum(-1).prod(-1).astype(np.float64)
         actions = np.where(explore_rows[:, None], random_actions, greedy)
         is_greedy = (actions == greedy).all(axis=1)
-        p = eps / float(np.prod(self.nvec, dtype=np.float64)) + (1.0 - eps) * is_greedy
+        p = eps / n_choices + (1.0 - eps) * is_greedy
         logp = np.log(p).astype(np.float32)
         return self.to_env_actions(actions), logp
 
@@ -213,10 +247,11 @@ class DQNLearner(Learner):
     def td_target(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """y = r + discount * mean_b Q_target_b(s', a*_b), a* from the online net if double_q."""
         next_q_target = self.q_target(batch["new_obs"])           # (B, branches, max_actions)
-        if self.config["double_q"]:
-            next_actions = self.q(batch["new_obs"]).argmax(-1)
-        else:
-            next_actions = next_q_target.argmax(-1)
+        chooser = self.q(batch["new_obs"]) if self.config["double_q"] else next_q_target
+        allowed = self.allowed(batch["new_obs"])
+        if allowed is not None:
+            chooser = chooser.masked_fill(~allowed, float("-inf"))
+        next_actions = chooser.argmax(-1)
         next_q = next_q_target.gather(-1, next_actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
         return batch["rewards"] + batch["discounts"] * next_q.mean(-1)
 

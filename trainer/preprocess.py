@@ -47,3 +47,14 @@ def flatten(space: gym.Space, value: Any) -> np.ndarray:
     if isinstance(space, gym.spaces.Tuple):
         return np.concatenate([flatten(s, v) for s, v in zip(space.spaces, value)], axis=1)
     raise ValueError(f"cannot flatten observation space {space}")
+
+
+def dict_key_columns(space: gym.Space, key: str):
+    """The columns of flatten(space) that hold Dict key `key` (a slice); None if there is no such key."""
+    if not isinstance(space, gym.spaces.Dict) or key not in space.spaces:
+        return None
+    start = 0
+    for k, sub in space.spaces.items():
+        if k == key:
+            return slice(start, start + flat_dim(sub))
+        start += flat_dim(sub)
