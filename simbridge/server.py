@@ -144,6 +144,9 @@ class BridgeServer:
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="simbridge-rpc"),
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
+                     # gRPC binds with SO_REUSEPORT by default: a second server on a busy port
+                     # would start and silently share it. Refuse the port instead.
+                     ("grpc.so_reuseport", 0),
                      # Notice dead simulators: ping idle connections.
                      ("grpc.keepalive_time_ms", 10_000),
                      ("grpc.keepalive_timeout_ms", 5_000),
@@ -154,7 +157,10 @@ class BridgeServer:
                                                               self._server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(address)
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError:   # grpcio raises on a port in use (no SO_REUSEPORT, see above)
+            self.port = 0
         if self.port == 0:
             raise RuntimeError(f"could not bind {address}: is another server using that port?")
         host = address.rsplit(":", 1)[0]

@@ -318,3 +318,10 @@ def test_slot_client_reports_server_errors_as_bridge_errors(server):
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     c.step(OK_OBS)   # the stream stays usable
     c.close()
+
+
+def test_a_second_server_on_a_busy_port_is_refused(server):
+    from simbridge.server import BridgeServer
+    with pytest.raises(RuntimeError) as e:
+        BridgeServer(address=server.address)
+    assert "could not bind" in str(e.value)
