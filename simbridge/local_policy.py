@@ -10,7 +10,7 @@ one into a callable:
   (LocalPolicyClient holds its lock around it).
 * `compute_actions(obs_batch)` / `forward(flat)`: batched, for tests and tools.
 
-Preprocessing "flatten" is exactly what trainer/preprocess.py feeds the
+Preprocessing "flatten" is exactly what simbridge/preprocess.py feeds the
 trainer's networks: gymnasium's flatten (Box reshaped, Discrete and
 MultiDiscrete one-hot from their `start`, MultiBinary as is, Dict and Tuple
 concatenated in space order) as float32.
@@ -43,6 +43,7 @@ import numpy as np
 
 from simbridge import spaces as sb_spaces
 from simbridge import tensors
+from simbridge.preprocess import flat_dim, flatten
 from simbridge.v1 import simbridge_pb2 as pb
 
 PREPROCESSORS = ("flatten",)
@@ -56,46 +57,6 @@ class PolicyFormatError(ValueError):
 
 
 # ---------------------------------------------------------------- preprocessing
-
-def flat_dim(space: gym.Space) -> int:
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape))
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(np.sum(space.nvec))
-    if isinstance(space, gym.spaces.MultiBinary):
-        return int(np.prod(space.shape))
-    if isinstance(space, gym.spaces.Dict):
-        return sum(flat_dim(s) for s in space.spaces.values())
-    if isinstance(space, gym.spaces.Tuple):
-        return sum(flat_dim(s) for s in space.spaces)
-    raise PolicyFormatError(f"cannot flatten observation space {space}")
-
-
-def flatten(space: gym.Space, value: Any) -> np.ndarray:
-    """Batched value (rows first) -> float32 (N, flat_dim(space)), as the trainer flattens."""
-    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
-        v = np.asarray(value)
-        return v.reshape(len(v), -1).astype(np.float32, copy=False)
-    if isinstance(space, gym.spaces.Discrete):
-        idx = np.asarray(value, np.int64) - space.start
-        out = np.zeros((len(idx), space.n), np.float32)
-        out[np.arange(len(idx)), idx] = 1.0
-        return out
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        v = np.asarray(value, np.int64).reshape(len(value), -1) - np.asarray(space.start).reshape(-1)
-        nvec = np.asarray(space.nvec).reshape(-1)
-        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
-        out = np.zeros((len(v), int(nvec.sum())), np.float32)
-        out[np.repeat(np.arange(len(v)), len(nvec)), (v + offsets).reshape(-1)] = 1.0
-        return out
-    if isinstance(space, gym.spaces.Dict):
-        return np.concatenate([flatten(s, value[k]) for k, s in space.spaces.items()], axis=1)
-    if isinstance(space, gym.spaces.Tuple):
-        return np.concatenate([flatten(s, v) for s, v in zip(space.spaces, value)], axis=1)
-    raise PolicyFormatError(f"cannot flatten observation space {space}")
-
 
 def _single_flattener(space: gym.Space):
     """One observation -> 1-D float32 vector, into a buffer reused across calls when possible."""
@@ -250,7 +211,10 @@ class LocalPolicy:
         self.params = dict(msg.head.params)
         if self.kind not in HEADS:
             raise PolicyFormatError(f"unknown action head {self.kind!r} (known: {', '.join(HEADS)})")
-        self.in_dim = flat_dim(self.observation_space)
+        try:
+            self.in_dim = flat_dim(self.observation_space)
+        except ValueError as e:
+            raise PolicyFormatError(str(e)) from None
         self.dense = _Dense(msg.layers, self.in_dim)
         self._flat1 = _single_flattener(self.observation_space)
         self._uniform = _Pool(self.rng.random)

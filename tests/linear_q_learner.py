@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from trainer.learner import Learner
-from trainer.preprocess import flat_dim
+from simbridge.preprocess import flat_dim
 
 
 class LinearQLearner(Learner):

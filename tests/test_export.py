@@ -2,7 +2,7 @@
 
 Every comparison runs the learner's own acting network in torch on random observations and the
 exported form on the same observations: Q-values / actor outputs, the greedy actions, and the
-preprocessing against trainer/preprocess.py.
+preprocessing against simbridge/preprocess.py.
 """
 import gymnasium as gym
 import numpy as np
@@ -14,7 +14,7 @@ from simbridge import spaces as sb_spaces
 from simbridge.local_policy import LocalPolicy, PolicyFormatError, flatten
 from simbridge.policy import Policy, RandomPolicy
 from simbridge.v1 import simbridge_pb2 as pb
-from trainer import preprocess
+from simbridge import preprocess
 from trainer.dqn import DQNLearner
 from trainer.sac import LOG_STD_MAX, LOG_STD_MIN, SACLearner
 

@@ -3,7 +3,7 @@ import torch
 
 from simbridge.sample_batch import SampleBatch
 from trainer.nstep import NStepAccumulator
-from trainer.preprocess import flat_dim, flatten
+from simbridge.preprocess import flat_dim, flatten
 from trainer.replay import ReplayBuffer
 import gymnasium as gym
 

@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.learner import Learner
-from trainer.preprocess import dict_key_columns, flat_dim
+from simbridge.preprocess import dict_key_columns, flat_dim
 
 MASK_KEY = "action_mask"
 

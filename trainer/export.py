@@ -16,7 +16,7 @@ so a local client acts exactly as the server would at that version:
   log_std with tanh into [LOG_STD_MIN, LOG_STD_MAX]). During its random
   warm-up SAC acts uniformly at random, and so does the export ("random").
 
-The observation preprocessing is "flatten" (trainer/preprocess.py), the same in
+The observation preprocessing is "flatten" (simbridge/preprocess.py), the same in
 simbridge/local_policy.py. ONNX (only when asked): a model from the flattened
 observation "obs" (batch, features) to the head input "out", built from the
 very weights of the portable message.

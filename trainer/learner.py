@@ -22,7 +22,7 @@ import torch
 from simbridge.policy import ActionBatch, Policy
 from simbridge.sample_batch import SampleBatch
 from trainer.nstep import NStepAccumulator
-from trainer.preprocess import flatten
+from simbridge.preprocess import flatten
 from trainer.replay import ReplayBuffer
 
 COMMON_DEFAULTS = {

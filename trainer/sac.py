@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from trainer.learner import Learner
-from trainer.preprocess import flat_dim
+from simbridge.preprocess import flat_dim
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)

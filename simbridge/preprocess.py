@@ -1,4 +1,7 @@
-"""Observations as flat float32 vectors for MLP learners, vectorised over rows."""
+"""Observations as flat float32 vectors for MLP learners, vectorised over rows.
+
+Numpy only: the trainer feeds its networks with it and clients acting locally
+(local_policy.py) run the same preprocessing before the same weights."""
 from typing import Any
 
 import gymnasium as gym
