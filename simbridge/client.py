@@ -69,6 +69,24 @@ def _bridge_error(e: grpc.RpcError) -> BridgeError:
     return BridgeError(e.code(), e.details() or str(e))
 
 
+def open_channel(address: str, connect_timeout_s: float) -> grpc.Channel:
+    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers."""
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000)])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                          f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
+                          f"start one with `simbridge-server --address {address}` or pass the right "
+                          f"address") from None
+    return channel
+
+
 class _Connection:
     """Channel + session + numbered requests, with reconnect and resend."""
 
@@ -88,19 +106,7 @@ class _Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000)])
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout_s)
-        except grpc.FutureTimeoutError:
-            self._channel.close()
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                              f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
-                              f"start one with `simbridge-server --address {address}` or pass the right "
-                              f"address") from None
+        self._channel = open_channel(address, connect_timeout_s)
         self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
             self._channel)
         self._stream_q: Optional[queue.SimpleQueue] = None

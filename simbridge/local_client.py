@@ -47,7 +47,7 @@ import numpy as np
 
 from simbridge import spaces as sb_spaces
 from simbridge import tensors, tree
-from simbridge.client import PolicyClient, SessionLost
+from simbridge.client import PolicyClient, SessionLost, open_channel
 from simbridge.errors import BridgeError
 from simbridge.local_policy import LocalPolicy
 from simbridge.local_serving import QUEUE_FULL
@@ -240,19 +240,7 @@ class LocalPolicyClient:
         self._put_act = _row_writer(action_space)
         self._copy_action = not isinstance(action_space, gym.spaces.Discrete)
 
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000)])
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout_s)
-        except grpc.FutureTimeoutError:
-            self._channel.close()
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                              f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
-                              f"start one with `simbridge-server --address {address}` or pass the right "
-                              f"address") from None
+        self._channel = open_channel(address, connect_timeout_s)
         self._stub = pb_grpc.ExternalEnvStub(self._channel)
         try:
             created = self._stub.CreateSession(pb.CreateSessionRequest(
