@@ -142,34 +142,33 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
         else:
             finals = None   # all terminated: the value of their last observation never matters
 
-    # ---- apply the outcome
-    batch = None
+    # ---- act first: one forward pass for all slots (shared with other simulators by the
+    # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
+    if not req.final:
+        actions, logp, version = runtime.batcher(bank.policy_id).compute(obs, n)
+        versions = np.full(n, version, np.int64)
+
+    # ---- then apply the outcome and the new pending actions together
     with runtime._lock:
         if session.closed:
             raise failed_precondition("the session was closed")
         if not first:
             _record_outcome(runtime, session, bank, obs, rewards, term, trunc, done_idx, finals)
-            batch = runtime.collector.ready()
         if req.final:
             bank.closed = True
             if bank.fragment:
                 _hand_over(runtime, bank)
-            batch = runtime.collector.ready()
+        else:
+            bank.prev_obs, bank.prev_act, bank.prev_version = obs, actions, versions
+            bank.prev_logp = np.full(n, np.nan, np.float32) if logp is None else np.asarray(logp, np.float32)
+            runtime.metrics.env_steps += n
+            runtime.metrics.agent_steps += n
+        batch = runtime.collector.ready()
     runtime._deliver(batch)
-    if req.final:
-        return pb.StepResponse(policy_id=bank.policy_id)
-
-    # ---- act: one forward pass for all slots (shared with other simulators by the batcher)
-    actions, logp, version = runtime.batcher(bank.policy_id).compute(obs, n)
-    with runtime._lock:
-        bank.prev_obs, bank.prev_act = obs, actions
-        bank.prev_logp = np.full(n, np.nan, np.float32) if logp is None else np.asarray(logp, np.float32)
-        bank.prev_version = np.full(n, version, np.int64)
-        runtime.metrics.env_steps += n
-        runtime.metrics.agent_steps += n
     resp = pb.StepResponse(policy_id=bank.policy_id)
-    sb_spaces.fill_value(resp.actions, spec.act_space, actions, batched=True)
-    tensors.fill_tensor(resp.policy_versions, bank.prev_version)
+    if not req.final:
+        sb_spaces.fill_value(resp.actions, spec.act_space, actions, batched=True)
+        tensors.fill_tensor(resp.policy_versions, versions)
     return resp
 
 

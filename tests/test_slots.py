@@ -325,3 +325,31 @@ def test_a_second_server_on_a_busy_port_is_refused(server):
     with pytest.raises(RuntimeError) as e:
         BridgeServer(address=server.address)
     assert "could not bind" in str(e.value)
+
+
+def test_a_policy_failure_changes_nothing_and_the_step_can_be_sent_again(make_server):
+    from simbridge.policy import RandomPolicy
+    from simbridge.runtime import BridgeConfig, BridgeRuntime
+
+    class FlakyPolicy(RandomPolicy):
+        fail = False
+
+        def compute_actions(self, obs_batch):
+            if FlakyPolicy.fail:
+                FlakyPolicy.fail = False
+                raise RuntimeError("out of GPU memory")
+            return super().compute_actions(obs_batch)
+
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=1000),
+                       policy_factory=lambda pid, o, a: FlakyPolicy(o, a))
+    srv = make_server(runtime=rt)
+    sim = RawSlots(srv.address)
+    first = sim.step(OK_OBS)
+    FlakyPolicy.fail = True
+    req = sim.request(o([3, 3], [4, 4], [5, 5]), rewards=np.array([1, 2, 3], np.float32))
+    sim.refused(req, grpc.StatusCode.INTERNAL, "out of GPU memory")
+    assert rt.snapshot()["env_steps"] == N
+    sim.stub.Step(req)   # the same Step again: applied once, with the first step's actions
+    b = drain(rt).policy_batches[DEFAULT_POLICY]
+    assert b.count == N and b["rewards"].tolist() == [1, 2, 3]
+    np.testing.assert_array_equal(b["actions"], tensors.from_tensor(first.actions.tensor))
