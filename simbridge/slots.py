@@ -80,7 +80,7 @@ def create_bank(runtime, session, req: pb.CreateSessionRequest) -> Optional[Slot
 # ---------------------------------------------------------------- Step
 
 def step(runtime, session, req: pb.StepRequest) -> pb.StepResponse:
-    bank: Optional[SlotBank] = getattr(session, "slots", None)
+    bank: Optional[SlotBank] = session.slots
     if bank is None:
         raise failed_precondition("this session has no slots: create it with CreateSession.num_slots = N "
                                   "to drive it with Step, or use the row calls (GetAction, ...)")
@@ -233,7 +233,7 @@ def _record_outcome(runtime, session, bank: SlotBank, obs, rewards, term, trunc,
 
 def hand_over(runtime, session) -> None:
     """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
-    bank = getattr(session, "slots", None)
+    bank = session.slots
     if bank is not None and bank.fragment:
         _hand_over(runtime, bank)
 
@@ -303,7 +303,7 @@ def close_bank(runtime, session, reason: str) -> int:
     observed, so those transitions are dropped (as the row path drops an unanswered
     action); episodes that took steps get their summaries, ended as `reason`.
     Returns the number of episodes ended."""
-    bank: Optional[SlotBank] = getattr(session, "slots", None)
+    bank: Optional[SlotBank] = session.slots
     if bank is None or bank.closed:
         return 0
     bank.closed = True
