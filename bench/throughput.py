@@ -275,15 +275,18 @@ class LockstepSim:
     def __init__(self, address, transport, seed):
         import gymnasium as gym
 
-        from simbridge.client import PolicyClient
-
         self.env = gym.make("CartPole-v1")
-        self.client = PolicyClient(address, self.env.observation_space, self.env.action_space,
-                                   transport=transport, client_name=f"bench-{transport}-{seed}")
+        self.client = self._client(address, transport, seed)
         self.obs, _ = self.env.reset(seed=seed)
         # Ids made here: with transport="stream" start_episode is then pipelined too.
         self.eid = self.client.start_episode(uuid.uuid4().hex)
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def _client(self, address, transport, seed):
+        from simbridge.client import PolicyClient
+
+        return PolicyClient(address, self.env.observation_space, self.env.action_space,
+                            transport=transport, client_name=f"bench-{transport}-{seed}")
 
     def step(self, record):
         c, env = self.client, self.env
@@ -649,41 +652,14 @@ LOCAL_NOTES = ("local*: LocalPolicyClient library defaults; latency = get_action
                "simulator's process; local_dqn*: trainer daemon serving a frozen DQN [128, 128]")
 
 
-class LocalSim:
+class LocalSim(LockstepSim):
     """One gymnasium CartPole-v1, one episode at a time, acting locally."""
 
-    def __init__(self, address, transport, seed):
-        import gymnasium as gym
-
+    def _client(self, address, transport, seed):
         from simbridge.local_client import LocalPolicyClient
 
-        self.env = gym.make("CartPole-v1")
-        self.client = LocalPolicyClient(address, self.env.observation_space, self.env.action_space,
-                                        client_name=f"bench-local-{seed}", seed=seed)
-        self.obs, _ = self.env.reset(seed=seed)
-        self.eid = self.client.start_episode()
-        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
-
-    def step(self, record):
-        c, env = self.client, self.env
-        t0 = time.perf_counter()
-        action = c.get_action(self.eid, self.obs)
-        t1 = time.perf_counter()
-        obs, reward, terminated, truncated, _ = env.step(action)
-        env_s = time.perf_counter() - t1
-        c.log_returns(self.eid, reward)
-        if terminated or truncated:
-            c.end_episode(self.eid, obs, truncated=bool(truncated and not terminated))
-            t2 = time.perf_counter()
-            obs, _ = env.reset()
-            env_s += time.perf_counter() - t2
-            self.eid = c.start_episode()
-            self.episodes += record
-        self.obs = obs
-        if record:
-            self.lat_ms.append((t1 - t0) * 1e3)
-            self.env_s += env_s
-        return 1
+        return LocalPolicyClient(address, self.env.observation_space, self.env.action_space,
+                                 client_name=f"bench-local-{seed}", seed=seed)
 
     def close(self):
         stats = self.client.stats()

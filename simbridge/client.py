@@ -306,17 +306,6 @@ def _struct(info: Optional[dict]) -> struct_pb2.Struct:
     return s
 
 
-def _unbatch(space: gym.Space, value: Any) -> Any:
-    """Row 0 of a batched value, with Discrete leaves as Python ints."""
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _unbatch(space[k], value[k]) for k in space.spaces}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(_unbatch(s, v) for s, v in zip(space.spaces, value))
-    if isinstance(space, gym.spaces.Discrete):
-        return int(value[0])
-    return np.array(value[0])
-
-
 def _batch1(value: Any) -> Any:
     return tree.map_structure(lambda a: np.asarray(a)[None], value)
 
@@ -415,7 +404,7 @@ class PolicyClient(_ClientBase):
         self.last_policy_versions: List[int] = []
 
     def get_action(self, episode_id: str, observation) -> Any:
-        return _unbatch(self.action_space, self.get_actions([episode_id], _batch1(observation)))
+        return sb_spaces.unbatch_row0(self.action_space, self.get_actions([episode_id], _batch1(observation)))
 
     def get_actions(self, episode_ids: Sequence[str], observations) -> Any:
         msg = pb.GetActionRequest()
@@ -506,7 +495,7 @@ class MultiAgentPolicyClient(_ClientBase):
             space = self._space(aids[0], 1)
             batch = sb_spaces.decode_value(space, act.actions, len(aids), "actions from server")
             for i, aid in enumerate(aids):
-                out[aid] = _unbatch(space, tree.take(batch, slice(i, i + 1)))
+                out[aid] = sb_spaces.unbatch_row0(space, tree.take(batch, slice(i, i + 1)))
         return out
 
     def log_action(self, episode_id: str, observation_dict: Dict[str, Any], action_dict: Dict[str, Any]) -> None:

@@ -414,7 +414,7 @@ class LocalPolicy:
         if type(self.action_space) is gym.spaces.Discrete:
             return int(self._rand_action.next()), self._random_logp
         actions = sb_spaces.sample_batch_of(self.action_space, 1, self.rng)
-        return _unbatch(self.action_space, actions), self._random_logp
+        return sb_spaces.unbatch_row0(self.action_space, actions), self._random_logp
 
 
 def _gaussian_logp(u, noise, log_std):
@@ -438,12 +438,3 @@ def _uniform_logp(space: gym.Space) -> float:
 def _unbatch_discrete(space: gym.Space, actions: np.ndarray) -> Any:
     return int(actions[0]) if isinstance(space, gym.spaces.Discrete) else actions[0]
 
-
-def _unbatch(space: gym.Space, value: Any) -> Any:
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _unbatch(space[k], value[k]) for k in space.spaces}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(_unbatch(s, v) for s, v in zip(space.spaces, value))
-    if isinstance(space, gym.spaces.Discrete):
-        return int(value[0])
-    return np.array(value[0])

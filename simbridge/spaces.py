@@ -694,3 +694,14 @@ def leaf_rows(value: Any) -> int | None:
     if not shape:
         raise invalid_argument("value has no row dimension (a scalar leaf)")
     return shape[0]
+
+
+def unbatch_row0(space: gs.Space, value: Any) -> Any:
+    """Row 0 of a batched value as one value of `space`, Discrete leaves as Python ints."""
+    if isinstance(space, gs.Dict):
+        return {k: unbatch_row0(space[k], value[k]) for k in space.spaces}
+    if isinstance(space, gs.Tuple):
+        return tuple(unbatch_row0(s, v) for s, v in zip(space.spaces, value))
+    if isinstance(space, gs.Discrete):
+        return int(value[0])
+    return np.array(value[0])
