@@ -397,14 +397,18 @@ class SlotSim:
 
     def __init__(self, address, transport, seed, n):
         from simbridge.slot_client import SlotClient
-        from sims.vector_cartpole import VectorCartPole
 
         self.n = n
-        self.env = VectorCartPole(n, seed=seed)
+        self.env = self._env(n, seed)
         self.client = SlotClient(address, self.env.observation_space, self.env.action_space, n,
                                  transport=transport, client_name=f"bench-slots{n}")
         self.actions = self.client.step(self.env.reset())
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def _env(self, n, seed):
+        from sims.vector_cartpole import VectorCartPole
+
+        return VectorCartPole(n, seed=seed)
 
     def step(self, record):
         t0 = time.perf_counter()
@@ -414,7 +418,7 @@ class SlotSim:
         if record:
             self.lat_ms.append((time.perf_counter() - t1) * 1e3)
             self.env_s += t1 - t0
-            self.episodes += len(final_obs)
+            self.episodes += 0 if final_obs is None else len(final_obs)
         return self.n
 
     def close(self):
@@ -426,28 +430,14 @@ class StepLockstepSim(SlotSim):
     where reward, episode end and the next episode's first observation ride on one message."""
 
     def __init__(self, address, transport, seed):
+        super().__init__(address, transport, seed, n=1)
+
+    def _env(self, n, seed):
         import gymnasium as gym
 
-        from simbridge.slot_client import SlotClient
         from sims.gym_sim import GymSlots
 
-        self.n = 1
-        self.env = GymSlots([gym.make("CartPole-v1")], seed)
-        self.client = SlotClient(address, self.env.observation_space, self.env.action_space, 1,
-                                 transport=transport, client_name="bench-step-lockstep")
-        self.actions = self.client.step(self.env.reset())
-        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
-
-    def step(self, record):
-        t0 = time.perf_counter()
-        obs, rewards, terminated, truncated, final_obs = self.env.step(self.actions)
-        t1 = time.perf_counter()
-        self.actions = self.client.step(obs, rewards, terminated, truncated, final_obs)
-        if record:
-            self.lat_ms.append((time.perf_counter() - t1) * 1e3)
-            self.env_s += t1 - t0
-            self.episodes += final_obs is not None
-        return 1
+        return GymSlots([gym.make("CartPole-v1")], seed)
 
 
 SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "batched": Batched64Sim, "floor": FloorClient,

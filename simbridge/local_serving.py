@@ -389,11 +389,5 @@ def _finish(runtime, session, s: pb.EpisodeSummary, ep: Optional[_LocalEpisode],
         "end_reason": reason,
         "duration_s": time.time() - ep.first_seen if ep is not None else 0.0,
     }
-    runtime.metrics.episodes += 1
-    runtime.metrics.recent.append(summary)
-    for cb in runtime.episode_end_callbacks:
-        try:
-            cb(summary)
-        except Exception:  # a faulty hook must not break the bridge
-            log.exception("episode_end callback failed")
+    runtime.file_summary(summary)
 

@@ -828,6 +828,11 @@ class BridgeRuntime:
             self.collector.end_episode(ep)
         summary = ep.summary(reason)
         ep.release()
+        self.file_summary(summary)
+
+    def file_summary(self, summary: dict) -> None:
+        """Lock held. An ended episode's summary into the metrics and to the episode-end hooks
+        (every kind of episode: rows, batched slots, uploads from clients acting locally)."""
         self.metrics.episodes += 1
         self.metrics.recent.append(summary)
         for cb in self.episode_end_callbacks:

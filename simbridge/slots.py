@@ -270,9 +270,8 @@ def _select(cols: dict, mask: np.ndarray) -> dict:
 def _end_slot_episodes(runtime, session, bank: SlotBank, done_idx, trunc, reason: str = "") -> None:
     """Summaries for the ended episodes, then fresh episodes in their slots."""
     now = time.time()
-    metrics, pid, sid, training = runtime.metrics, bank.policy_id, bank.session_id, bank.training
+    pid, sid, training = bank.policy_id, bank.session_id, bank.training
     prefix = f"{sid[:8]}-slot"
-    callbacks = runtime.episode_end_callbacks
     for i, eidx, ret, length, started, cut in zip(
             done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
             bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist()):
@@ -283,14 +282,8 @@ def _end_slot_episodes(runtime, session, bank: SlotBank, done_idx, trunc, reason
             "policy_rewards": {pid: ret}, "custom_metrics": {}, "training_enabled": training,
             "end_reason": reason or ("truncated" if cut else "terminated"), "duration_s": now - started,
         }
-        metrics.recent.append(summary)
-        for cb in callbacks:
-            try:
-                cb(summary)
-            except Exception:  # a faulty hook must not break the bridge
-                log.exception("episode_end callback failed")
+        runtime.file_summary(summary)
     k = len(done_idx)
-    metrics.episodes += k
     session.episodes_ended += k
     bank.eps_index[done_idx] = [next(runtime._episode_counter) for _ in range(k)]
     bank.t[done_idx] = 0
