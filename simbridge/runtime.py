@@ -155,6 +155,9 @@ class BridgeRuntime:
         self._batchers: Dict[str, DynamicBatcher] = {}
         self._tables: Dict[tuple, SlotTable] = {}
         self._episode_counter = itertools.count(1)
+        # Batches completed by a settle that are still on their way into the queue.
+        self._settling = 0
+        self._settled = threading.Condition()
 
     # ------------------------------------------------------------ policies
 
@@ -305,7 +308,10 @@ class BridgeRuntime:
                     raise failed_precondition(f"request seq {seq} was already applied and its answer is "
                                               f"no longer kept (last applied: {s.last_seq})")
                 return cached
-        resp = getattr(self, "_" + method)(s, req)
+        if method == "step":   # on a stream its bookkeeping waits for settle(), after the answer
+            resp = slots.step(self, s, req, defer=bound is not None)
+        else:
+            resp = getattr(self, "_" + method)(s, req)
         if seq:
             with self._lock:
                 s.last_seq = max(s.last_seq, seq)
@@ -316,8 +322,28 @@ class BridgeRuntime:
 
     # Batched simulators (slots.py) and clients that act locally (local_serving.py)
     # keep their own rooms; the runtime only dispatches to them.
-    def _step(self, s: Session, req: pb.StepRequest) -> pb.StepResponse:
-        return slots.step(self, s, req)
+    def settle(self, s: Session) -> None:
+        """Finish the bookkeeping a streamed call left for after its answer (slots.settle)."""
+        slots.settle(self, s)
+
+    def settle_all(self, timeout: float = 10.0) -> None:
+        """Apply every answered call's pending bookkeeping and wait until the experience it
+        completed is in the queue (whichever thread settles it)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            slots.settle(self, s)
+        with self._settled:
+            self._settled.wait_for(lambda: self._settling == 0, timeout)
+
+    def _deliver_settled(self, batch) -> None:
+        """Deliver a batch a settle completed; self._settling was counted up under the lock."""
+        try:
+            self._deliver(batch)
+        finally:
+            with self._settled:
+                self._settling -= 1
+                self._settled.notify_all()
 
     def _get_policy(self, s: Session, req: pb.GetPolicyRequest) -> pb.GetPolicyResponse:
         return local_serving.get_policy(self, s, req)
@@ -850,9 +876,12 @@ class BridgeRuntime:
                 slots.hand_over(self, s)
             batch = self.collector.flush()
         self._deliver(batch)
+        self.settle_all()
 
     def snapshot(self) -> dict:
         with self._lock:
+            for s in self._sessions.values():   # answered Steps count, settled or not
+                slots.commit_pending(s)
             returns = [x["total_reward"] for x in self.metrics.recent]
             return {
                 "sessions": len(self._sessions),

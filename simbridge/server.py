@@ -114,12 +114,24 @@ class _Servicer:
                     resp.error.CopyFrom(status_pb2.Status(code=grpc.StatusCode.INTERNAL.value[0],
                                                           message=f"{kind} failed inside the server: {e!r}"))
                 yield resp
+                if kind == "step":
+                    # The answer is on its way: record the Step's outcome while the simulator
+                    # steps, instead of before answering.
+                    self._settle(session)
                 if kind == "close_session" and not resp.HasField("error"):
                     session = None
                     return
         finally:
             if session is not None:
+                self._settle(session)
                 self.runtime.detach_stream(session)
+
+    def _settle(self, session) -> None:
+        try:
+            self.runtime.settle(session)
+        except Exception:   # validated before it was answered: this is a bug, not bad input
+            log.exception("recording a step failed inside the server")
+            self.runtime.metrics.errors["INTERNAL"] += 1
 
 
 class _ExternalEnv(_Servicer, pb_grpc.ExternalEnvServicer):

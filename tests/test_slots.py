@@ -110,6 +110,7 @@ def test_fragments_are_rollout_fragment_length_steps_of_every_slot(make_server):
     a = c.step(env.reset())
     for _ in range(9):
         a = c.step(*env.step(a))
+    srv.runtime.settle_all()   # a streamed Step's outcome is recorded just after its answer
     got = srv.runtime.experience.get_all()
     assert [g.env_steps() for g in got] == [32, 32]
     assert all(g.policy_batches[DEFAULT_POLICY].count == 32 for g in got)
@@ -122,12 +123,14 @@ def test_complete_episodes_mode_delivers_whole_episodes_only(make_server):
     c.step(o([0, 0], [1, 1]))
     c.step(o([0, 1], [1, 2]), rewards=[1, 1])
     c.step(o([0, 2], [5, 5]), rewards=[1, 1], terminated=[False, True])   # slot 1: 2 steps, ends
+    srv.runtime.settle_all()   # a streamed Step's outcome is recorded just after its answer
     got = srv.runtime.experience.get_all()
     b = MultiAgentBatch.concat_samples(got).policy_batches[DEFAULT_POLICY]
     assert b.count == 2 and len(set(b["eps_id"].tolist())) == 1
     assert b["t"].tolist() == [0, 1] and b["terminateds"].tolist() == [False, True]
     assert sum(g.env_steps() for g in got) == 2
     c.step(o([0, 3], [5, 6]), rewards=[1, 1], terminated=[True, False])   # slot 0: 3 steps
+    srv.runtime.settle_all()
     b = MultiAgentBatch.concat_samples(srv.runtime.experience.get_all()).policy_batches[DEFAULT_POLICY]
     assert b["t"].tolist() == [0, 1, 2] and b["terminateds"].tolist() == [False, False, True]
     c.close()
