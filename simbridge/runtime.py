@@ -859,13 +859,18 @@ class BridgeRuntime:
     def file_summary(self, summary: dict) -> None:
         """Lock held. An ended episode's summary into the metrics and to the episode-end hooks
         (every kind of episode: rows, batched slots, uploads from clients acting locally)."""
-        self.metrics.episodes += 1
-        self.metrics.recent.append(summary)
+        self.file_summaries((summary,))
+
+    def file_summaries(self, summaries) -> None:
+        """Lock held. file_summary for several episodes at once (a Step ends a dozen)."""
+        self.metrics.episodes += len(summaries)
+        self.metrics.recent.extend(summaries)
         for cb in self.episode_end_callbacks:
-            try:
-                cb(summary)
-            except Exception:  # a faulty hook must not break the bridge
-                log.exception("episode_end callback failed")
+            for summary in summaries:
+                try:
+                    cb(summary)
+                except Exception:  # a faulty hook must not break the bridge
+                    log.exception("episode_end callback failed")
 
     # ------------------------------------------------------------ introspection
 

@@ -19,8 +19,8 @@ from typing import Any, Optional
 import gymnasium as gym
 import numpy as np
 
+from simbridge import leaf_codec, tensors
 from simbridge import spaces as sb_spaces
-from simbridge import tensors
 from simbridge.client import _Connection
 from simbridge.v1 import simbridge_pb2 as pb
 
@@ -32,6 +32,8 @@ class SlotClient:
         self.observation_space = observation_space
         self.action_space = action_space
         self.num_slots = num_slots
+        self._encode_obs = leaf_codec.batch_encoder(observation_space)
+        self._decode_actions = leaf_codec.batch_decoder(action_space)
         create = pb.CreateSessionRequest(client_name=client_name, num_slots=num_slots,
                                          observation_space=sb_spaces.space_to_proto(observation_space),
                                          action_space=sb_spaces.space_to_proto(action_space))
@@ -53,13 +55,12 @@ class SlotClient:
         rewards/terminated/truncated/final_observations: the outcome of the
         previous step's actions (leave them out on the first step)."""
         req = pb.StepRequest()
-        sb_spaces.fill_value(req.observations, self.observation_space, observations, batched=True,
-                             what="observations")
+        self._encode_obs(req.observations, observations, "observations")
         self._fill_outcome(req, rewards, terminated, truncated, final_observations)
         resp = self._conn.call("step", req)
         self.policy_versions = tensors.from_tensor(resp.policy_versions)
         self.policy_id = resp.policy_id
-        return sb_spaces.decode_value(self.action_space, resp.actions, self.num_slots, "actions from the server")
+        return self._decode_actions(resp.actions, self.num_slots, "actions from the server")
 
     def _fill_outcome(self, req, rewards, terminated, truncated, final_observations) -> None:
         if rewards is not None:
@@ -69,8 +70,7 @@ class SlotClient:
         if truncated is not None:
             tensors.fill_tensor(req.truncated, np.asarray(truncated, bool))
         if final_observations is not None:
-            sb_spaces.fill_value(req.final_observations, self.observation_space, final_observations,
-                                 batched=True, what="final_observations")
+            self._encode_obs(req.final_observations, final_observations, "final_observations")
 
     def close(self, rewards=None, terminated=None, truncated=None, last_observations: Any = None) -> None:
         """Report the outcome of the last actions (if given) and close the session.

@@ -23,14 +23,14 @@ this takes 40% off the lockstep round trip of a 256-slot simulator.
 """
 import functools
 import logging
+import math
 import threading
 import time
 from typing import Optional
 
 import numpy as np
 
-from simbridge import spaces as sb_spaces
-from simbridge import tensors, tree
+from simbridge import leaf_codec, tensors, tree
 from simbridge.episode import SINGLE_AGENT_ID, Episode
 from simbridge.errors import failed_precondition, invalid_argument
 from simbridge.v1 import simbridge_pb2 as pb
@@ -39,6 +39,7 @@ log = logging.getLogger("simbridge")
 
 MAX_SLOTS = 65_536
 _OUTCOME_FIELDS = ("rewards", "terminated", "truncated", "final_observations")
+_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
 
 
 class SlotBank:
@@ -48,6 +49,11 @@ class SlotBank:
         self.n = n
         self.training = training
         self.spec = session.default
+        self.decode_obs = leaf_codec.batch_decoder(self.spec.obs_space)
+        self.encode_actions = leaf_codec.batch_encoder(self.spec.act_space)
+        self._versions = (None, None, b"")   # (version, (n,) array, its bytes): reused while unchanged
+        self.no_logp = np.full(n, np.nan, np.float32)   # for policies without logp; read-only, shared
+        self.no_logp.flags.writeable = False
         # The policy is bound once, for the single agent id, as a row session binds it on
         # its agent's first appearance; all slots act with it.
         probe = Episode(f"{session.session_id}/slots", -1, session.session_id, training)
@@ -143,7 +149,7 @@ def _commit_pending(bank: SlotBank) -> bool:
 
 
 def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepResponse:
-    n, spec = bank.n, bank.spec
+    n = bank.n
     if bank.closed:
         raise failed_precondition("this session's slots were stopped by a final Step: create a new session")
     first = bank.prev_obs is None
@@ -156,7 +162,7 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     else:
         if not req.HasField("observations"):
             raise invalid_argument(f"Step needs observations for all {n} slots, leaves shaped ({n}, ...)")
-        obs = sb_spaces.decode_value(spec.obs_space, req.observations, n, "Step observations")
+        obs = bank.decode_obs(req.observations, n, "Step observations")
     if first:
         given = [f for f in _OUTCOME_FIELDS if req.HasField(f)]
         if given:
@@ -167,8 +173,10 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     else:
         if not req.HasField("rewards"):
             raise invalid_argument(f"Step needs rewards: float32 ({n},), the outcome of the previous actions")
-        rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
-        if not np.isfinite(rewards.sum()):
+        rewards = leaf_codec.vector_view(req.rewards, pb.FLOAT32, _F32, n)
+        if rewards is None:
+            rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
+        if not math.isfinite(rewards.sum()):
             bad = int((~np.isfinite(rewards)).argmax())
             raise invalid_argument(f"Step rewards: slot {bad} is {rewards[bad]} (rewards must be finite)")
         term = _flags(req, "terminated", n)
@@ -178,12 +186,12 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
             done_idx = np.arange(n)
             trunc = ~term
         else:
-            done_idx = np.flatnonzero(done)
+            done_idx = done.nonzero()[0]
         k = len(done_idx)
         if req.HasField("final_observations"):
             what = "Step final_observations" + (" (a final Step: one per slot)" if req.final else
                                                 f" (one per ended slot: {k})")
-            finals = sb_spaces.decode_value(spec.obs_space, req.final_observations, k, what)
+            finals = bank.decode_obs(req.final_observations, k, what)
         elif k and trunc[done_idx].any():
             cut = done_idx[trunc[done_idx]][:8].tolist()
             raise invalid_argument(f"slots {cut} are truncated: send their last observations in "
@@ -196,7 +204,11 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     actions = logp = versions = None
     if not req.final:
         actions, logp, version = runtime.batcher(bank.policy_id).compute(obs, n)
-        versions = np.full(n, version, np.int64)
+        if version != bank._versions[0]:
+            arr = np.full(n, version, np.int64)
+            arr.flags.writeable = False   # shared by every Step's rows until the version changes
+            bank._versions = (version, arr, arr.tobytes())
+        versions = bank._versions[1]
     if session.closed:
         raise failed_precondition("the session was closed")
 
@@ -205,8 +217,10 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
                                      trunc, done_idx, finals, actions, logp, versions)
     resp = pb.StepResponse(policy_id=bank.policy_id)
     if not req.final:
-        sb_spaces.fill_value(resp.actions, spec.act_space, actions, batched=True)
-        tensors.fill_tensor(resp.policy_versions, versions)
+        bank.encode_actions(resp.actions, actions, "actions from the policy")
+        v = resp.policy_versions
+        v.dtype, v.data = pb.INT64, bank._versions[2]
+        v.shape.append(n)
     return resp
 
 
@@ -222,7 +236,7 @@ def _commit(runtime, session, bank: SlotBank, final, first, obs, rewards, term, 
     else:
         bank.prev_obs, bank.prev_act, bank.prev_version = obs, actions, versions
         n = bank.n
-        bank.prev_logp = np.full(n, np.nan, np.float32) if logp is None else np.asarray(logp, np.float32)
+        bank.prev_logp = bank.no_logp if logp is None else np.asarray(logp, np.float32)
         runtime.metrics.env_steps += n
         runtime.metrics.agent_steps += n
 
@@ -242,6 +256,9 @@ def _flags(req: pb.StepRequest, name: str, n: int) -> np.ndarray:
     if not req.HasField(name):
         return np.zeros(n, bool)
     t = getattr(req, name)
+    view = leaf_codec.vector_view(t, pb.BOOL, _BOOL, n)
+    if view is not None:
+        return view
     if t.dtype != pb.BOOL:
         raise invalid_argument(f"Step {name}: dtype {tensors.dtype_name(t.dtype)}, expected BOOL")
     if tuple(t.shape) != (n,):
@@ -330,17 +347,15 @@ def _end_slot_episodes(runtime, session, bank: SlotBank, done_idx, trunc, reason
     now = time.time()
     pid, sid, training = bank.policy_id, bank.session_id, bank.training
     prefix = f"{sid[:8]}-slot"
-    for i, eidx, ret, length, started, cut in zip(
-            done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
-            bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist()):
-        summary = {
-            "episode_id": f"{prefix}{i}-{eidx}", "eps_id": eidx, "session_id": sid,
-            "total_reward": ret, "length": length,
-            "agent_rewards": {SINGLE_AGENT_ID: ret}, "agent_policies": {SINGLE_AGENT_ID: pid},
-            "policy_rewards": {pid: ret}, "custom_metrics": {}, "training_enabled": training,
-            "end_reason": reason or ("truncated" if cut else "terminated"), "duration_s": now - started,
-        }
-        runtime.file_summary(summary)
+    runtime.file_summaries([{
+        "episode_id": f"{prefix}{i}-{eidx}", "eps_id": eidx, "session_id": sid,
+        "total_reward": ret, "length": length,
+        "agent_rewards": {SINGLE_AGENT_ID: ret}, "agent_policies": {SINGLE_AGENT_ID: pid},
+        "policy_rewards": {pid: ret}, "custom_metrics": {}, "training_enabled": training,
+        "end_reason": reason or ("truncated" if cut else "terminated"), "duration_s": now - started,
+    } for i, eidx, ret, length, started, cut in zip(
+        done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
+        bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist())])
     k = len(done_idx)
     session.episodes_ended += k
     bank.eps_index[done_idx] = [next(runtime._episode_counter) for _ in range(k)]
