@@ -13,28 +13,37 @@ Cases (--cases):
              + log_returns, end_episode/start_episode at episode ends.
   stream     the same with transport="stream" (log_returns etc. pipelined).
   four_sims  four such stream simulators at once (aggregate steps/s).
-  batched64  one simulator with 64 episodes per call: get_actions for 64 ids,
-             log_returns_batch, end_episodes/start_episodes for finished slots.
-             The 64 CartPoles are the bench's own numpy implementation of the
-             CartPole-v1 dynamics (BenchVectorCartPole below): gymnasium's
-             SyncVectorEnv costs ~2 ms per step of 64 copies, more than the
-             bridge, so it would measure gymnasium. Its cost is reported as
-             batched64_env_step_us, and SyncVectorEnv's as a reference.
+  batched64  one batched simulator with 64 slots on Step (SlotClient, the
+             numpy CartPoles of sims/vector_cartpole.py): one message each way
+             per step for all 64, per-slot auto-reset.
+  rows64     the same 64 CartPoles as 64 episodes on the row calls: get_actions
+             for 64 ids, log_returns_batch, end_episodes/start_episodes for the
+             finished ones (the form a multi-agent simulator uses). Stepped by
+             the bench's own numpy CartPole (BenchVectorCartPole below):
+             gymnasium's SyncVectorEnv costs ~2 ms per step of 64 copies, more
+             than the bridge, so it would measure gymnasium. Its cost is
+             reported as rows64_env_step_us, and SyncVectorEnv's as a reference.
 
   step_lockstep  one gymnasium CartPole-v1 as a 1-slot simulator on Step
              (SlotClient): reward, episode end and next observation in one message.
-  slots64    one simulator with 64 slots on Step (sims/vector_cartpole.py).
   batched256 the same with 256 slots: batched256_agent_steps_per_s.
   local      one CartPole-v1 simulator with local inference (LocalPolicyClient):
              local_steps_per_s against the random policy, local_dqn_* against a
              frozen DQN served by the trainer daemon.
+  eventengine  floor, step_lockstep and batched256 again with every process on
+             gRPC's default TCP path (EventEngine) instead of the iomgr path
+             simbridge's programs choose (simbridge/grpc_tuning.py):
+             eventengine_* figures and iomgr_vs_eventengine_* ratios.
 
 Latency is the wall time of the get_action / get_actions / step call seen by the
 simulator. One JSON object goes to stdout; logs go to stderr.
 
     .venv/bin/python bench/throughput.py --seconds 3
-    .venv/bin/python bench/throughput.py --cases stream,batched64 --out runs/bench.json
+    .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
 """
+from simbridge.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import functools
 import json
@@ -60,14 +69,14 @@ if str(REPO) not in sys.path:  # spawned workers re-import this file
 
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
-CASES = ("floor", "unary", "stream", "step_lockstep", "four_sims", "batched64", "slots64", "batched256",
-         "local")
+CASES = ("floor", "unary", "stream", "step_lockstep", "four_sims", "batched64", "rows64", "batched256",
+         "local", "eventengine")
 BATCH = 64
 
 log = logging.getLogger("bench")
 
 # gRPC honours http(s)_proxy; never route loopback traffic through one.
-_CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+_CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0), *RECONNECT_OPTIONS]
 for _var in ("no_grpc_proxy", "no_proxy"):
     os.environ[_var] = ",".join(filter(None, [os.environ.get(_var, ""), "127.0.0.1", "localhost"]))
 
@@ -440,7 +449,7 @@ class StepLockstepSim(SlotSim):
         return GymSlots([gym.make("CartPole-v1")], seed)
 
 
-SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "batched": Batched64Sim, "floor": FloorClient,
+SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "rows64": Batched64Sim, "floor": FloorClient,
         "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256)}
 
 
@@ -586,7 +595,12 @@ def case_four_sims(children, seconds):
 
 
 def case_batched64(children, seconds):
-    out = _bridge_case(children, seconds, f"batched{BATCH}", 1, "batched", "stream", per_agent=True)
+    """One simulator, 64 slots, remote inference, on the Step call."""
+    return _bridge_case(children, seconds, "batched64", 1, "slots64", "stream", per_agent=True)
+
+
+def case_rows64(children, seconds):
+    out = _bridge_case(children, seconds, f"rows{BATCH}", 1, "rows64", "stream", per_agent=True)
     out[f"syncvector{BATCH}_env_step_us"] = syncvector_env_step_us()
     return out
 
@@ -595,13 +609,36 @@ def case_step_lockstep(children, seconds):
     return _bridge_case(children, seconds, "step_lockstep", 1, "step_lockstep", "stream")
 
 
-def case_slots64(children, seconds):
-    return _bridge_case(children, seconds, "slots64", 1, "slots64", "stream", per_agent=True)
-
-
 def case_batched256(children, seconds):
     """One simulator, 256 slots, remote inference, on the Step call."""
     return _bridge_case(children, seconds, "batched256", 1, "slots256", "stream", per_agent=True)
+
+
+_TCP_ENV = ("GRPC_EXPERIMENTS", "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "SIMBRIDGE_GRPC_EVENT_ENGINE")
+_EVENTENGINE_KEYS = ("grpc_floor_stream_roundtrips_per_s", "grpc_floor_stream_server_cpu_us_per_call",
+                     "step_lockstep_steps_per_s", "step_lockstep_p50_ms", "step_lockstep_server_cpu_us_per_call",
+                     "batched256_agent_steps_per_s", "batched256_p50_ms", "batched256_server_cpu_us_per_call")
+
+
+def case_eventengine(children, seconds):
+    """floor, step_lockstep and batched256 again on gRPC's own default TCP path (EventEngine),
+    for the iomgr_vs_eventengine_* ratios: simbridge's programs take the iomgr path (grpc_tuning.py).
+    Every process of these cases is started with the EventEngine settings."""
+    saved = {k: os.environ.get(k) for k in _TCP_ENV}
+    for k in _TCP_ENV:
+        os.environ.pop(k, None)
+    os.environ["SIMBRIDGE_GRPC_EVENT_ENGINE"] = "1"
+    try:
+        out = {}
+        for case in (case_floor, case_step_lockstep, case_batched256):
+            out.update(case(children, seconds))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {f"eventengine_{k}": out[k] for k in _EVENTENGINE_KEYS if k in out}
 
 
 def syncvector_env_step_us(duration_s=0.3):
@@ -628,7 +665,7 @@ def syncvector_env_step_us(duration_s=0.3):
 
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
               "four_sims": case_four_sims, "batched64": case_batched64, "step_lockstep": case_step_lockstep,
-              "slots64": case_slots64,
+              "rows64": case_rows64, "eventengine": case_eventengine,
               "batched256": case_batched256}
 
 
@@ -730,6 +767,8 @@ def machine_info():
         "grpcio": grpc.__version__, "protobuf": google.protobuf.__version__,
         "numpy": np.__version__, "gymnasium": gymnasium.__version__,
         "platform": platform.platform(), "processor": platform.machine(),
+        # simbridge's programs pick gRPC's iomgr TCP path unless told otherwise (grpc_tuning.py)
+        "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS"),
     }
 
 
@@ -773,6 +812,10 @@ def main(argv=None):
         sfloor = result.get("grpc_floor_stream_roundtrips_per_s")
         if sfloor and "stream_lockstep_steps_per_s" in result:
             result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
+    for key in _EVENTENGINE_KEYS:
+        ours, theirs = result.get(key), result.get(f"eventengine_{key}")
+        if ours and theirs and key.endswith("_per_s"):
+            result[f"iomgr_vs_eventengine_{key}"] = round(ours / theirs, 3)
     result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
     result["config"] = {
         "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
@@ -780,10 +823,11 @@ def main(argv=None):
         "server": "python -m simbridge.server_cli (random policy, default BridgeConfig), fresh per case",
         "clients": "one process per simulator (multiprocessing spawn)",
         "lockstep_env": "gymnasium CartPole-v1",
-        "batched_env": f"BenchVectorCartPole: the bench's own numpy CartPole-v1 x{BATCH}, same-step autoreset",
+        "batched_env": "batched64/batched256: sims/vector_cartpole.py on Step (SlotClient); rows64: "
+                       f"BenchVectorCartPole, the bench's own numpy CartPole-v1 x{BATCH}, same-step autoreset",
         "episode_ids": "made by the simulator (start_episode(id), pipelined on stream), "
-                       "except the initial start_episodes(count=64)",
-        "latency": "wall time of get_action / get_actions",
+                       "except rows64's initial start_episodes(count=64)",
+        "latency": "wall time of get_action / get_actions / step",
         "client_options": "PolicyClient library defaults apart from transport (whatever they are in "
                           "this checkout, e.g. reward coalescing into the next get_action)",
         "notes": "a lockstep step is get_action + log_returns (+ end/start at episode ends) through the "

@@ -34,6 +34,7 @@ from google.protobuf import struct_pb2
 from simbridge import spaces as sb_spaces
 from simbridge import tensors, tree
 from simbridge.errors import BridgeError
+from simbridge.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.v1 import simbridge_pb2 as pb
 from simbridge.v1 import simbridge_pb2_grpc as pb_grpc
 
@@ -75,7 +76,8 @@ def open_channel(address: str, connect_timeout_s: float) -> grpc.Channel:
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000)])
+        ("grpc.keepalive_timeout_ms", 5_000),
+        *RECONNECT_OPTIONS])
     try:
         grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
     except grpc.FutureTimeoutError:

@@ -7,6 +7,9 @@ trainer's progress lines until the mean return of the last 10 episodes reaches
 --target or --seconds pass. Then it stops everything (SIGTERM: the trainer
 writes its checkpoint), draws the learning curves to PNG and prints a summary.
 """
+from simbridge.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import json
 import signal

@@ -19,6 +19,8 @@ from typing import Callable, Deque, List, Optional, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from simbridge.grpc_tuning import RECONNECT_OPTIONS
+
 LineHandler = Callable[[str, str], None]  # (process name, line without newline)
 
 # The directory holding the simbridge and sims packages: children can import
@@ -119,7 +121,7 @@ def wait_for_health(address: str, timeout: float = 30.0, proc: Optional[Proc] = 
     its last output lines, and at the timeout.
     """
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc is not None and proc.poll() is not None:

@@ -3,6 +3,9 @@
 Useful to connect a new simulator and watch the experience flow before any
 learning is involved; the trainer daemon embeds the same server.
 """
+from simbridge.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import json
 import logging

@@ -22,6 +22,9 @@ Time-limit ends are reported as truncated=True, true terminal states as
 truncated=False, as gymnasium's flags say. Stopping the simulator (SIGTERM,
 Ctrl-C, --max-steps) ends its open episodes as truncated.
 """
+from simbridge.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import sys
 import uuid

@@ -22,6 +22,9 @@ Two games, both with their own loop in this process:
     simbridge-multiagent-sim --game simultaneous --agents 4 --episodes 50
     simbridge-multiagent-sim --game turn_based --episodes 200
 """
+from simbridge.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import sys
 import uuid

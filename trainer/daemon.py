@@ -32,6 +32,9 @@ from the spaces saved with it, with its networks, optimizers, update counts
 previous process lose their session (their client raises SessionLost, and the
 reference simulators exit with code 2): start them again.
 """
+from simbridge.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import collections
 import json

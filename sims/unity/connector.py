@@ -18,6 +18,9 @@ Ctrl-C, a budget) ends the open episodes as truncated at their latest
 observation and closes Unity. Exit codes: 0 done, 2 simbridge server
 problem, 3 Unity problem (never connected, quit, crashed, wrong version).
 """
+from simbridge.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
 import json
 import math
@@ -142,7 +145,7 @@ def _side_channels(args):
 
 def _check_server(args) -> None:
     """Fail before starting Unity when no simbridge server answers."""
-    with grpc.insecure_channel(args.address) as ch:
+    with grpc.insecure_channel(args.address, options=RECONNECT_OPTIONS) as ch:
         try:
             grpc.channel_ready_future(ch).result(timeout=args.connect_timeout)
         except grpc.FutureTimeoutError:
