@@ -30,10 +30,10 @@ Cases (--cases):
   local      one CartPole-v1 simulator with local inference (LocalPolicyClient):
              local_steps_per_s against the random policy, local_dqn_* against a
              frozen DQN served by the trainer daemon.
-  eventengine  floor, step_lockstep and batched256 again with every process on
-             gRPC's default TCP path (EventEngine) instead of the iomgr path
-             simbridge's programs choose (simbridge/grpc_tuning.py):
-             eventengine_* figures and iomgr_vs_eventengine_* ratios.
+  tcp_paths  step_lockstep and batched256 with every process on gRPC's iomgr TCP
+             path (what simbridge's programs choose, simbridge/grpc_tuning.py)
+             and on its default EventEngine path, alternating, 3 short runs
+             each: medians and iomgr_vs_eventengine_* ratios.
 
 Latency is the wall time of the get_action / get_actions / step call seen by the
 simulator. One JSON object goes to stdout; logs go to stderr.
@@ -70,7 +70,7 @@ if str(REPO) not in sys.path:  # spawned workers re-import this file
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
 CASES = ("floor", "unary", "stream", "step_lockstep", "four_sims", "batched64", "rows64", "batched256",
-         "local", "eventengine")
+         "local", "tcp_paths")
 BATCH = 64
 
 log = logging.getLogger("bench")
@@ -615,30 +615,49 @@ def case_batched256(children, seconds):
 
 
 _TCP_ENV = ("GRPC_EXPERIMENTS", "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "SIMBRIDGE_GRPC_EVENT_ENGINE")
-_EVENTENGINE_KEYS = ("grpc_floor_stream_roundtrips_per_s", "grpc_floor_stream_server_cpu_us_per_call",
-                     "step_lockstep_steps_per_s", "step_lockstep_p50_ms", "step_lockstep_server_cpu_us_per_call",
-                     "batched256_agent_steps_per_s", "batched256_p50_ms", "batched256_server_cpu_us_per_call")
+_TCP_ROUNDS = 3
 
 
-def case_eventengine(children, seconds):
-    """floor, step_lockstep and batched256 again on gRPC's own default TCP path (EventEngine),
-    for the iomgr_vs_eventengine_* ratios: simbridge's programs take the iomgr path (grpc_tuning.py).
-    Every process of these cases is started with the EventEngine settings."""
+def _on_tcp_path(path, fn):
+    """Run fn() with every process it starts on gRPC's `path`: "iomgr" (what simbridge's programs
+    choose, grpc_tuning.py) or "eventengine" (gRPC's own default)."""
     saved = {k: os.environ.get(k) for k in _TCP_ENV}
     for k in _TCP_ENV:
         os.environ.pop(k, None)
-    os.environ["SIMBRIDGE_GRPC_EVENT_ENGINE"] = "1"
+    if path == "eventengine":
+        os.environ["SIMBRIDGE_GRPC_EVENT_ENGINE"] = "1"
+    else:
+        from simbridge.grpc_tuning import prefer_iomgr_tcp
+        prefer_iomgr_tcp()
     try:
-        out = {}
-        for case in (case_floor, case_step_lockstep, case_batched256):
-            out.update(case(children, seconds))
+        return fn()
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return {f"eventengine_{k}": out[k] for k in _EVENTENGINE_KEYS if k in out}
+
+
+def case_tcp_paths(children, seconds):
+    """step_lockstep and batched256 on both of gRPC's TCP paths, alternating, _TCP_ROUNDS times each
+    (this machine's speed drifts over tens of seconds: only runs next to each other compare).
+    Reports each path's median and iomgr_vs_eventengine_* = ratio of the medians."""
+    window = max(1.0, seconds / 2)
+    out = {}
+    for name, case, key in (("step_lockstep", case_step_lockstep, "step_lockstep_steps_per_s"),
+                            ("batched256", case_batched256, "batched256_agent_steps_per_s")):
+        got = {"iomgr": [], "eventengine": []}
+        for _ in range(_TCP_ROUNDS):
+            for path in got:
+                res = _on_tcp_path(path, lambda: case(children, window))
+                got[path].append(res[key])
+        med = {path: float(np.median(v)) for path, v in got.items()}
+        for path, v in got.items():
+            out[f"tcp_{path}_{key}"] = round(med[path], 1)
+            out[f"tcp_{path}_{key}_runs"] = v
+        out[f"iomgr_vs_eventengine_{key}"] = round(med["iomgr"] / med["eventengine"], 3)
+    return out
 
 
 def syncvector_env_step_us(duration_s=0.3):
@@ -665,7 +684,7 @@ def syncvector_env_step_us(duration_s=0.3):
 
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
               "four_sims": case_four_sims, "batched64": case_batched64, "step_lockstep": case_step_lockstep,
-              "rows64": case_rows64, "eventengine": case_eventengine,
+              "rows64": case_rows64, "tcp_paths": case_tcp_paths,
               "batched256": case_batched256}
 
 
@@ -812,10 +831,6 @@ def main(argv=None):
         sfloor = result.get("grpc_floor_stream_roundtrips_per_s")
         if sfloor and "stream_lockstep_steps_per_s" in result:
             result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
-    for key in _EVENTENGINE_KEYS:
-        ours, theirs = result.get(key), result.get(f"eventengine_{key}")
-        if ours and theirs and key.endswith("_per_s"):
-            result[f"iomgr_vs_eventengine_{key}"] = round(ours / theirs, 3)
     result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
     result["config"] = {
         "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
