@@ -11,6 +11,7 @@ passes run outside it (batched across callers by DynamicBatcher), and handing
 finished batches to the ExperienceQueue (which may block) happens outside it.
 """
 import collections
+import functools
 import itertools
 import logging
 import math
@@ -92,6 +93,8 @@ class Session:
         self.closed = False
         self.episodes_ended = 0
         self.slots = None   # slots.SlotBank of a batched simulator (CreateSession.num_slots)
+        # The bookkeeping of the last streamed call, answered but not yet applied (settle()).
+        self.pending: Optional[Callable[[], None]] = None
         self.local = None   # local_serving state of a client that acts locally
 
     def spec_for(self, agent_id: str) -> SpaceSpec:
@@ -261,6 +264,7 @@ class BridgeRuntime:
 
     def close_session(self, s: Session, req=None, reason: str = "session_closed") -> pb.CloseSessionResponse:
         with self._lock:
+            self._commit_pending(s)   # its last call was answered: it counts
             ended = list(s.episodes)
             for ep in list(s.episodes.values()):
                 self._finish_episode(s, ep, {}, truncated=True, reason=reason, drop_pending=True)
@@ -300,6 +304,8 @@ class BridgeRuntime:
                 raise invalid_argument("request header has no session_id: call CreateSession first")
             s = self.session(header.session_id, multi_agent)
         seq = header.seq
+        if s.pending is not None:   # the previous call's bookkeeping, if the stream has not yet
+            self.settle(s)
         with self._lock:
             s.last_active = time.monotonic()
             if seq and seq <= s.last_seq:
@@ -308,8 +314,10 @@ class BridgeRuntime:
                     raise failed_precondition(f"request seq {seq} was already applied and its answer is "
                                               f"no longer kept (last applied: {s.last_seq})")
                 return cached
-        if method == "step":   # on a stream its bookkeeping waits for settle(), after the answer
+        if method == "step":   # on a stream the bookkeeping waits for settle(), after the answer
             resp = slots.step(self, s, req, defer=bound is not None)
+        elif method == "get_action":
+            resp = self._get_action(s, req, defer=bound is not None)
         else:
             resp = getattr(self, "_" + method)(s, req)
         if seq:
@@ -322,9 +330,32 @@ class BridgeRuntime:
 
     # Batched simulators (slots.py) and clients that act locally (local_serving.py)
     # keep their own rooms; the runtime only dispatches to them.
+    # A streamed GetAction or Step is answered as soon as it is validated and acted on; the
+    # bookkeeping (transitions, rewards, ended episodes, the hand-over to the learner) is left in
+    # session.pending and applied by the stream right after the answer is sent, while the
+    # simulator steps. Anything that reads the session settles it first: the session's next
+    # call, close, flush, snapshot.
     def settle(self, s: Session) -> None:
-        """Finish the bookkeeping a streamed call left for after its answer (slots.settle)."""
-        slots.settle(self, s)
+        """Apply the session's pending bookkeeping, if any, and deliver what it completes."""
+        # Always under the lock, even to find nothing pending: another thread may be applying
+        # this very commit, and the caller must see it finished.
+        with self._lock:
+            if not self._commit_pending(s):
+                return
+            batch = self.collector.ready()
+            if batch is None:
+                return
+            self._settling += 1
+        self._deliver_settled(batch)
+
+    @staticmethod
+    def _commit_pending(s: Session) -> bool:
+        """Lock held."""
+        commit, s.pending = s.pending, None
+        if commit is None:
+            return False
+        commit()
+        return True
 
     def settle_all(self, timeout: float = 10.0) -> None:
         """Apply every answered call's pending bookkeeping and wait until the experience it
@@ -332,7 +363,7 @@ class BridgeRuntime:
         with self._lock:
             sessions = list(self._sessions.values())
         for s in sessions:
-            slots.settle(self, s)
+            self.settle(s)
         with self._settled:
             self._settled.wait_for(lambda: self._settling == 0, timeout)
 
@@ -487,7 +518,7 @@ class BridgeRuntime:
         for eid in ids:
             s.episodes[eid] = Episode(eid, next(self._episode_counter), s.session_id, training)
 
-    def _get_action(self, s: Session, req: pb.GetActionRequest) -> pb.GetActionResponse:
+    def _get_action(self, s: Session, req: pb.GetActionRequest, defer: bool = False) -> pb.GetActionResponse:
         rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
         ended_before = s.episodes_ended
         # Forward passes, outside the lock, batched across simulators per policy.
@@ -496,12 +527,10 @@ class BridgeRuntime:
             results.append(self._compute(r))
         with self._lock:
             self._check_still_open(s, rows, plans, ended_before)
-            self._apply_returns(s, plans)
-            stepped = set()
-            for r, (actions, logp, versions) in zip(rows, results):
-                self._act(r, actions, logp, versions, stepped)
-            batch = self.collector.ready()
-        self._deliver(batch)
+            self._commit_pending(s)   # another thread's call on this session (unary), if any
+            s.pending = functools.partial(self._commit_actions, s, rows, plans, results)
+        if not defer:
+            self.settle(s)
         resp = pb.GetActionResponse()
         for r, (actions, _, versions) in zip(rows, results):
             out = resp.actions.add()
@@ -509,6 +538,13 @@ class BridgeRuntime:
             out.policy_versions.extend(versions)
             out.policy_ids.extend(r.policy_ids)
         return resp
+
+    def _commit_actions(self, s: Session, rows, plans, results) -> None:
+        """Lock held. A validated GetAction's effect: its rewards, then the actions it answered."""
+        self._apply_returns(s, plans)
+        stepped = set()
+        for r, (actions, logp, versions) in zip(rows, results):
+            self._act(r, actions, logp, versions, stepped)
 
     def _resolve_with_returns(self, s: Session, req, what: str):
         rows = self._resolve_agent_rows(s, req.rows, what, set())
@@ -878,6 +914,7 @@ class BridgeRuntime:
         """Hand whatever experience is collected to the queue now."""
         with self._lock:
             for s in self._sessions.values():
+                self._commit_pending(s)
                 slots.hand_over(self, s)
             batch = self.collector.flush()
         self._deliver(batch)
@@ -885,8 +922,8 @@ class BridgeRuntime:
 
     def snapshot(self) -> dict:
         with self._lock:
-            for s in self._sessions.values():   # answered Steps count, settled or not
-                slots.commit_pending(s)
+            for s in self._sessions.values():   # answered calls count, settled or not
+                self._commit_pending(s)
             returns = [x["total_reward"] for x in self.metrics.recent]
             return {
                 "sessions": len(self._sessions),

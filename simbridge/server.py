@@ -114,9 +114,9 @@ class _Servicer:
                     resp.error.CopyFrom(status_pb2.Status(code=grpc.StatusCode.INTERNAL.value[0],
                                                           message=f"{kind} failed inside the server: {e!r}"))
                 yield resp
-                if kind == "step":
-                    # The answer is on its way: record the Step's outcome while the simulator
-                    # steps, instead of before answering.
+                if session is not None and session.pending is not None:
+                    # The answer is on its way: apply the call's bookkeeping while the simulator
+                    # steps, instead of before answering (runtime.settle).
                     self._settle(session)
                 if kind == "close_session" and not resp.HasField("error"):
                     session = None

@@ -13,13 +13,11 @@ summaries), asks the policy for N actions in one forward pass and answers.
 Validation comes first, as everywhere in the bridge: a bad Step raises
 before anything changes, so the simulator may correct it and send it again.
 
-A Step is answered before its outcome is recorded: validation, the forward
-pass and the reply are all the simulator waits for. The bookkeeping (N
-transitions, ended episodes, hand-over to the learner) is left in
-`bank.pending` and settled while the reply travels and the simulator steps,
-by the stream that carried the Step (runtime.settle), and in any case before
-anything reads the bank again (the next Step, a flush, a close). On two cores
-this takes 40% off the lockstep round trip of a 256-slot simulator.
+A streamed Step is answered before its outcome is recorded: validation, the
+forward pass and the reply are all the simulator waits for. The bookkeeping
+(N transitions, ended episodes, hand-over to the learner) is left in
+`session.pending` and settled while the reply travels and the simulator
+steps (runtime.settle).
 """
 import functools
 import logging
@@ -68,7 +66,6 @@ class SlotBank:
         self.prev_obs = self.prev_act = self.prev_logp = self.prev_version = None
         self.closed = False
         self.busy = threading.Lock()
-        self.pending = None                           # the last Step's commit, not yet applied
         self.fragment: list = []                      # per-Step row chunks not yet handed over
         self.held: list = []                          # complete_episodes mode: open episodes' rows
         self.session_id = session.session_id
@@ -106,46 +103,12 @@ def step(runtime, session, req: pb.StepRequest, defer: bool = False) -> pb.StepR
         raise failed_precondition("another Step of this session is still being served: a batched "
                                   "simulator sends one Step at a time")
     try:
-        settle(runtime, session)
         resp = _step(runtime, session, bank, req)
         if not defer:
-            settle(runtime, session)
+            runtime.settle(session)
         return resp
     finally:
         bank.busy.release()
-
-
-def settle(runtime, session) -> None:
-    """Apply the session's pending Step commit, if any, and deliver what it completes."""
-    bank: Optional[SlotBank] = session.slots
-    if bank is None:
-        return
-    # Always under the lock, even to find nothing pending: another thread may be
-    # applying this very commit, and the caller must see it finished.
-    with runtime._lock:
-        if not _commit_pending(bank):
-            return
-        batch = runtime.collector.ready()
-        if batch is None:
-            return
-        runtime._settling += 1
-    runtime._deliver_settled(batch)
-
-
-def commit_pending(session) -> None:
-    """Lock held. Apply the session's pending Step commit now (its hand-over waits for the
-    next collector.ready())."""
-    if session.slots is not None:
-        _commit_pending(session.slots)
-
-
-def _commit_pending(bank: SlotBank) -> bool:
-    """Lock held."""
-    commit, bank.pending = bank.pending, None
-    if commit is None:
-        return False
-    commit()
-    return True
 
 
 def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepResponse:
@@ -213,8 +176,10 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
         raise failed_precondition("the session was closed")
 
     # ---- the outcome and the new pending actions are applied together, later (settle)
-    bank.pending = functools.partial(_commit, runtime, session, bank, req.final, first, obs, rewards, term,
-                                     trunc, done_idx, finals, actions, logp, versions)
+    with runtime._lock:
+        runtime._commit_pending(session)   # a row call's, if the simulator mixes them in
+        session.pending = functools.partial(_commit, runtime, session, bank, req.final, first, obs, rewards,
+                                            term, trunc, done_idx, finals, actions, logp, versions)
     resp = pb.StepResponse(policy_id=bank.policy_id)
     if not req.final:
         bank.encode_actions(resp.actions, actions, "actions from the policy")
@@ -306,10 +271,7 @@ def _record_outcome(runtime, session, bank: SlotBank, obs, rewards, term, trunc,
 def hand_over(runtime, session) -> None:
     """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
     bank = session.slots
-    if bank is None:
-        return
-    _commit_pending(bank)
-    if bank.fragment:
+    if bank is not None and bank.fragment:
         _hand_over(runtime, bank)
 
 
@@ -370,10 +332,7 @@ def close_bank(runtime, session, reason: str) -> int:
     action); episodes that took steps get their summaries, ended as `reason`.
     Returns the number of episodes ended."""
     bank: Optional[SlotBank] = session.slots
-    if bank is None:
-        return 0
-    _commit_pending(bank)   # the last Step was answered: its outcome counts
-    if bank.closed:
+    if bank is None or bank.closed:
         return 0
     bank.closed = True
     if bank.fragment:

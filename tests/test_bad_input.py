@@ -226,6 +226,7 @@ def _episode_state(ep):
 
 def session_state(rt: BridgeRuntime, sid: str):
     """Everything a request could change in a session (the probe episode aside)."""
+    rt.settle_all()   # a streamed call's bookkeeping is applied just after its answer
     with rt._lock:
         s = rt._sessions[sid]
         eps = {eid: _episode_state(ep) for eid, ep in s.episodes.items() if eid != "probe"}
@@ -233,6 +234,7 @@ def session_state(rt: BridgeRuntime, sid: str):
 
 
 def episode_summary(rt: BridgeRuntime, eid: str, sid: str = None) -> dict:
+    rt.settle_all()
     found = [x for x in rt.metrics.recent
              if x["episode_id"] == eid and (sid is None or x["session_id"] == sid)]
     assert len(found) == 1, f"episode {eid!r}: {len(found)} summaries"
@@ -240,6 +242,7 @@ def episode_summary(rt: BridgeRuntime, eid: str, sid: str = None) -> dict:
 
 
 def eps_index(rt: BridgeRuntime, eid: str, sid: str = None) -> int:
+    rt.settle_all()
     with rt._lock:
         for s in rt._sessions.values():
             if (sid is None or s.session_id == sid) and eid in s.episodes:
@@ -1200,3 +1203,48 @@ def test_unary_session_idle_timeout(make_bridge):
     # The witness's stream session sat idle just as long and is untouched (checked at teardown);
     # a new unary session works.
     b.raw("unary", name="next").assert_serving()
+
+
+# ---------------------------------------------------------------- answered, not yet recorded
+# A streamed GetAction is answered before its bookkeeping is applied (runtime.settle). Whatever
+# comes next must find it applied, never lost: the session's next call, a close, a snapshot.
+# These drive the runtime directly with bound=session (the stream's path) to hold that window open.
+
+
+def _answered_not_settled(rt: BridgeRuntime):
+    s = rt.session(rt.create_session(create_request("window"), False).session_id, False)
+    rt.handle("start_episode", pb.StartEpisodeRequest(episode_ids=["w"]), False, bound=s)
+    rt.handle("get_action", pb.GetActionRequest(rows=[rows(["w"], V0[None])]), False, bound=s)
+    rt.handle("get_action", pb.GetActionRequest(rows=[rows(["w"], V1[None])],
+                                                rewards=[reward_rows(["w"], [5.0])]), False, bound=s)
+    assert s.pending is not None   # the window this section is about
+    return s
+
+
+def test_the_next_call_finds_an_answered_get_action_applied(make_bridge):
+    rt = make_bridge().runtime
+    s = _answered_not_settled(rt)
+    rt.handle("log_returns", pb.LogReturnsRequest(rows=[reward_rows(["w"], [2.0])]), False, bound=s)
+    rt.handle("end_episode", pb.EndEpisodeRequest(episode_ids=["w"]), False, bound=s)
+    summary = episode_summary(rt, "w", s.session_id)
+    assert (summary["length"], summary["total_reward"]) == (2, 7.0)
+
+
+def test_closing_a_session_applies_its_answered_get_action(make_bridge):
+    b = make_bridge()
+    rt = b.runtime
+    s = _answered_not_settled(rt)
+    rt.close_session(s, reason="client_lost")
+    summary = episode_summary(rt, "w", s.session_id)
+    # The attached reward completed the first transition; the second action's outcome never came.
+    assert (summary["length"], summary["total_reward"]) == (2, 5.0)
+    b.exp.drain()
+    got = b.exp.rows(summary["eps_id"])
+    assert got["t"].tolist() == [0] and got["rewards"].tolist() == [5.0]
+
+
+def test_a_snapshot_counts_an_answered_get_action(make_bridge):
+    rt = make_bridge().runtime
+    before = rt.snapshot()["agent_steps"]
+    _answered_not_settled(rt)
+    assert rt.snapshot()["agent_steps"] == before + 2
