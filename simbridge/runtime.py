@@ -304,8 +304,7 @@ class BridgeRuntime:
                 raise invalid_argument("request header has no session_id: call CreateSession first")
             s = self.session(header.session_id, multi_agent)
         seq = header.seq
-        if s.pending is not None:   # the previous call's bookkeeping, if the stream has not yet
-            self.settle(s)
+        self.settle(s)   # the previous call's bookkeeping, if its stream has not applied it yet
         with self._lock:
             s.last_active = time.monotonic()
             if seq and seq <= s.last_seq:
