@@ -70,8 +70,9 @@ def _bridge_error(e: grpc.RpcError) -> BridgeError:
     return BridgeError(e.code(), e.details() or str(e))
 
 
-def open_channel(address: str, connect_timeout_s: float) -> grpc.Channel:
-    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers."""
+def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None) -> grpc.Channel:
+    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
+    (`fix`: what the caller's user should do instead, if not starting simbridge-server)."""
     channel = grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -82,10 +83,10 @@ def open_channel(address: str, connect_timeout_s: float) -> grpc.Channel:
         grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
     except grpc.FutureTimeoutError:
         channel.close()
+        fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
         raise BridgeError(grpc.StatusCode.UNAVAILABLE,
                           f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
-                          f"start one with `simbridge-server --address {address}` or pass the right "
-                          f"address") from None
+                          f"{fix}") from None
     return channel
 
 

@@ -118,10 +118,7 @@ class ExperienceQueue:
             with self._lock:
                 self.blocked_puts += 1
                 self.blocked_s += time.monotonic() - t0
-        with self._lock:
-            self.batches_in += 1
-            self.env_steps_in += batch.env_steps()
-            self.agent_steps_in += batch.agent_steps()
+        self._count_in(batch)
 
     def offer(self, batch: MultiAgentBatch, timeout: float) -> bool:
         """put() with a bounded wait: False (nothing queued) when still full after `timeout`.
@@ -135,11 +132,14 @@ class ExperienceQueue:
                 self._q.put_nowait(batch)
         except queue.Full:
             return False
+        self._count_in(batch)
+        return True
+
+    def _count_in(self, batch: MultiAgentBatch) -> None:
         with self._lock:
             self.batches_in += 1
             self.env_steps_in += batch.env_steps()
             self.agent_steps_in += batch.agent_steps()
-        return True
 
     def get(self, timeout: Optional[float] = None) -> Optional[MultiAgentBatch]:
         try:

@@ -130,7 +130,7 @@ class _Servicer:
         try:
             self.runtime.settle(session)
         except Exception:   # validated before it was answered: this is a bug, not bad input
-            log.exception("recording a step failed inside the server")
+            log.exception("applying an answered call's bookkeeping failed inside the server")
             self.runtime.metrics.errors["INTERNAL"] += 1
 
 

@@ -49,7 +49,7 @@ class SlotBank:
         self.spec = session.default
         self.decode_obs = leaf_codec.batch_decoder(self.spec.obs_space)
         self.encode_actions = leaf_codec.batch_encoder(self.spec.act_space)
-        self._versions = (None, None, b"")   # (version, (n,) array, its bytes): reused while unchanged
+        self._versions = (None, None, b"")   # (version, (n,) array, its bytes): see versions()
         self.no_logp = np.full(n, np.nan, np.float32)   # for policies without logp; read-only, shared
         self.no_logp.flags.writeable = False
         # The policy is bound once, for the single agent id, as a row session binds it on
@@ -69,6 +69,15 @@ class SlotBank:
         self.fragment: list = []                      # per-Step row chunks not yet handed over
         self.held: list = []                          # complete_episodes mode: open episodes' rows
         self.session_id = session.session_id
+
+    def versions(self, version: int):
+        """(n,) int64 array of `version` and its wire bytes, made once per policy version:
+        read-only, shared by every Step's rows and replies until the version changes."""
+        if version != self._versions[0]:
+            arr = np.full(self.n, version, np.int64)
+            arr.flags.writeable = False
+            self._versions = (version, arr, arr.tobytes())
+        return self._versions[1], self._versions[2]
 
 
 def create_bank(runtime, session, req: pb.CreateSessionRequest) -> Optional[SlotBank]:
@@ -136,9 +145,7 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     else:
         if not req.HasField("rewards"):
             raise invalid_argument(f"Step needs rewards: float32 ({n},), the outcome of the previous actions")
-        rewards = leaf_codec.vector_view(req.rewards, pb.FLOAT32, _F32, n)
-        if rewards is None:
-            rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
+        rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
         if not math.isfinite(rewards.sum()):
             bad = int((~np.isfinite(rewards)).argmax())
             raise invalid_argument(f"Step rewards: slot {bad} is {rewards[bad]} (rewards must be finite)")
@@ -167,11 +174,7 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     actions = logp = versions = None
     if not req.final:
         actions, logp, version = runtime.batcher(bank.policy_id).compute(obs, n)
-        if version != bank._versions[0]:
-            arr = np.full(n, version, np.int64)
-            arr.flags.writeable = False   # shared by every Step's rows until the version changes
-            bank._versions = (version, arr, arr.tobytes())
-        versions = bank._versions[1]
+        versions, versions_bytes = bank.versions(version)
     if session.closed:
         raise failed_precondition("the session was closed")
 
@@ -184,7 +187,7 @@ def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepRespo
     if not req.final:
         bank.encode_actions(resp.actions, actions, "actions from the policy")
         v = resp.policy_versions
-        v.dtype, v.data = pb.INT64, bank._versions[2]
+        v.dtype, v.data = pb.INT64, versions_bytes
         v.shape.append(n)
     return resp
 
@@ -207,6 +210,9 @@ def _commit(runtime, session, bank: SlotBank, final, first, obs, rewards, term, 
 
 
 def _vector(t: pb.Tensor, n: int, dtypes, name: str) -> np.ndarray:
+    view = leaf_codec.vector_view(t, pb.FLOAT32, _F32, n)
+    if view is not None:
+        return view
     if t.dtype not in dtypes:
         raise invalid_argument(f"Step {name}: dtype {tensors.dtype_name(t.dtype)}, expected float32")
     if tuple(t.shape) != (n,):

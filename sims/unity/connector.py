@@ -18,7 +18,7 @@ Ctrl-C, a budget) ends the open episodes as truncated at their latest
 observation and closes Unity. Exit codes: 0 done, 2 simbridge server
 problem, 3 Unity problem (never connected, quit, crashed, wrong version).
 """
-from simbridge.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
+from simbridge.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -32,8 +32,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Optional, Tuple
 
-import grpc
-
 from sims.unity import compat
 
 compat.install()
@@ -45,7 +43,7 @@ from mlagents_envs.side_channel.engine_configuration_channel import EngineConfig
 from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel  # noqa: E402
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel  # noqa: E402
 
-from simbridge.client import MultiAgentPolicyClient  # noqa: E402
+from simbridge.client import MultiAgentPolicyClient, open_channel  # noqa: E402
 from simbridge.errors import BridgeError  # noqa: E402
 from sims.common import Stats, StopFlag, add_common_args, run_cli  # noqa: E402
 from sims.unity.behavior import BehaviorBridge  # noqa: E402
@@ -145,14 +143,9 @@ def _side_channels(args):
 
 def _check_server(args) -> None:
     """Fail before starting Unity when no simbridge server answers."""
-    with grpc.insecure_channel(args.address, options=RECONNECT_OPTIONS) as ch:
-        try:
-            grpc.channel_ready_future(ch).result(timeout=args.connect_timeout)
-        except grpc.FutureTimeoutError:
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                              f"no simbridge server answered at {args.address} within {args.connect_timeout:.0f}s: "
-                              f"start the trainer (`simbridge-trainer run --address {args.address}`) or pass the "
-                              f"right --address") from None
+    open_channel(args.address, args.connect_timeout,
+                 fix=f"start the trainer (`simbridge-trainer run --address {args.address}`) or pass the "
+                     f"right --address").close()
 
 
 def open_environment(args, worker_id: int, channels) -> BridgeUnityEnvironment:
