@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m simbridge.demo
+	$(PY) -m simbridge.trainer.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

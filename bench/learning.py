@@ -10,11 +10,11 @@ multiagent-cartpole: one trained policy's learner on one CartPole), so the
 bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`.
 
 The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
-trainer/sac.py), starts `python -m trainer.daemon run` on a free loopback port,
+trainer/sac.py), starts `python -m simbridge.trainer.daemon run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
-from simbridge.grpc_tuning import prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -30,7 +30,7 @@ from typing import List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simbridge.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
+from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
 
 TASKS = {
     # CartPole-v1: mean return of the last 10 episodes >= 475 within 50k env steps.
@@ -66,7 +66,7 @@ def _inline(d: dict) -> str:
 
 
 def preset(task: dict, seed: int) -> dict:
-    module = "trainer.dqn" if task["algorithm"] == "dqn" else "trainer.sac"
+    module = "simbridge.trainer.dqn" if task["algorithm"] == "dqn" else "simbridge.trainer.sac"
     mod = __import__(module, fromlist=[task["preset"]])
     return {**getattr(mod, task["preset"]), "seed": seed}
 
@@ -116,15 +116,15 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
     procs: List[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
-        daemon = subprocess.Popen([sys.executable, "-m", "trainer.daemon", "run", "--config", str(tmp / "config.toml"),
+        daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(tmp / "config.toml"),
                                    "--log-level", "WARNING"], env=env, cwd=str(ROOT), stdout=log, stderr=log)
         procs.append(daemon)
         wait_for_health(address, timeout=120)
         t_start = time.monotonic()
         if task.get("multiagent"):
-            sims = [["sims.multiagent_sim", "--game", "simultaneous", "--agents", "5"]]
+            sims = [["simbridge.sims.multiagent_sim", "--game", "simultaneous", "--agents", "5"]]
         else:
-            sims = [["sims.gym_sim", "--env", task["env"], *extra] for extra in task["sims"]]
+            sims = [["simbridge.sims.gym_sim", "--env", task["env"], *extra] for extra in task["sims"]]
         for i, cmd in enumerate(sims):
             procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet",
                                            "--seed", str(seed * 100 + i)], env=env, cwd=str(ROOT),
@@ -162,14 +162,14 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
 def run_inprocess(task: dict, seed: int) -> dict:
     import gymnasium as gym
 
-    from trainer import inprocess
+    from simbridge.trainer import inprocess
 
     cfg = preset(task, seed)
     env = gym.make(task["env"])
     if task["algorithm"] == "dqn":
-        from trainer.dqn import DQNLearner as cls
+        from simbridge.trainer.dqn import DQNLearner as cls
     else:
-        from trainer.sac import SACLearner as cls
+        from simbridge.trainer.sac import SACLearner as cls
     learner = cls(env.observation_space, env.action_space, cfg, device="cpu")
     kwargs = {}
     if task.get("off_policy"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Throughput and latency of the bridge against a real server in another process.
 
-Every case starts `python -m simbridge.server_cli` as a subprocess on a free
+Every case starts `python -m simbridge.server.cli` as a subprocess on a free
 127.0.0.1 port, waits for it with the standard gRPC health check, and drives it
 from client processes of their own (multiprocessing, spawn), so client and
 server never share a GIL. Each measured window follows a 1 s warm-up.
@@ -41,7 +41,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --seconds 3
     .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
 """
-from simbridge.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -159,10 +159,10 @@ class Children:
 # ---------------------------------------------------------------- servers
 
 def start_bridge_server(children, timeout_s=60.0):
-    """`python -m simbridge.server_cli` on a free loopback port; returns (Popen, address)."""
+    """`python -m simbridge.server.cli` on a free loopback port; returns (Popen, address)."""
     for _ in range(3):
         address = f"{HOST}:{_free_port()}"
-        cmd = [sys.executable, "-m", "simbridge.server_cli", "--address", address,
+        cmd = [sys.executable, "-m", "simbridge.server.cli", "--address", address,
                "--print-every", "0", "--log-level", "WARNING"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         proc = children.add(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
@@ -292,7 +292,7 @@ class LockstepSim:
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
 
     def _client(self, address, transport, seed):
-        from simbridge.client import PolicyClient
+        from simbridge.client.policy_client import PolicyClient
 
         return PolicyClient(address, self.env.observation_space, self.env.action_space,
                             transport=transport, client_name=f"bench-{transport}-{seed}")
@@ -328,7 +328,7 @@ class Batched64Sim:
     def __init__(self, address, transport, seed):
         import gymnasium as gym
 
-        from simbridge.client import PolicyClient
+        from simbridge.client.policy_client import PolicyClient
 
         self.env = BenchVectorCartPole(BATCH, seed)
         spec_env = gym.make("CartPole-v1")  # only for its spaces
@@ -405,7 +405,7 @@ class SlotSim:
     slots, per-slot auto-reset (sims/vector_cartpole.py: numpy CartPole-v1 x n)."""
 
     def __init__(self, address, transport, seed, n):
-        from simbridge.slot_client import SlotClient
+        from simbridge.client.slot_client import SlotClient
 
         self.n = n
         self.env = self._env(n, seed)
@@ -415,7 +415,7 @@ class SlotSim:
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
 
     def _env(self, n, seed):
-        from sims.vector_cartpole import VectorCartPole
+        from simbridge.sims.vector_cartpole import VectorCartPole
 
         return VectorCartPole(n, seed=seed)
 
@@ -444,7 +444,7 @@ class StepLockstepSim(SlotSim):
     def _env(self, n, seed):
         import gymnasium as gym
 
-        from sims.gym_sim import GymSlots
+        from simbridge.sims.gym_sim import GymSlots
 
         return GymSlots([gym.make("CartPole-v1")], seed)
 
@@ -627,7 +627,7 @@ def _on_tcp_path(path, fn):
     if path == "eventengine":
         os.environ["SIMBRIDGE_GRPC_EVENT_ENGINE"] = "1"
     else:
-        from simbridge.grpc_tuning import prefer_iomgr_tcp
+        from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
         prefer_iomgr_tcp()
     try:
         return fn()
@@ -702,7 +702,7 @@ class LocalSim(LockstepSim):
     """One gymnasium CartPole-v1, one episode at a time, acting locally."""
 
     def _client(self, address, transport, seed):
-        from simbridge.local_client import LocalPolicyClient
+        from simbridge.client.local_client import LocalPolicyClient
 
         return LocalPolicyClient(address, self.env.observation_space, self.env.action_space,
                                  client_name=f"bench-local-{seed}", seed=seed)
@@ -718,7 +718,7 @@ SIMS["local"] = LocalSim
 
 
 def start_dqn_trainer(children, logdir, timeout_s=120.0):
-    """`python -m trainer.daemon run` with one frozen DQN policy on a free loopback port."""
+    """`python -m simbridge.trainer.daemon run` with one frozen DQN policy on a free loopback port."""
     address = f"{HOST}:{_free_port()}"
     cfg = Path(logdir) / "bench_dqn.toml"
     cfg.write_text(f"""policies_to_train = []
@@ -735,7 +735,7 @@ algorithm = "dqn"
 config = {{ hidden = [128, 128], epsilon_initial = 0.02, epsilon_final = 0.02, seed = 0 }}
 """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    proc = children.add(subprocess.Popen([sys.executable, "-m", "trainer.daemon", "run", "--config", str(cfg),
+    proc = children.add(subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(cfg),
                                           "--log-level", "WARNING"], cwd=REPO, env=env,
                                          stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                                          preexec_fn=_die_with_parent))
@@ -835,7 +835,7 @@ def main(argv=None):
     result["config"] = {
         "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
         "total_runtime_s": round(time.monotonic() - t_start, 1),
-        "server": "python -m simbridge.server_cli (random policy, default BridgeConfig), fresh per case",
+        "server": "python -m simbridge.server.cli (random policy, default BridgeConfig), fresh per case",
         "clients": "one process per simulator (multiprocessing spawn)",
         "lockstep_env": "gymnasium CartPole-v1",
         "batched_env": "batched64/batched256: sims/vector_cartpole.py on Step (SlotClient); rows64: "

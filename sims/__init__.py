@@ -3,8 +3,8 @@
 Each runs its own loop as an external process and talks to a simbridge server
 (`simbridge-server`, or the trainer) with the Python client:
 
-  * `simbridge-sim` (sims.gym_sim): any gymnasium env, one or K copies stepped
+  * `simbridge-sim` (simbridge.sims.gym_sim): any gymnasium env, one or K copies stepped
     together with the batched client calls.
-  * `simbridge-multiagent-sim` (sims.multiagent_sim): a simultaneous-move
+  * `simbridge-multiagent-sim` (simbridge.sims.multiagent_sim): a simultaneous-move
     multi-agent CartPole and a turn-based two-player Nim.
 """

@@ -11,8 +11,8 @@ from typing import Callable, Dict, Optional
 import gymnasium as gym
 import numpy as np
 
-from simbridge.client import SessionLost
-from simbridge.errors import BridgeError
+from simbridge.client.policy_client import SessionLost
+from simbridge.wire.errors import BridgeError
 
 
 def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:

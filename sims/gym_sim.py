@@ -22,7 +22,7 @@ Time-limit ends are reported as truncated=True, true terminal states as
 truncated=False, as gymnasium's flags say. Stopping the simulator (SIGTERM,
 Ctrl-C, --max-steps) ends its open episodes as truncated.
 """
-from simbridge.grpc_tuning import prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -33,10 +33,10 @@ from typing import List, Optional
 import gymnasium as gym
 import numpy as np
 
-from simbridge import tree
-from simbridge.client import PolicyClient
-from simbridge.external_env import ExternalEnv
-from sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
+from simbridge.wire import tree
+from simbridge.client.policy_client import PolicyClient
+from simbridge.client.external_env import ExternalEnv
+from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
 
 PROG = "simbridge-sim"
 
@@ -128,7 +128,7 @@ class LocalGymExternalEnv(GymExternalEnv):
     """The same loop with local inference: actions computed here (LocalPolicyClient, no torch)."""
 
     def _make_client(self):
-        from simbridge.local_client import LocalPolicyClient
+        from simbridge.client.local_client import LocalPolicyClient
         a = self.args
         return LocalPolicyClient(self.address, self.observation_space, self.action_space,
                                  update_interval_s=a.update_interval, chunk_steps=a.chunk_steps,
@@ -288,7 +288,7 @@ class GymSlots:
 
 def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
     """A batched simulator on Step: all slots in one message per step, auto-reset per slot."""
-    from simbridge.slot_client import SlotClient
+    from simbridge.client.slot_client import SlotClient
 
     k = len(batched.envs) if hasattr(batched, "envs") else batched.n
     client = SlotClient(args.address, batched.observation_space, batched.action_space, k,
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         elif protocol == "rows":
             run_batched(envs, args, stats, stop)
         elif args.vector:
-            from sims.vector_cartpole import VectorCartPole
+            from simbridge.sims.vector_cartpole import VectorCartPole
             run_step_slots(VectorCartPole(args.slots, args.max_episode_steps or 500, seed=args.seed),
                            args, stats, stop)
         else:

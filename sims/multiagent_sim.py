@@ -22,7 +22,7 @@ Two games, both with their own loop in this process:
     simbridge-multiagent-sim --game simultaneous --agents 4 --episodes 50
     simbridge-multiagent-sim --game turn_based --episodes 200
 """
-from simbridge.grpc_tuning import prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -32,8 +32,8 @@ import uuid
 import gymnasium as gym
 import numpy as np
 
-from simbridge.client import MultiAgentPolicyClient
-from sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
+from simbridge.client.policy_client import MultiAgentPolicyClient
+from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
 
 PROG = "simbridge-multiagent-sim"
 

@@ -7,8 +7,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from simbridge.runtime import BridgeConfig, BridgeRuntime  # noqa: E402
-from simbridge.server import BridgeServer  # noqa: E402
+from simbridge.server.runtime import BridgeConfig, BridgeRuntime  # noqa: E402
+from simbridge.server.service import BridgeServer  # noqa: E402
 
 
 @pytest.fixture

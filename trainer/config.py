@@ -1,6 +1,6 @@
 """The trainer daemon's configuration: a TOML file -> dataclasses.
 
-    [server]                       # the embedded bridge (simbridge.runtime.BridgeConfig)
+    [server]                       # the embedded bridge (simbridge.server.runtime.BridgeConfig)
     address = "127.0.0.1:50051"
     rollout_fragment_length = 200
     batch_mode = "truncate_episodes"   # or "complete_episodes"
@@ -39,8 +39,8 @@ Space tables: {type="Discrete", n=, start=0}, {type="Box", low=, high=, shape=[.
 dtype="float32"}, {type="MultiDiscrete", nvec=[..]}, {type="MultiBinary", n=}.
 
 `algorithm = "package.module:Class"` names any importable class: a
-trainer.learner.Learner subclass (built as Class(obs_space, act_space,
-config=..., device=..., trainable=...)) or a simbridge.policy.Policy subclass
+simbridge.trainer.learner.Learner subclass (built as Class(obs_space, act_space,
+config=..., device=..., trainable=...)) or a simbridge.server.policies.Policy subclass
 that only acts (built as Class(obs_space, act_space, **config)).
 
 Parsing checks everything that can be checked without importing learners;
@@ -56,14 +56,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import gymnasium as gym
 import numpy as np
 
-from simbridge.collector import BATCH_MODES
-from simbridge.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.server.experience import BATCH_MODES
+from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
 
 # Learners by name, imported only when used.
-ALGORITHMS = {"dqn": "trainer.dqn:DQNLearner", "sac": "trainer.sac:SACLearner"}
+ALGORITHMS = {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner"}
 RANDOM = "random"
 
 
@@ -356,8 +356,8 @@ def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection
 
 def resolve_algorithm(spec: PolicySpec):
     """The class behind spec.algorithm (None for "random"), with its config keys checked."""
-    from simbridge.policy import Policy
-    from trainer.learner import COMMON_DEFAULTS, Learner
+    from simbridge.server.policies import Policy
+    from simbridge.trainer.learner import COMMON_DEFAULTS, Learner
 
     if spec.is_random:
         return None
@@ -375,7 +375,7 @@ def resolve_algorithm(spec: PolicySpec):
     except AttributeError:
         raise ConfigError(f"{what}: module {mod_name!r} has no {attr!r}") from None
     if not (isinstance(obj, type) and issubclass(obj, Policy)):
-        raise ConfigError(f"{what}: {path} is not a trainer.learner.Learner (or simbridge.policy.Policy) "
+        raise ConfigError(f"{what}: {path} is not a simbridge.trainer.learner.Learner (or simbridge.server.policies.Policy) "
                           f"subclass")
     if issubclass(obj, Learner):
         known = {**COMMON_DEFAULTS, **obj.DEFAULTS}

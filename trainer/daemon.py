@@ -32,7 +32,7 @@ from the spaces saved with it, with its networks, optimizers, update counts
 previous process lose their session (their client raises SessionLost, and the
 reference simulators exit with code 2): start them again.
 """
-from simbridge.grpc_tuning import prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -51,12 +51,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from simbridge import spaces as sb_spaces
-from simbridge.errors import invalid_argument
-from simbridge.mapping import pattern_mapping
-from simbridge.policy import Policy, RandomPolicy
-from simbridge.runtime import BridgeConfig, BridgeRuntime
-from trainer.config import (DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config,
+from simbridge.wire import spaces as sb_spaces
+from simbridge.wire.errors import invalid_argument
+from simbridge.server.mapping import pattern_mapping
+from simbridge.server.policies import Policy, RandomPolicy
+from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.trainer.config import (DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config,
                             resolve_algorithm)
 
 log = logging.getLogger("simbridge.trainer")
@@ -99,7 +99,7 @@ def _space_bytes(space) -> bytes:
 
 
 def _space_from_bytes(data: bytes):
-    from simbridge.v1 import simbridge_pb2 as pb
+    from simbridge.wire.v1 import simbridge_pb2 as pb
     msg = pb.Space()
     msg.ParseFromString(data)
     return sb_spaces.space_from_proto(msg)
@@ -173,7 +173,7 @@ class TrainerDaemon:
         return mapping
 
     def _build(self, pid: str, obs_space, act_space) -> Policy:
-        from trainer.learner import Learner
+        from simbridge.trainer.learner import Learner
         spec, cls = self.cfg.policies[pid], self.classes[pid]
         run = self.cfg.run
         seed = None if run.seed is None else run.seed + list(self.cfg.policies).index(pid)
@@ -270,7 +270,7 @@ class TrainerDaemon:
     # ---------------------------------------------------------- checkpoint
 
     def checkpoint(self) -> None:
-        from trainer.learner import Learner
+        from simbridge.trainer.learner import Learner
         snap = self.runtime.snapshot()
         with self._lock:
             recent = list(self.recent)
@@ -419,7 +419,7 @@ class TrainerDaemon:
         self.stop_event.set()
 
     def run(self) -> int:
-        from simbridge.server import BridgeServer
+        from simbridge.server.service import BridgeServer
         if self.cfg.run.torch_threads:
             import torch
             torch.set_num_threads(self.cfg.run.torch_threads)

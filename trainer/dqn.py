@@ -52,8 +52,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.learner import Learner
-from simbridge.preprocess import dict_key_columns, flat_dim
+from simbridge.trainer.learner import Learner
+from simbridge.wire.preprocess import dict_key_columns, flat_dim
 
 MASK_KEY = "action_mask"
 
@@ -75,7 +75,7 @@ DQN_DEFAULTS = {
 
 # CartPole-v1: the mean return of the last 10 episodes reaches 475 within 50k env steps on
 # 3 of 3 seeds, fed by rollout fragments of 1 or 32 steps (measured with trainer/inprocess.py:
-# `python -m trainer.inprocess --seed 0 --fragment 32`). What kept it robust: n-step 3, Huber
+# `python -m simbridge.trainer.inprocess --seed 0 --fragment 32`). What kept it robust: n-step 3, Huber
 # loss, a slow soft target (tau 0.005 per update; at 0.01 Q-values of some seeds diverged past
 # 1/(1-gamma) = 100 once episodes lasted 500 steps, and returns collapsed), one update per
 # step for speed instead, and the learning rate decaying linearly from 5e-4 to 1e-4 over 50k

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge import spaces as sb_spaces
-from simbridge import tensors
-from simbridge.v1 import simbridge_pb2 as pb
+from simbridge.wire import spaces as sb_spaces
+from simbridge.wire import tensors
+from simbridge.wire.v1 import simbridge_pb2 as pb
 
 _CACHE_ATTR = "_portable_cache"
 _CACHE_CREATE = threading.Lock()
@@ -65,8 +65,8 @@ def _cache_of(learner) -> _Cache:
 def portable(learner, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
     """The learner's acting policy as a PortablePolicy (shared, cached: copy before changing);
     None for learners this module does not know."""
-    from trainer.dqn import DQNLearner
-    from trainer.sac import SACLearner
+    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.sac import SACLearner
     if not isinstance(learner, (DQNLearner, SACLearner)):
         return None
     cache = _cache_of(learner)
@@ -130,7 +130,7 @@ def _dqn(learner) -> Tuple[Layers, pb.ActionHead]:
 
 
 def _sac(learner) -> Tuple[Layers, pb.ActionHead]:
-    from trainer.sac import LOG_STD_MAX, LOG_STD_MIN
+    from simbridge.trainer.sac import LOG_STD_MAX, LOG_STD_MIN
     cfg = learner.config
     if cfg["random_warmup"] and learner.agent_steps < cfg["learning_starts"]:
         return [], pb.ActionHead(kind="random")   # as SACLearner.act during its warm-up

@@ -14,7 +14,7 @@ new_obs = the final observation, so learners bootstrap from it.
 Used by the tests, and by bench/learning.py as the no-bridge reference
 (`inprocess_wall_s`).
 
-    from trainer.dqn import DQNLearner, CARTPOLE_PRESET
+    from simbridge.trainer.dqn import DQNLearner, CARTPOLE_PRESET
     env = gym.make("CartPole-v1")
     learner = DQNLearner(env.observation_space, env.action_space, {**CARTPOLE_PRESET, "seed": 0})
     out = run_inprocess(learner, "CartPole-v1", 50_000, seed=0, fragment=32, log_every=5_000)
@@ -27,8 +27,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from simbridge import tree
-from simbridge.sample_batch import SampleBatchBuilder
+from simbridge.wire import tree
+from simbridge.server.sample_batch import SampleBatchBuilder
 
 
 def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: Optional[int] = None,
@@ -119,11 +119,11 @@ def _fmt(metrics: dict) -> str:
 
 
 def main(argv=None) -> None:
-    """python -m trainer.inprocess --steps 50000 --seed 0 --fragment 32  (DQN, CartPole preset)"""
+    """python -m simbridge.trainer.inprocess --steps 50000 --seed 0 --fragment 32  (DQN, CartPole preset)"""
     import argparse
     import json
 
-    from trainer.dqn import CARTPOLE_PRESET, DQNLearner
+    from simbridge.trainer.dqn import CARTPOLE_PRESET, DQNLearner
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="CartPole-v1")

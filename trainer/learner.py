@@ -19,11 +19,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from simbridge.policy import ActionBatch, Policy
-from simbridge.sample_batch import SampleBatch
-from trainer.nstep import NStepAccumulator
-from simbridge.preprocess import flatten
-from trainer.replay import ReplayBuffer
+from simbridge.server.policies import ActionBatch, Policy
+from simbridge.server.sample_batch import SampleBatch
+from simbridge.trainer.nstep import NStepAccumulator
+from simbridge.wire.preprocess import flatten
+from simbridge.trainer.replay import ReplayBuffer
 
 COMMON_DEFAULTS = {
     "gamma": 0.99,
@@ -110,7 +110,7 @@ class Learner(Policy):
     def portable(self, include_onnx: bool = False):
         """The acting networks as a PortablePolicy for clients that act locally (trainer/export.py);
         None when this learner has no portable form."""
-        from trainer import export
+        from simbridge.trainer import export
         return export.portable(self, include_onnx)
 
     # ------------------------------------------------------------ learning

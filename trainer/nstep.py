@@ -13,8 +13,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from simbridge import tree
-from simbridge.sample_batch import SampleBatch
+from simbridge.wire import tree
+from simbridge.server.sample_batch import SampleBatch
 
 class NStepAccumulator:
     def __init__(self, n: int, gamma: float, max_open: int = 100_000):

@@ -10,6 +10,6 @@ loads with the project's protobuf. The modules:
   * behavior     one behavior's agents as simbridge episodes (one batched call per step)
   * connector    the CLI: instances, side channels, budgets, summaries
 """
-from sims.unity import compat
+from simbridge.sims.unity import compat
 
 compat.install()

@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from mlagents_envs.base_env import ActionTuple
-from simbridge.client import MultiAgentPolicyClient, SessionLost
-from sims.unity.spaces import BehaviorSpaces
+from simbridge.client.policy_client import MultiAgentPolicyClient, SessionLost
+from simbridge.sims.unity.spaces import BehaviorSpaces
 
 log = logging.getLogger("simbridge.unity")
 

@@ -14,7 +14,7 @@ would define, through protobuf's own `builder` (the API new generated code
 calls). The `_pb2_grpc` module is left alone: it only needs the messages.
 
 Nothing of mlagents_envs is imported here; call `install()` (importing
-`sims.unity` does) before the first `import mlagents_envs...`.
+`simbridge.sims.unity` does) before the first `import mlagents_envs...`.
 """
 import ast
 import importlib
@@ -52,7 +52,7 @@ def serialized_descriptor(source: str, filename: str) -> bytes:
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 return value.value.encode("latin-1")
     raise CompatError(f"{filename}: no serialized_pb=... descriptor found; this mlagents-envs version is "
-                      f"not the 0.28.0 layout sims.unity.compat knows")
+                      f"not the 0.28.0 layout simbridge.sims.unity.compat knows")
 
 
 def _module_for_proto(proto_path: str) -> str:

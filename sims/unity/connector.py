@@ -18,7 +18,7 @@ Ctrl-C, a budget) ends the open episodes as truncated at their latest
 observation and closes Unity. Exit codes: 0 done, 2 simbridge server
 problem, 3 Unity problem (never connected, quit, crashed, wrong version).
 """
-from simbridge.grpc_tuning import prefer_iomgr_tcp
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
 import argparse
@@ -32,7 +32,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Optional, Tuple
 
-from sims.unity import compat
+from simbridge.sims.unity import compat
 
 compat.install()
 
@@ -43,12 +43,12 @@ from mlagents_envs.side_channel.engine_configuration_channel import EngineConfig
 from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel  # noqa: E402
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel  # noqa: E402
 
-from simbridge.client import MultiAgentPolicyClient, open_channel  # noqa: E402
-from simbridge.errors import BridgeError  # noqa: E402
-from sims.common import Stats, StopFlag, add_common_args, run_cli  # noqa: E402
-from sims.unity.behavior import BehaviorBridge  # noqa: E402
-from sims.unity.environment import BridgeUnityEnvironment, UnityPackageRefused  # noqa: E402
-from sims.unity.spaces import behavior_spaces  # noqa: E402
+from simbridge.client.policy_client import MultiAgentPolicyClient, open_channel  # noqa: E402
+from simbridge.wire.errors import BridgeError  # noqa: E402
+from simbridge.sims.common import Stats, StopFlag, add_common_args, run_cli  # noqa: E402
+from simbridge.sims.unity.behavior import BehaviorBridge  # noqa: E402
+from simbridge.sims.unity.environment import BridgeUnityEnvironment, UnityPackageRefused  # noqa: E402
+from simbridge.sims.unity.spaces import behavior_spaces  # noqa: E402
 
 PROG = "simbridge-unity"
 EDITOR_PORT = 5004
@@ -298,7 +298,7 @@ class Instance:
 
 
 def run_instance(args, worker_id: int) -> Tuple[int, dict]:
-    """Run one instance in this process (sims.common.run_cli prints its JSON summary);
+    """Run one instance in this process (simbridge.sims.common.run_cli prints its JSON summary);
     returns (exit code, summary)."""
     share = max(1, args.num_envs)
     max_steps = math.ceil(args.max_steps / share) if args.max_steps else 0

@@ -19,7 +19,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from sims.unity import compat
+from simbridge.sims.unity import compat
 
 compat.install()
 
@@ -30,7 +30,7 @@ from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputPr
 from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException  # noqa: E402
 from mlagents_envs.rpc_communicator import RpcCommunicator  # noqa: E402
 
-from sims.unity.observations import ObservationDecoder  # noqa: E402
+from simbridge.sims.unity.observations import ObservationDecoder  # noqa: E402
 
 
 class UnityPackageRefused(UnityEnvironmentException):

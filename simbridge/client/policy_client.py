@@ -1,0 +1,596 @@
+"""Python client: PolicyClient (one agent per episode) and MultiAgentPolicyClient.
+
+Transports:
+  * "stream" (default): one bidirectional stream; calls that return nothing
+    (log_returns, log_action, end_episode, start_episode with a given id) are
+    pipelined: sent without waiting, their answers checked when the next
+    answer is read, so a lockstep step costs one round trip. An error from a
+    pipelined call is raised by the next call that reads answers (or flush()).
+  * "unary": one RPC per call; simplest, two round trips per lockstep step.
+
+Rewards are coalesced: log_returns queues its rows and the next get_action,
+log_action or end_episode carries them (`rewards` of those requests), so a
+lockstep step is one message on either transport. Rewards with done flags,
+and rewards queued before any other call, are sent as their own (pipelined)
+LogReturns; if a request carrying rewards fails, the rewards are resent
+alone, so a bad observation never costs a reward.
+
+Both number their requests (RequestHeader.seq). When the connection breaks the
+client reconnects, resumes its session and resends what was not answered; the
+server applies each seq once, so nothing is lost or doubled.
+"""
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import grpc
+import gymnasium as gym
+import numpy as np
+from google.protobuf import struct_pb2
+
+from simbridge.wire import spaces as sb_spaces
+from simbridge.wire import tensors, tree
+from simbridge.wire.errors import BridgeError, Reason
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
+from simbridge.wire.v1 import simbridge_pb2 as pb
+from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+
+log = logging.getLogger("simbridge.client")
+
+_REQUEST_TYPES = {
+    "create_session": pb.CreateSessionRequest,
+    "start_episode": pb.StartEpisodeRequest,
+    "get_action": pb.GetActionRequest,
+    "log_action": pb.LogActionRequest,
+    "log_returns": pb.LogReturnsRequest,
+    "end_episode": pb.EndEpisodeRequest,
+    "close_session": pb.CloseSessionRequest,
+    "step": pb.StepRequest,
+}
+_UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in _REQUEST_TYPES}
+_FRAMING_BYTES = 1024  # request header + stream envelope, generously
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+
+
+class SessionLost(BridgeError):
+    """The server no longer knows this client's session (it restarted or expired it).
+
+    The client goes on with a new session; `close_connection()` closes it instead."""
+    close_connection = staticmethod(lambda: None)
+
+
+class EarlierCallFailed(BridgeError):
+    """A pipelined call (log_returns, end_episode, ...) failed; raised by a later call."""
+
+
+def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None) -> grpc.Channel:
+    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
+    (`fix`: what the caller's user should do instead, if not starting simbridge-server)."""
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        *RECONNECT_OPTIONS])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
+        raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                          f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
+                          f"{fix}") from None
+    return channel
+
+
+class _Connection:
+    """Channel + session + numbered requests, with reconnect and resend."""
+
+    def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
+                 connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool):
+        if transport not in ("stream", "unary"):
+            raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
+        self.address = address
+        self.transport = transport
+        self.pipeline = pipeline and transport == "stream"
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._service = service
+        self._create = create
+        self._seq = 0
+        self._lock = threading.RLock()
+        self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
+        self._deferred: Optional[BridgeError] = None
+        self._closing = False
+        self._broken = False
+        self._channel = open_channel(address, connect_timeout_s)
+        self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
+            self._channel)
+        self._stream_q: Optional[queue.SimpleQueue] = None
+        self._responses = None
+        self.session = self._open_session(resume=None)
+        self.session_id = self.session.session_id
+        self.reconnects = 0
+
+    # -------------------------------------------------------------- session
+
+    def _open_session(self, resume: Optional[str]) -> pb.CreateSessionResponse:
+        req = pb.CreateSessionRequest()
+        req.CopyFrom(self._create)
+        if resume:
+            req.resume_session_id = resume
+        if self.transport == "unary":
+            try:
+                return self._stub.CreateSession(req)
+            except grpc.RpcError as e:
+                raise BridgeError.from_rpc_error(e) from None
+        self._stream_q = queue.SimpleQueue()
+        q = self._stream_q
+        self._responses = self._stub.Stream(iter(q.get, None))
+        q.put(pb.StreamRequest(create_session=req))
+        try:
+            resp = next(self._responses)
+        except grpc.RpcError as e:
+            raise BridgeError.from_rpc_error(e) from None
+        if resp.HasField("error"):
+            raise BridgeError.from_status(resp.error)
+        return resp.create_session
+
+    def _reconnect(self, cause: Exception) -> None:
+        if self._closing:
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay = 0.05
+        log.warning("connection to %s broke (%s); reconnecting", self.address, cause)
+        while True:
+            if self._stream_q is not None:
+                self._stream_q.put(None)
+            try:
+                resp = self._open_session(resume=self.session_id)
+                break
+            except BridgeError as e:
+                if e.code not in _RETRYABLE or time.monotonic() > deadline:
+                    raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                      f"lost the simbridge server at {self.address} and could not reconnect "
+                                      f"within {self.reconnect_timeout_s:.0f}s: {e.message}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        self.reconnects += 1
+        if not resp.resumed:
+            old = self.session_id
+            self.session_id = resp.session_id
+            self._outstanding.clear()
+            self._seq = 0
+            lost = SessionLost(grpc.StatusCode.UNAVAILABLE,
+                               f"the server no longer had session {old} (restarted or expired): its open "
+                               f"episodes are gone; start new episodes (new session {resp.session_id})")
+            lost.close_connection = self.close  # for callers that start over with a new client
+            raise lost
+        log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
+        if self.transport == "stream":
+            for _, kind, msg in self._outstanding:
+                self._stream_q.put(_wrap(kind, msg))
+
+    # -------------------------------------------------------------- calls
+
+    def call(self, kind: str, msg, wait: bool = True):
+        """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
+        with self._lock:
+            limit = self.session.limits.max_message_bytes
+            # Refused here (with room for header and framing): the server would end the stream.
+            if limit and msg.ByteSize() + _FRAMING_BYTES > limit:
+                self._resend_rewards(kind, msg)
+                raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
+                                  f"{limit} bytes: send fewer rows per call", Reason.MESSAGE_TOO_LARGE)
+            if self._broken:
+                self._broken = False
+                self._reconnect(RuntimeError("the previous stream ended with an error"))
+            self._seq += 1
+            msg.header.seq = self._seq
+            if self.transport == "unary":
+                msg.header.session_id = self.session_id
+                return self._unary(kind, msg)
+            self._outstanding.append((self._seq, kind, msg))
+            self._stream_q.put(_wrap(kind, msg))
+            if wait or not self.pipeline:
+                return self._read_until(self._seq)
+            return None
+
+    def flush(self) -> None:
+        """Wait for every pipelined request's answer; raise the first error."""
+        with self._lock:
+            if self._outstanding:
+                self._read_until(self._outstanding[-1][0])
+            self._raise_deferred()
+
+    def _unary(self, kind, msg):
+        method = getattr(self._stub, _UNARY_NAMES[kind])
+        while True:
+            try:
+                return method(msg)
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE,):
+                    err = BridgeError.from_rpc_error(e)
+                    try:
+                        self._resend_rewards(kind, msg)
+                    except BridgeError as reward_err:
+                        raise reward_err from err
+                    raise err from None
+                self._reconnect(e)
+                msg.header.session_id = self.session_id
+
+    def _read_until(self, seq: int):
+        while True:
+            try:
+                resp = next(self._responses)
+            except grpc.RpcError as e:
+                if e.code() not in _RETRYABLE:
+                    # The server ended the stream on purpose: resending would fail again. Say
+                    # why; the next call reconnects and resends what is still unanswered.
+                    self._broken = True
+                    _, bad_kind, bad_msg = self._outstanding.popleft()
+                    err = BridgeError.from_rpc_error(e, prefix=f"{bad_kind} failed and ended the stream: ")
+                    try:
+                        self._resend_rewards(bad_kind, bad_msg)  # reconnects first
+                    except BridgeError as reward_err:
+                        raise reward_err from err
+                    raise err from None
+                self._reconnect(e)
+                continue
+            except StopIteration as e:
+                self._reconnect(e)
+                continue
+            got_seq, kind, sent = self._outstanding.popleft()
+            if resp.HasField("error"):
+                err = BridgeError.from_status(resp.error)
+                self._resend_rewards(kind, sent)
+                if got_seq == seq:
+                    self._raise_deferred()
+                    raise err
+                if self._deferred is None:
+                    self._deferred = EarlierCallFailed(err.code, f"an earlier {kind} failed: {err.message}", err.reason)
+                continue
+            if got_seq == seq:
+                self._raise_deferred()
+                return getattr(resp, resp.WhichOneof("payload"))
+
+    def _resend_rewards(self, kind: str, sent) -> None:
+        """A failed request had no effect: log the rewards it carried on their own,
+        so a bad observation never costs a reward (if the rewards were the problem,
+        this fails too and says so)."""
+        if kind not in ("log_returns", "step") and getattr(sent, "rewards", None):
+            retry = pb.LogReturnsRequest()
+            retry.rows.extend(sent.rewards)
+            self.call("log_returns", retry, wait=False)
+
+    def _raise_deferred(self):
+        if self._deferred is not None:
+            err, self._deferred = self._deferred, None
+            raise err
+
+    def close(self) -> None:
+        self._closing = True  # a dead server is not worth reconnecting to now
+        try:
+            with self._lock:
+                self.flush()
+                self.call("close_session", pb.CloseSessionRequest())
+        except BridgeError:
+            pass
+        finally:
+            if self._stream_q is not None:
+                self._stream_q.put(None)
+            self._channel.close()
+
+
+def _wrap(kind: str, msg) -> pb.StreamRequest:
+    sr = pb.StreamRequest()
+    getattr(sr, kind).CopyFrom(msg)
+    return sr
+
+
+def _struct(info: Optional[dict]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    if info:
+        s.update(info)
+    return s
+
+
+def _batch1(value: Any) -> Any:
+    return tree.map_structure(lambda a: np.asarray(a)[None], value)
+
+
+class _ClientBase:
+    _service = "single"
+
+    def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space,
+                 agents: Optional[Dict[str, tuple]] = None, transport: str = "stream",
+                 client_name: str = "python-client", connect_timeout_s: float = 30.0,
+                 reconnect_timeout_s: float = 60.0, pipeline: bool = True, coalesce_rewards: bool = True):
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.agent_spaces = dict(agents or {})
+        create = pb.CreateSessionRequest(client_name=client_name,
+                                         observation_space=sb_spaces.space_to_proto(observation_space),
+                                         action_space=sb_spaces.space_to_proto(action_space))
+        for aid, (obs_sp, act_sp) in self.agent_spaces.items():
+            create.agents.add(agent_id=aid, observation_space=sb_spaces.space_to_proto(obs_sp),
+                              action_space=sb_spaces.space_to_proto(act_sp))
+        self._conn = _Connection(address, self._service, create, transport, connect_timeout_s,
+                                 reconnect_timeout_s, pipeline)
+        self.coalesce_rewards = coalesce_rewards
+        self._rewards: List[pb.RewardRows] = []
+
+    def _queue_rewards(self, rows: pb.RewardRows) -> None:
+        if rows.terminated or rows.truncated or not self.coalesce_rewards:
+            self._rewards.append(rows)
+            self._send_rewards()
+        else:
+            self._rewards.append(rows)
+
+    def _send_rewards(self) -> None:
+        """Queued rewards as their own pipelined LogReturns (before any other call)."""
+        if self._rewards:
+            msg = pb.LogReturnsRequest()
+            msg.rows.extend(self._rewards)
+            self._rewards = []
+            self._conn.call("log_returns", msg, wait=False)
+
+    def _call(self, kind: str, msg, wait: bool = True):
+        if kind in ("get_action", "log_action", "end_episode") and self._rewards:
+            msg.rewards.extend(self._rewards)  # applied first, all or nothing with the call
+            self._rewards = []
+        else:
+            self._send_rewards()
+        return self._conn.call(kind, msg, wait=wait)
+
+    @property
+    def session_id(self) -> str:
+        return self._conn.session_id
+
+    @property
+    def limits(self) -> pb.ServerLimits:
+        return self._conn.session.limits
+
+    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True) -> str:
+        return self.start_episodes([episode_id] if episode_id else None, 1, training_enabled)[0]
+
+    def start_episodes(self, episode_ids: Optional[Sequence[str]] = None, count: int = 1,
+                       training_enabled: bool = True) -> List[str]:
+        msg = pb.StartEpisodeRequest(count=count, training_enabled=training_enabled)
+        if episode_ids:
+            msg.episode_ids.extend(episode_ids)
+            self._call("start_episode", msg, wait=False)  # ids known: no need to wait
+            return list(episode_ids)
+        return list(self._call("start_episode", msg).episode_ids)
+
+    def flush(self) -> None:
+        """Wait until the server has applied every call so far; raise the first error."""
+        self._send_rewards()
+        self._conn.flush()
+
+    def close(self) -> None:
+        try:
+            self._send_rewards()
+        finally:
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PolicyClient(_ClientBase):
+    """Client of the ExternalEnv service: one agent per episode.
+
+    Single calls take one observation; the *_batch forms take N episodes at
+    once with observations shaped (N, *obs_shape) and cost one round trip.
+    """
+
+    def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space, **kwargs):
+        super().__init__(address, observation_space, action_space, None, **kwargs)
+        self.last_policy_versions: List[int] = []
+
+    def get_action(self, episode_id: str, observation) -> Any:
+        return sb_spaces.unbatch_row0(self.action_space, self.get_actions([episode_id], _batch1(observation)))
+
+    def get_actions(self, episode_ids: Sequence[str], observations) -> Any:
+        msg = pb.GetActionRequest()
+        rows = msg.rows.add()
+        rows.episode_ids.extend(episode_ids)
+        sb_spaces.fill_value(rows.observations, self.observation_space, observations)
+        resp = self._call("get_action", msg)
+        out = resp.actions[0]
+        self.last_policy_versions = list(out.policy_versions)
+        return sb_spaces.decode_value(self.action_space, out.actions, len(episode_ids), "actions from server")
+
+    def log_action(self, episode_id: str, observation, action) -> None:
+        self.log_actions([episode_id], _batch1(observation), _batch1(action))
+
+    def log_actions(self, episode_ids: Sequence[str], observations, actions) -> None:
+        msg = pb.LogActionRequest()
+        rows = msg.rows.add()
+        rows.episode_ids.extend(episode_ids)
+        sb_spaces.fill_value(rows.observations, self.observation_space, observations)
+        sb_spaces.fill_value(msg.actions.add(), self.action_space, actions)
+        self._call("log_action", msg, wait=False)
+
+    def log_returns(self, episode_id: str, reward: float, info: Optional[dict] = None) -> None:
+        self.log_returns_batch([episode_id], [reward], None if info is None else [info])
+
+    def log_returns_batch(self, episode_ids: Sequence[str], rewards, infos: Optional[List[dict]] = None) -> None:
+        rows = pb.RewardRows()
+        rows.episode_ids.extend(episode_ids)
+        tensors.fill_tensor(rows.rewards, np.asarray(rewards, np.float32))
+        if infos is not None:
+            rows.infos.extend(_struct(i) for i in infos)
+        self._queue_rewards(rows)
+
+    def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
+        self.end_episodes([episode_id], _batch1(observation), [truncated])
+
+    def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool],
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+        """End N episodes; `start_episode_ids` starts new ones in the same message
+        (per-slot auto-reset for a batched simulator)."""
+        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        if start_episode_ids:
+            msg.start_episode_ids.extend(start_episode_ids)
+            msg.start_training_enabled = training_enabled
+        rows = msg.final_observations.add()
+        rows.episode_ids.extend(episode_ids)
+        sb_spaces.fill_value(rows.observations, self.observation_space, observations)
+        self._call("end_episode", msg, wait=False)
+
+
+class MultiAgentPolicyClient(_ClientBase):
+    """Client of the ExternalMultiAgentEnv service: per-agent dicts, as in RLlib.
+
+    `agents` maps agent ids to (observation_space, action_space) for agents
+    whose spaces differ from the defaults.
+    """
+    _service = "multi"
+
+    def _space(self, agent_id: str, which: int):
+        spec = self.agent_spaces.get(agent_id)
+        if spec is None:
+            return self.observation_space if which == 0 else self.action_space
+        return spec[which]
+
+    def _groups(self, agent_ids) -> Dict[Any, List[str]]:
+        """Agents grouped by spaces: each group travels as one AgentRows."""
+        groups: Dict[Any, List[str]] = collections.OrderedDict()
+        for aid in agent_ids:
+            key = aid if aid in self.agent_spaces else None
+            groups.setdefault(key, []).append(aid)
+        return groups
+
+    def _fill_rows(self, rows, episode_id: str, aids: List[str], obs_dict: dict) -> None:
+        rows.episode_ids.append(episode_id)
+        rows.agent_ids.extend(aids)
+        stacked = tree.stack([obs_dict[a] for a in aids])
+        sb_spaces.fill_value(rows.observations, self._space(aids[0], 0), stacked)
+
+    def get_action(self, episode_id: str, observation_dict: Dict[str, Any]) -> Dict[str, Any]:
+        """Actions for exactly the agents in observation_dict."""
+        msg = pb.GetActionRequest()
+        groups = list(self._groups(observation_dict).values())
+        for aids in groups:
+            self._fill_rows(msg.rows.add(), episode_id, aids, observation_dict)
+        resp = self._call("get_action", msg)
+        out = {}
+        for aids, act in zip(groups, resp.actions):
+            space = self._space(aids[0], 1)
+            batch = sb_spaces.decode_value(space, act.actions, len(aids), "actions from server")
+            for i, aid in enumerate(aids):
+                out[aid] = sb_spaces.unbatch_row0(space, tree.take(batch, slice(i, i + 1)))
+        return out
+
+    def log_action(self, episode_id: str, observation_dict: Dict[str, Any], action_dict: Dict[str, Any]) -> None:
+        msg = pb.LogActionRequest()
+        for aids in self._groups(observation_dict).values():
+            self._fill_rows(msg.rows.add(), episode_id, aids, observation_dict)
+            acts = tree.stack([tree.map_structure(np.asarray, action_dict[a]) for a in aids])
+            sb_spaces.fill_value(msg.actions.add(), self._space(aids[0], 1), acts)
+        self._call("log_action", msg, wait=False)
+
+    def log_returns(self, episode_id: str, reward_dict: Dict[str, float], info_dict: Optional[dict] = None,
+                    multiagent_done_dict: Optional[Dict[str, bool]] = None,
+                    truncated_dict: Optional[Dict[str, bool]] = None,
+                    final_observation_dict: Optional[Dict[str, Any]] = None) -> None:
+        """Rewards add up per agent until its next action.
+
+        multiagent_done_dict (terminated) and truncated_dict end agents early;
+        final_observation_dict gives those agents' last observations (needed
+        for truncated agents, whose learners bootstrap from it; without it the
+        agent's previous observation stands in). "__all__": True ends the
+        episode; use end_episode instead to give final observations."""
+        done = dict(multiagent_done_dict or {})
+        trunc = dict(truncated_dict or {})
+        finals = dict(final_observation_dict or {})
+        aids = list(dict.fromkeys(list(reward_dict) + list(done) + list(trunc)))
+        if not aids:
+            return
+        # Agents with a final observation travel in rows of one space each; the rest together.
+        with_final = [a for a in aids if a in finals and a != "__all__"]
+        plain = [a for a in aids if a not in finals or a == "__all__"]
+        groups = [(g, True) for g in self._groups(with_final).values()] + ([(plain, False)] if plain else [])
+        for group, has_final in groups:
+            rows = pb.RewardRows()
+            rows.episode_ids.append(episode_id)
+            rows.agent_ids.extend(group)
+            tensors.fill_tensor(rows.rewards, np.array([reward_dict.get(a, 0.0) for a in group], np.float32))
+            if done or trunc:
+                rows.terminated.extend(bool(done.get(a, False)) for a in group)
+                rows.truncated.extend(bool(trunc.get(a, False)) for a in group)
+            if info_dict:
+                rows.infos.extend(_struct(info_dict.get(a)) for a in group)
+            if has_final:
+                stacked = tree.stack([finals[a] for a in group])
+                sb_spaces.fill_value(rows.final_observations, self._space(group[0], 0), stacked)
+            self._queue_rewards(rows)
+
+    def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,
+                    truncated: bool = False) -> None:
+        msg = pb.EndEpisodeRequest(episode_ids=[episode_id], truncated=[truncated])
+        if observation_dict:
+            for aids in self._groups(observation_dict).values():
+                self._fill_rows(msg.final_observations.add(), episode_id, aids, observation_dict)
+        self._call("end_episode", msg, wait=False)
+
+    # ---------------------------------------------------------- rows of many episodes
+    # Batched forms for simulators that run many episodes at once, each row one
+    # (episode, agent) with the default spaces (e.g. one Unity agent-episode per
+    # episode): one message per call whatever the number of rows.
+
+    def get_actions(self, episode_ids: Sequence[str], agent_ids: Sequence[str], observations) -> Any:
+        """Actions for N rows in one round trip; observations and the returned actions are
+        batched values of the default spaces, shaped (N, *shape)."""
+        msg = pb.GetActionRequest()
+        rows = msg.rows.add()
+        rows.episode_ids.extend(episode_ids)
+        rows.agent_ids.extend(agent_ids)
+        sb_spaces.fill_value(rows.observations, self.observation_space, observations)
+        out = self._call("get_action", msg).actions[0]
+        self.last_policy_versions = list(out.policy_versions)
+        return sb_spaces.decode_value(self.action_space, out.actions, len(agent_ids), "actions from server")
+
+    def log_returns_batch(self, episode_ids: Sequence[str], agent_ids: Sequence[str], rewards) -> None:
+        """Rewards of N rows; queued and carried by the next call, like log_returns."""
+        rows = pb.RewardRows()
+        rows.episode_ids.extend(episode_ids)
+        rows.agent_ids.extend(agent_ids)
+        tensors.fill_tensor(rows.rewards, np.asarray(rewards, np.float32))
+        self._queue_rewards(rows)
+
+    def log_custom_metrics(self, metrics: Dict[str, Dict[str, float]]) -> None:
+        """Custom metrics per episode id, reported with each episode's summary (pipelined)."""
+        if not metrics:
+            return
+        msg = pb.LogReturnsRequest()
+        msg.rows.extend(self._rewards)  # queued rewards ride along, in order
+        self._rewards = []
+        for eid, values in metrics.items():
+            msg.custom_metrics.add(episode_id=eid, values={k: float(v) for k, v in values.items()})
+        self._conn.call("log_returns", msg, wait=False)
+
+    def end_episodes(self, episode_ids: Sequence[str], truncated: Sequence[bool],
+                     final_agent_ids: Optional[Sequence[str]] = None, final_observations=None,
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+        """End N episodes in one pipelined message. final_observations (batched, one row per
+        ended episode, for the agent final_agent_ids names) are what truncated episodes
+        bootstrap from; start_episode_ids starts new episodes in the same message."""
+        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        if final_observations is not None:
+            rows = msg.final_observations.add()
+            rows.episode_ids.extend(episode_ids)
+            rows.agent_ids.extend(final_agent_ids)
+            sb_spaces.fill_value(rows.observations, self.observation_space, final_observations)
+        if start_episode_ids:
+            msg.start_episode_ids.extend(start_episode_ids)
+            msg.start_training_enabled = training_enabled
+        self._call("end_episode", msg, wait=False)

@@ -1,0 +1,1 @@
+"""The bridge: gRPC service, sessions, episodes, policies and the experience they make."""

@@ -1,0 +1,86 @@
+"""`simbridge-server`: the bridge on its own, serving a random policy.
+
+Useful to connect a new simulator and watch the experience flow before any
+learning is involved; the trainer daemon embeds the same server.
+"""
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+
+from simbridge.server.mapping import parse_rules, pattern_mapping
+from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.service import BridgeServer
+
+
+def drain(runtime: BridgeRuntime, stop: threading.Event) -> None:
+    """Stand-in learner: consumes the experience so simulators never stall."""
+    while not stop.is_set():
+        runtime.experience.get(timeout=0.2)
+
+
+def progress_line(snap: dict, steps_per_s: float) -> str:
+    ret = snap["episode_return_mean"]
+    ret_s = "-" if ret is None else f"{ret:8.2f}"
+    return (f"sessions {snap['sessions']:3d} | episodes {snap['episodes']:7d} | env steps "
+            f"{snap['env_steps']:9d} ({steps_per_s:8.0f}/s) | return mean(100) {ret_s} | "
+            f"experience batches {snap['experience_queue']}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="simbridge-server", description=__doc__)
+    p.add_argument("--address", default="127.0.0.1:50051",
+                   help="host:port to listen on (default loopback only; 0.0.0.0:PORT exposes it)")
+    p.add_argument("--rollout-fragment-length", type=int, default=200)
+    p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"])
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="dynamic batcher wait for more rows")
+    p.add_argument("--policy-map", action="append", default=[], metavar="PATTERN=POLICY",
+                   help="map agent ids matching a glob to a policy, e.g. 'player_*=nim' (repeatable; "
+                        "first match wins; others use default_policy). Agents with different spaces "
+                        "need different policies.")
+    p.add_argument("--print-every", type=float, default=2.0, help="seconds between progress lines (0: quiet)")
+    p.add_argument("--json", action="store_true", help="print progress as JSON lines")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    try:
+        mapping = pattern_mapping(parse_rules(args.policy_map))
+    except ValueError as e:
+        p.error(str(e))
+    cfg = BridgeConfig(rollout_fragment_length=args.rollout_fragment_length, batch_mode=args.batch_mode,
+                       max_wait_ms=args.max_wait_ms)
+    runtime = BridgeRuntime(cfg, policy_mapping_fn=mapping)
+    try:
+        server = BridgeServer(runtime, args.address).start()
+    except RuntimeError as e:
+        print(f"simbridge-server: {e}; pick another with --address HOST:PORT", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"simbridge-server listening on {server.address}", flush=True)
+    last_steps, last_t = 0, time.monotonic()
+    try:
+        while not stop.wait(args.print_every or 3600):
+            snap = runtime.snapshot()
+            now = time.monotonic()
+            rate = (snap["env_steps"] - last_steps) / max(now - last_t, 1e-9)
+            last_steps, last_t = snap["env_steps"], now
+            print(json.dumps(snap) if args.json else progress_line(snap, rate), flush=True)
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    server.stop()
+    print(json.dumps({"final": runtime.snapshot()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

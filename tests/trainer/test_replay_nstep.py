@@ -1,0 +1,71 @@
+import numpy as np
+import torch
+
+from simbridge.server.sample_batch import SampleBatch
+from simbridge.trainer.nstep import NStepAccumulator
+from simbridge.wire.preprocess import flat_dim, flatten
+from simbridge.trainer.replay import ReplayBuffer
+import gymnasium as gym
+
+
+def rows(eps, agent, t0, rewards, term_last=False, trunc_last=False):
+    n = len(rewards)
+    term = np.zeros(n, bool)
+    trunc = np.zeros(n, bool)
+    term[-1], trunc[-1] = term_last, trunc_last
+    t = np.arange(t0, t0 + n)
+    return SampleBatch(obs=t[:, None].astype(np.float32), new_obs=(t + 1)[:, None].astype(np.float32),
+                       actions=t.astype(np.int64), rewards=np.asarray(rewards, np.float32),
+                       terminateds=term, truncateds=trunc, eps_id=np.full(n, eps), agent_index=np.full(n, agent))
+
+
+def test_nstep_targets_across_fragments_and_episode_ends():
+    acc = NStepAccumulator(3, 0.5)
+    out = acc.add(rows(1, 0, 0, [1, 1]))
+    assert out == {}                                   # nothing has 3 steps yet
+    out = acc.add(rows(1, 0, 2, [1, 1, 8], term_last=True))  # same trajectory continues, then terminates
+    np.testing.assert_allclose(out["rewards"], [1.75, 1.75, 3.5, 5.0, 8.0])
+    np.testing.assert_array_equal(out["obs"][:, 0], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(out["new_obs"][:, 0], [3, 4, 5, 5, 5])
+    np.testing.assert_allclose(out["discounts"], [0.125, 0.125, 0, 0, 0])  # reached the terminal state
+    assert list(out["terminateds"]) == [False, False, True, True, True]
+
+
+def test_nstep_truncation_bootstraps_and_trajectories_do_not_mix():
+    acc = NStepAccumulator(2, 0.9)
+    b = SampleBatch.concat_samples([rows(1, 0, 0, [1]), rows(2, 0, 0, [10]), rows(1, 1, 0, [100])])
+    assert acc.add(b) == {}
+    out = acc.add(rows(2, 0, 1, [20], trunc_last=True))
+    np.testing.assert_allclose(out["rewards"], [10 + 0.9 * 20, 20])
+    np.testing.assert_allclose(out["discounts"], [0.81, 0.9])        # truncated: still bootstrap
+    assert not out["terminateds"].any()
+
+
+def test_one_step_is_vectorised_identity_with_discounts():
+    out = NStepAccumulator(1, 0.99).add(rows(1, 0, 0, [1, 2, 3], term_last=True))
+    np.testing.assert_allclose(out["rewards"], [1, 2, 3])
+    np.testing.assert_allclose(out["discounts"], [0.99, 0.99, 0.0])
+
+
+def test_replay_wraps_and_samples_on_device():
+    rb = ReplayBuffer(5)
+    rb.add({"x": np.arange(3, dtype=np.float32), "a": np.arange(3)})
+    rb.add({"x": np.arange(3, 7, dtype=np.float32), "a": np.arange(3, 7)})
+    assert len(rb) == 5 and rb.added == 7
+    assert sorted(rb._data["x"].tolist()) == [2, 3, 4, 5, 6]          # oldest two overwritten
+    s = rb.sample(64, torch.Generator().manual_seed(0))
+    assert s["x"].shape == (64,) and set(s["x"].tolist()) <= {2.0, 3.0, 4.0, 5.0, 6.0}
+    assert torch.equal(s["x"].long(), s["a"])                          # rows stay aligned
+    rb2 = ReplayBuffer(1)
+    rb2.load_state_dict(rb.state_dict())
+    assert torch.equal(rb2._data["x"], rb._data["x"]) and len(rb2) == 5
+
+
+def test_flatten_composite_observations():
+    sp = gym.spaces.Dict({"d": gym.spaces.Discrete(3), "b": gym.spaces.Box(-1, 1, (2, 2), np.float32),
+                          "m": gym.spaces.MultiDiscrete([2, 3])})
+    v = {"d": np.array([2, 0]), "b": np.ones((2, 2, 2), np.float32), "m": np.array([[1, 2], [0, 0]])}
+    f = flatten(sp, v)
+    assert f.shape == (2, flat_dim(sp)) == (2, 3 + 4 + 5)
+    # gymnasium orders a plain dict's keys: b, d, m
+    np.testing.assert_array_equal(f[0], [1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1])

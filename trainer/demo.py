@@ -1,0 +1,141 @@
+"""`make demo` (python -m simbridge.trainer.demo): the trainer daemon learns CartPole from simulator processes.
+
+Starts `simbridge-trainer run` (DQN, the embedded cartpole_dqn.toml) on a free
+loopback port, waits for its health check, launches two reference CartPole
+simulators as separate processes (one stepping 4 envs together), and shows the
+trainer's progress lines until the mean return of the last 10 episodes reaches
+--target or --seconds pass. Then it stops everything (SIGTERM: the trainer
+writes its checkpoint), draws the learning curves to PNG and prints a summary.
+"""
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from simbridge.trainer.launch import Proc, free_port, python_module, start_server
+
+SIMULATORS = [
+    ("cartpole", "gym_sim CartPole-v1, 1 env", ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "1"]),
+    ("cartpole-x4", "gym_sim CartPole-v1, 4 envs batched",
+     ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--slots", "4", "--seed", "2"]),
+]
+
+
+class _Console:
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def say(self, msg: str) -> None:
+        with self._lock:
+            print(f"demo: {msg}", flush=True)
+
+    def on_line(self, name: str, line: str) -> None:
+        if line.startswith("{"):  # the simulators' JSON summaries: shown in the summary instead
+            return
+        with self._lock:
+            print(line if line.startswith("[trainer]") else f"[{name}] {line}", flush=True)
+
+
+def last_metrics(logdir: Path) -> Optional[dict]:
+    try:
+        lines = (logdir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m simbridge.trainer.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=600.0, help="stop after this long at most (default: %(default)s)")
+    p.add_argument("--target", type=float, default=475.0,
+                   help="stop once the mean return of the last 10 episodes reaches this (default: %(default)s)")
+    p.add_argument("--logdir", default=None, help="run directory (default: runs/demo-<time>)")
+    args = p.parse_args(argv)
+    logdir = Path(args.logdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+
+    def _interrupt(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+
+    console = _Console()
+    address = f"127.0.0.1:{free_port()}"
+    console.say(f"starting the trainer daemon (DQN on CartPole) on {address}, logs in {logdir} ...")
+    t0 = time.monotonic()
+    try:
+        trainer = start_server("trainer", python_module("simbridge.trainer.daemon", "run", "--address", address,
+                                                        "--logdir", str(logdir), "--log-level", "WARNING"),
+                               address, timeout=120.0, on_line=console.on_line)
+    except RuntimeError as e:
+        console.say(f"the trainer did not start: {e}")
+        return 1
+    except KeyboardInterrupt:
+        console.say("interrupted while the trainer was starting")
+        return 130
+    console.say(f"trainer healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
+    sims: List[Proc] = []
+    failed: Optional[str] = None
+    interrupted = False
+    reached: Optional[dict] = None
+    t_run = time.monotonic()
+    try:
+        for name, what, cmd in SIMULATORS:
+            proc = Proc(name, python_module(*cmd, "--address", address, "--quiet"), console.on_line)
+            sims.append(proc)
+            console.say(f"  {name:12s} pid {proc.pid:7d}  {what}")
+        console.say(f"learning until the last 10 episodes average {args.target:g} or {args.seconds:.0f} s pass "
+                    f"(Ctrl-C stops early) ...")
+        deadline = t_run + args.seconds
+        while time.monotonic() < deadline:
+            if trainer.poll() is not None:
+                failed = f"the trainer exited early (code {trainer.poll()})"
+                break
+            dead = [s for s in sims if s.poll() is not None]
+            if dead:
+                failed = ", ".join(f"{s.name} exited early (code {s.poll()})" for s in dead)
+                break
+            rec = last_metrics(logdir)
+            r10 = (rec or {}).get("return_mean_10", {}).get("default_policy")
+            if r10 is not None and r10 >= args.target:
+                reached = rec  # reported below: stopping cuts open episodes short, which would count
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.say("interrupted")
+    finally:
+        elapsed = time.monotonic() - t_run
+        console.say("stopping the simulators, then the trainer (it writes a checkpoint) ...")
+        for s in sims:
+            s.stop(timeout=10.0)
+        trainer.stop(timeout=30.0)
+    rec = reached or last_metrics(logdir) or {}
+    plot = Proc("plot", python_module("simbridge.trainer.daemon", "plot", str(logdir)), console.on_line)
+    plot.popen.wait(timeout=120.0)
+    plot.wait_output()
+    r10 = rec.get("return_mean_10", {}).get("default_policy")
+    console.say(f"after {rec.get('wall_s', elapsed):.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
+                f"mean return of the last 10 episodes {'-' if r10 is None else f'{r10:.1f}'}"
+                f"{' (target reached)' if reached else ''}")
+    console.say(f"learning curves: {logdir / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {logdir}")
+    console.say(f"go on from the checkpoint: simbridge-trainer run --resume --logdir {logdir}")
+    if failed:
+        console.say(f"FAILED: {failed}")
+        return 1
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
