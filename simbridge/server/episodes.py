@@ -17,9 +17,8 @@ import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
+from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID  # noqa: F401  (re-exported)
 
-SINGLE_AGENT_ID = "agent0"
-ALL_AGENTS = "__all__"
 
 
 class SlotTable:

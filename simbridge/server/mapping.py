@@ -6,7 +6,7 @@ agent's first observation, and keeps the answer for the rest of the episode.
 import fnmatch
 from typing import Callable, List, Sequence, Tuple
 
-DEFAULT_POLICY = "default_policy"
+from simbridge.wire.columns import DEFAULT_POLICY
 
 
 def parse_rules(specs: Sequence[str]) -> List[Tuple[str, str]]:

@@ -50,26 +50,10 @@ __all__ = [
     "SampleBatchBuilder",
 ]
 
-# --------------------------------------------------------------------------
-# Column names
-# --------------------------------------------------------------------------
-OBS = "obs"
-NEW_OBS = "new_obs"
-ACTIONS = "actions"
-REWARDS = "rewards"
-TERMINATEDS = "terminateds"
-TRUNCATEDS = "truncateds"
-EPS_ID = "eps_id"
-AGENT_INDEX = "agent_index"
-T = "t"
-POLICY_VERSION = "policy_version"
-ACTION_LOGP = "action_logp"
-#: Optional column: one info object (usually a dict) per row, stored as a
-#: 1-D numpy object array.  Per-row dicts are NOT treated as tree nodes here.
-INFOS = "infos"
-
-#: Policy id under which single-policy data is filed (as in RLlib).
-DEFAULT_POLICY_ID = "default_policy"
+from simbridge.wire.columns import (  # noqa: E402  (re-exported: SampleBatch users name them here)
+    ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, INFOS, NEW_OBS, OBS, POLICY_VERSION, REWARDS, T,
+    TERMINATEDS, TRUNCATEDS)
+from simbridge.wire.columns import DEFAULT_POLICY as DEFAULT_POLICY_ID  # noqa: E402
 
 
 # --------------------------------------------------------------------------
