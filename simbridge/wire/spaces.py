@@ -1,4 +1,4 @@
-"""gymnasium spaces and their values <-> the wire (`Space`, `Value`).
+"""gymnasium spaces <-> the wire (`Space`); their values are encoded in values.py.
 
 Supported spaces: Box, Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple
 nesting them. Values follow the space's structure: an array per leaf space, a
@@ -24,31 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import math
-
 import numpy as np
 from gymnasium import spaces as gs
 
 from simbridge.wire.errors import BridgeError, invalid_value
-from simbridge.wire.tensors import (
-    FLOAT_DTYPES,
-    INTEGER_DTYPES,
-    dtype_name,
-    fill_tensor,
-    from_tensor,
-    pb_dtype,
-)
+from simbridge.wire.tensors import INTEGER_DTYPES, dtype_name, fill_tensor, from_tensor
 from simbridge.wire.v1 import simbridge_pb2 as pb
-
-_MULTI_BINARY_DTYPES = INTEGER_DTYPES | {pb.BOOL}
-
-Path = tuple  # dict keys and tuple indices from the root to a subspace
-
-
-def _fmt(what: str, path: Path) -> str:
-    # Python indexing syntax, so a message reads like the code that would
-    # reach the leaf: "observations['arm'][0]".
-    return what + "".join(f"[{k!r}]" for k in path)
+from simbridge.wire.values import Path, fmt_path
+# The value codecs, re-exported: callers treat a space and its values as one codec.
+from simbridge.wire.values import check_contains, decode_value, encode_value, fill_value  # noqa: F401
 
 
 # ---------------------------------------------------------------- spaces
@@ -67,7 +51,7 @@ def _fill_space(msg: pb.Space, space: gs.Space, what: str, path: Path) -> None:
             fill_tensor(msg.box.low, space.low)
             fill_tensor(msg.box.high, space.high)
         except BridgeError as e:
-            raise invalid_value(f"{_fmt(what, path)}: Box: {e.message}") from None
+            raise invalid_value(f"{fmt_path(what, path)}: Box: {e.message}") from None
     elif isinstance(space, gs.Discrete):
         msg.discrete.n = int(space.n)
         msg.discrete.start = int(space.start)
@@ -82,7 +66,7 @@ def _fill_space(msg: pb.Space, space: gs.Space, what: str, path: Path) -> None:
         for key, sub in space.spaces.items():
             if not isinstance(key, str):
                 raise invalid_value(
-                    f"{_fmt(what, path)}: Dict key {key!r} is not a string"
+                    f"{fmt_path(what, path)}: Dict key {key!r} is not a string"
                 )
             named = msg.dict.spaces.add()
             named.name = key
@@ -93,7 +77,7 @@ def _fill_space(msg: pb.Space, space: gs.Space, what: str, path: Path) -> None:
             _fill_space(msg.tuple.spaces.add(), sub, what, path + (i,))
     else:
         raise invalid_value(
-            f"{_fmt(what, path)}: unsupported space {type(space).__name__} ({space!r}); "
+            f"{fmt_path(what, path)}: unsupported space {type(space).__name__} ({space!r}); "
             "supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple"
         )
 
@@ -108,7 +92,7 @@ def space_from_proto(msg: pb.Space, what: str = "space") -> gs.Space:
 
 
 def _space_from(msg: pb.Space, what: str, path: Path) -> gs.Space:
-    where = _fmt(what, path)
+    where = fmt_path(what, path)
     kind = msg.WhichOneof("kind")
     if kind is None:
         raise invalid_value(f"{where}: empty Space (no kind set)")
@@ -212,385 +196,6 @@ def _build(where: str, cls: type, *args: Any, **kwargs: Any) -> gs.Space:
         return cls(*args, **kwargs)
     except (ValueError, TypeError, AssertionError) as e:
         raise invalid_value(f"{where}: invalid {cls.__name__}: {e}") from None
-
-
-# ---------------------------------------------------------------- encode
-
-
-def encode_value(space: gs.Space, value: Any, batched: bool) -> pb.Value:
-    """The wire form of a (batched or single) value of `space`."""
-    msg = pb.Value()
-    fill_value(msg, space, value, batched=batched)
-    return msg
-
-
-def fill_value(
-    msg: pb.Value,
-    space: gs.Space,
-    value: Any,
-    *,
-    batched: bool | None = None,
-    what: str = "value",
-) -> None:
-    """Write `value` into the existing message `msg` (replacing its content).
-
-    Box arrays keep their dtype (the server insists on the box's dtype, so a
-    mismatch is reported rather than hidden); lists and Python scalars take
-    the box's dtype. Discrete / MultiDiscrete leaves become int64, MultiBinary
-    leaves int8 (bool kept).
-
-    With `batched` given, leaf shapes are checked here so that a client finds
-    its mistake before a round trip: (N, *leaf_shape) with one N for all
-    leaves when True, leaf_shape when False. None skips the check.
-    """
-    msg.Clear()
-    if batched is None:
-        lead = None
-    else:
-        lead = [] if batched else ()
-    _fill(msg, space, value, lead, what, ())
-
-
-def _fill(msg: pb.Value, space: gs.Space, value: Any, lead: Any, what: str, path: Path) -> None:
-    if isinstance(space, gs.Dict):
-        if not isinstance(value, dict):
-            raise invalid_value(
-                f"{_fmt(what, path)}: expected a dict, got {type(value).__name__}"
-            )
-        if len(value) != len(space.spaces) or any(k not in value for k in space.spaces):
-            raise invalid_value(_keys_message(_fmt(what, path), value, space))
-        msg.dict.SetInParent()
-        items = msg.dict.items
-        for key, sub in space.spaces.items():
-            _fill(items[key], sub, value[key], lead, what, path + (key,))
-        return
-    if isinstance(space, gs.Tuple):
-        if not isinstance(value, (tuple, list)):
-            raise invalid_value(
-                f"{_fmt(what, path)}: expected a tuple, got {type(value).__name__}"
-            )
-        if len(value) != len(space.spaces):
-            raise invalid_value(
-                f"{_fmt(what, path)}: tuple of {len(value)} items, "
-                f"expected {len(space.spaces)}"
-            )
-        msg.tuple.SetInParent()
-        items = msg.tuple.items
-        for i, (sub, v) in enumerate(zip(space.spaces, value)):
-            _fill(items.add(), sub, v, lead, what, path + (i,))
-        return
-
-    arr = _leaf_array(space, value, what, path)
-    if lead is not None:
-        _check_encoded_shape(arr, space, lead, what, path)
-    fill_tensor(msg.tensor, arr)
-
-
-def _leaf_array(space: gs.Space, value: Any, what: str, path: Path) -> np.ndarray:
-    if isinstance(space, gs.Box):
-        if isinstance(value, (np.ndarray, np.generic)):
-            return np.asarray(value)
-        return np.asarray(value, dtype=space.dtype)
-
-    if isinstance(space, (gs.Discrete, gs.MultiDiscrete)):
-        arr = np.asarray(value)
-        # An empty list is float64 to numpy but is no mistake.
-        if arr.dtype.kind not in "iu" and arr.size:
-            raise invalid_value(
-                f"{_fmt(what, path)}: {type(space).__name__} needs integers, "
-                f"got dtype {arr.dtype}"
-            )
-        return arr.astype(np.int64, copy=False)
-
-    if isinstance(space, gs.MultiBinary):
-        arr = np.asarray(value)
-        if arr.dtype.kind == "b" or arr.dtype == np.int8:
-            return arr
-        if arr.dtype.kind not in "iu" and arr.size:
-            raise invalid_value(
-                f"{_fmt(what, path)}: MultiBinary needs integers or bools, "
-                f"got dtype {arr.dtype}"
-            )
-        # Narrowing to int8 would wrap e.g. 256 to 0; only 0/1 are valid anyway.
-        if arr.size:
-            lo, hi = arr.min(), arr.max()
-            if lo < 0 or hi > 1:
-                raise invalid_value(
-                    f"{_fmt(what, path)}: MultiBinary values must be 0 or 1, "
-                    f"got {lo if lo < 0 else hi}"
-                )
-        return arr.astype(np.int8)
-
-    raise invalid_value(
-        f"{_fmt(what, path)}: unsupported space {type(space).__name__} ({space!r})"
-    )
-
-
-def _check_encoded_shape(
-    arr: np.ndarray, space: gs.Space, lead: Any, what: str, path: Path
-) -> None:
-    leaf_shape = _leaf_shape(space)
-    if isinstance(lead, list):  # batched: all leaves must agree on N
-        if arr.ndim >= 1 and arr.shape[1:] == leaf_shape:
-            if not lead:
-                lead.append(arr.shape[0])
-            if arr.shape[0] == lead[0]:
-                return
-            expected = (lead[0], *leaf_shape)
-        else:
-            expected = ("N", *leaf_shape)
-        # Python's tuple syntax, with "N" for a row count not known yet.
-        trailing = "," if len(expected) == 1 else ""
-        expected_str = "(" + ", ".join(str(d) for d in expected) + trailing + ")"
-    else:
-        if arr.shape == leaf_shape:
-            return
-        expected_str = str(leaf_shape)
-    raise invalid_value(f"{_fmt(what, path)}: shape {arr.shape}, expected {expected_str}")
-
-
-def _keys_message(where: str, got: Any, space: gs.Dict) -> str:
-    missing = [k for k in space.spaces if k not in got]
-    extra = [k for k in got if k not in space.spaces]
-    parts = []
-    if missing:
-        parts.append(f"missing {missing}")
-    if extra:
-        parts.append(f"unexpected {extra}")
-    # Sorted: a protobuf map has no order of its own.
-    return (
-        f"{where}: dict keys {sorted(got, key=str)}, expected {list(space.spaces)} "
-        f"({', '.join(parts)})"
-    )
-
-
-def _leaf_shape(space: gs.Space) -> tuple:
-    # Discrete.shape is (); the others carry their shape.
-    return tuple(space.shape)
-
-
-# ---------------------------------------------------------------- decode
-
-
-def decode_value(space: gs.Space, msg: pb.Value, n_rows: int | None, what: str) -> Any:
-    """Nested numpy value of a wire Value, validated against `space`.
-
-    `n_rows` None: a single value, leaves shaped like the space. Otherwise a
-    batch: every leaf (n_rows, *leaf_shape). Box leaves come back as read-only
-    views over the message bytes; Discrete / MultiDiscrete leaves as int64 and
-    MultiBinary leaves as int8.
-
-    Raises INVALID_ARGUMENT, the message starting with `what` and the leaf's
-    path, for a structure, dtype or shape mismatch, a NaN in a float leaf, or
-    a MultiBinary value other than 0/1. Bounds are left to `check_contains`.
-    """
-    lead = () if n_rows is None else (n_rows,)
-    return _decode(space, msg, lead, what, ())
-
-
-def _decode(space: gs.Space, msg: pb.Value, lead: tuple, what: str, path: Path) -> Any:
-    kind = msg.WhichOneof("kind")
-
-    if isinstance(space, gs.Dict):
-        if kind != "dict":
-            raise _structure_error(what, path, "a dict", kind)
-        items = msg.dict.items
-        # Test membership before indexing: indexing a message map inserts.
-        if len(items) != len(space.spaces) or any(k not in items for k in space.spaces):
-            raise invalid_value(_keys_message(_fmt(what, path), items, space))
-        return {
-            key: _decode(sub, items[key], lead, what, path + (key,))
-            for key, sub in space.spaces.items()
-        }
-
-    if isinstance(space, gs.Tuple):
-        if kind != "tuple":
-            raise _structure_error(what, path, "a tuple", kind)
-        items = msg.tuple.items
-        if len(items) != len(space.spaces):
-            raise invalid_value(
-                f"{_fmt(what, path)}: tuple of {len(items)} items, "
-                f"expected {len(space.spaces)}"
-            )
-        return tuple(
-            _decode(sub, item, lead, what, path + (i,))
-            for i, (sub, item) in enumerate(zip(space.spaces, items))
-        )
-
-    if not isinstance(space, (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)):
-        raise invalid_value(
-            f"{_fmt(what, path)}: unsupported space {type(space).__name__} ({space!r})"
-        )
-    if kind != "tensor":
-        raise _structure_error(what, path, f"a tensor for {type(space).__name__}", kind)
-    t = msg.tensor
-
-    # Dtype and shape are checked on the message fields, before touching the
-    # data, so that the message names the real mistake rather than a
-    # byte-count mismatch.
-    code = t.dtype
-    if isinstance(space, gs.Box):
-        expected_code = pb_dtype(space.dtype)
-        if code != expected_code:
-            raise invalid_value(
-                f"{_fmt(what, path)}: dtype {dtype_name(code)}, "
-                f"expected {dtype_name(expected_code)}"
-            )
-    elif isinstance(space, gs.MultiBinary):
-        if code not in _MULTI_BINARY_DTYPES:
-            raise invalid_value(
-                f"{_fmt(what, path)}: dtype {dtype_name(code)}, "
-                "expected an integer or bool dtype"
-            )
-    elif code not in INTEGER_DTYPES:
-        raise invalid_value(
-            f"{_fmt(what, path)}: dtype {dtype_name(code)}, expected an integer dtype"
-        )
-
-    expected_shape = lead + space.shape
-    shape = tuple(t.shape[:])
-    if shape != expected_shape:
-        raise invalid_value(
-            f"{_fmt(what, path)}: shape {shape}, expected {expected_shape}"
-        )
-    try:
-        arr = from_tensor(t)
-    except BridgeError as e:
-        raise invalid_value(f"{_fmt(what, path)}: {e.message}") from None
-
-    if isinstance(space, gs.Box):
-        # One reduction on the fast path: a sum is NaN whenever any element is.
-        if code in FLOAT_DTYPES and arr.size and math.isnan(arr.sum()) and np.isnan(arr).any():
-            idx = tuple(int(i) for i in np.argwhere(np.isnan(arr))[0])
-            raise invalid_value(f"{_fmt(what, path)}: contains NaN {_at(idx, lead)}")
-        return arr
-    if isinstance(space, gs.MultiBinary):
-        return _multi_binary(arr, lead, what, path)
-    # Discrete / MultiDiscrete: a view when the wire already has int64.
-    return arr.astype(np.int64, copy=False)
-
-
-def _multi_binary(arr: np.ndarray, lead: tuple, what: str, path: Path) -> np.ndarray:
-    # A bool tensor is raw bytes too: a byte other than 0/1 is not a valid
-    # bool, so check it through a uint8 view like any other integer.
-    ints = arr.view(np.uint8) if arr.dtype == np.bool_ else arr
-    if ints.size and (ints.min() < 0 or ints.max() > 1):
-        bad = (ints != 0) & (ints != 1)
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise invalid_value(
-            f"{_fmt(what, path)}: contains {ints[idx]} {_at(idx, lead)}, "
-            "MultiBinary values must be 0 or 1"
-        )
-    if ints.dtype.itemsize == 1:
-        return ints.view(np.int8)  # same bytes, no copy
-    return ints.astype(np.int8)
-
-
-def _at(idx: tuple, lead: tuple) -> str:
-    if lead:
-        return f"at row {idx[0]}"
-    return f"at index {idx}" if idx else ""
-
-
-def _structure_error(what: str, path: Path, expected: str, kind: str | None) -> BridgeError:
-    got = f"a {kind}" if kind else "an empty Value"
-    return invalid_value(f"{_fmt(what, path)}: expected {expected}, got {got}")
-
-
-# ---------------------------------------------------------------- bounds
-
-
-def check_contains(space: gs.Space, value: Any, n_rows: int | None, what: str) -> None:
-    """Raise INVALID_ARGUMENT unless every row of `value` lies in `space`.
-
-    `value` must already have the space's structure, dtypes and shapes (as
-    `decode_value` returns it); `n_rows` None means a single, unbatched value.
-    The message names the first offending row: "actions row 2: 5 is outside
-    Discrete(2)".
-    """
-    _check(space, value, n_rows is not None, what, ())
-
-
-def _check(space: gs.Space, value: Any, batched: bool, what: str, path: Path) -> None:
-    if isinstance(space, gs.Dict):
-        for key, sub in space.spaces.items():
-            _check(sub, value[key], batched, what, path + (key,))
-        return
-    if isinstance(space, gs.Tuple):
-        for i, (sub, v) in enumerate(zip(space.spaces, value)):
-            _check(sub, v, batched, what, path + (i,))
-        return
-
-    arr = np.asarray(value)
-    if arr.size == 0:
-        return
-
-    if isinstance(space, gs.Discrete):
-        lo, hi = int(space.start), int(space.start + space.n)
-        # min/max are two reductions without temporaries: the common,
-        # valid case costs no more than that.
-        if arr.min() >= lo and arr.max() < hi:
-            return
-        bad = (arr < lo) | (arr >= hi)
-        row, idx = _first(bad, batched)
-        raise invalid_value(
-            f"{_where_row(what, path, row)}: {arr[row + idx]} is outside {space!r}"
-        )
-
-    if isinstance(space, gs.MultiBinary):
-        if arr.min() >= 0 and arr.max() <= 1:
-            return
-        bad = (arr != 0) & (arr != 1)
-        row, idx = _first(bad, batched)
-        raise invalid_value(
-            f"{_where_row(what, path, row)}: {arr[row + idx]}{_index(idx)} is not 0 or 1"
-        )
-
-    if isinstance(space, gs.MultiDiscrete):
-        lo = space.start
-        hi = space.start + space.nvec
-        bad = (arr < lo) | (arr >= hi)
-        if not bad.any():
-            return
-        row, idx = _first(bad, batched)
-        raise invalid_value(
-            f"{_where_row(what, path, row)}: {arr[row + idx]}{_index(idx)} "
-            f"is outside [{lo[idx]}, {hi[idx]})"
-        )
-
-    if isinstance(space, gs.Box):
-        # Comparisons with NaN are False, so NaN fails this check too.
-        ok = (arr >= space.low) & (arr <= space.high)
-        if ok.all():
-            return
-        row, idx = _first(~ok, batched)
-        v = arr[row + idx]
-        shown = "NaN" if np.isnan(v) else str(v)
-        raise invalid_value(
-            f"{_where_row(what, path, row)}: {shown}{_index(idx)} "
-            f"is outside [{space.low[idx]}, {space.high[idx]}]"
-        )
-
-    raise invalid_value(
-        f"{_fmt(what, path)}: unsupported space {type(space).__name__} ({space!r})"
-    )
-
-
-def _first(bad: np.ndarray, batched: bool) -> tuple[tuple, tuple]:
-    """(row index tuple, element index tuple) of the first True in `bad`."""
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    if batched:
-        return first[:1], first[1:]
-    return (), first
-
-
-def _where_row(what: str, path: Path, row: tuple) -> str:
-    where = _fmt(what, path)
-    return f"{where} row {row[0]}" if row else where
-
-
-def _index(idx: tuple) -> str:
-    return f" at index {idx}" if idx else ""
 
 
 # ---------------------------------------------------------------- batches
