@@ -77,7 +77,7 @@ class Backoff:
         now = time.monotonic()
         if self._since is None:
             self._since = now
-        if now - self._since > (self.patience_s if patience_s is None else patience_s):
+        if now - self._since >= (self.patience_s if patience_s is None else patience_s):
             return False
         time.sleep(self._delay)
         self._delay = min(self._delay * 2, self._max_s)
