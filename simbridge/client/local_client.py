@@ -32,6 +32,11 @@ copy of the weights in its answer cache).
 A session the server no longer knows (it restarted) raises SessionLost on the
 next call, with the count of buffered steps that could not be delivered, as
 PolicyClient does; start over with a new client.
+
+This module holds the simulator's calls; the experience columns are in
+local_buffer, the two background threads in local_uploader (with the
+connection engine's channel, unary calls and retry policy), acting in
+local_policy.
 """
 import collections
 import logging
@@ -368,33 +373,6 @@ class LocalPolicyClient(ServerSync):
                 c.since = time.monotonic()
             c.summaries.append(summary)
         self._n_episodes += 1
-
-    def _writable(self) -> Chunk:
-        """Cond held. The chunk to write into; blocks while every chunk waits for the server."""
-        if self._current is not None:
-            return self._current
-        if self._free:
-            self._current = self._free.pop()
-            return self._current
-        t0 = time.monotonic()
-        self._n_blocked_calls += 1
-        try:
-            while not self._free:
-                if self._fatal is not None:
-                    raise self._fatal
-                if self._abort:
-                    raise BridgeError(grpc.StatusCode.UNAVAILABLE, "the client is closing")
-                self._cond.wait(0.5)
-        finally:
-            self._count(blocked_s=time.monotonic() - t0)
-        self._current = self._free.pop()
-        return self._current
-
-    def _rotate(self) -> None:
-        """Cond held. The current chunk goes to the uploader; the next one comes from the free list."""
-        self._ready.append(self._current)
-        self._current = self._free.pop() if self._free else None
-        self._cond.notify_all()
 
     def _raise_failures(self) -> None:
         if self._fatal is not None:

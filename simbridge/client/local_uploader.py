@@ -1,5 +1,6 @@
-"""The background half of LocalPolicyClient: its uploader thread (experience chunks, exactly
-once under their seq, with the engine's retry policy) and its policy refresher thread.
+"""The background half of LocalPolicyClient: the handoff of full chunks, its uploader thread
+(experience chunks, exactly once under their seq, with the engine's retry policy) and its
+policy refresher thread.
 
 `ServerSync` is LocalPolicyClient's base class; the state it shares with the simulator's
 calls (the chunk lists under `_cond`, `_fatal`, `_deferred`, the flags and counters) is set up
@@ -24,7 +25,37 @@ _CLOSING_RETRY_S = 2.0     # while closing, a server that stays unreachable is n
 
 
 class ServerSync:
-    """Uploads and policy refreshes, on LocalPolicyClient's two background threads."""
+    """The chunk handoff between the simulator's calls and the uploader, the uploads and the
+    policy refreshes (LocalPolicyClient's two background threads)."""
+
+    # ------------------------------------------------------------ handing chunks over
+
+    def _writable(self) -> Chunk:
+        """Cond held. The chunk to write into; blocks while every chunk waits for the server."""
+        if self._current is not None:
+            return self._current
+        if self._free:
+            self._current = self._free.pop()
+            return self._current
+        t0 = time.monotonic()
+        self._n_blocked_calls += 1
+        try:
+            while not self._free:
+                if self._fatal is not None:
+                    raise self._fatal
+                if self._abort:
+                    raise BridgeError(grpc.StatusCode.UNAVAILABLE, "the client is closing")
+                self._cond.wait(0.5)
+        finally:
+            self._count(blocked_s=time.monotonic() - t0)
+        self._current = self._free.pop()
+        return self._current
+
+    def _rotate(self) -> None:
+        """Cond held. The current chunk goes to the uploader; the next one comes from the free list."""
+        self._ready.append(self._current)
+        self._current = self._free.pop() if self._free else None
+        self._cond.notify_all()
 
     # ------------------------------------------------------------ uploading
 
