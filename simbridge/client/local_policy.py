@@ -36,164 +36,20 @@ No torch, no pickle: the weights are raw tensors; onnx_model is kept as bytes
 for engines and never executed here.
 """
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
 
+from simbridge.client.local_layers import LAYER_OPS, Dense, PolicyFormatError, Pool, has_nan, single_flattener
 from simbridge.wire import spaces as sb_spaces
-from simbridge.wire import tensors
 from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
+__all__ = ["LocalPolicy", "PolicyFormatError", "PREPROCESSORS", "LAYER_OPS", "HEADS", "flatten"]
+
 PREPROCESSORS = ("flatten",)
-LAYER_OPS = ("linear", "relu", "tanh")
 HEADS = ("q_argmax", "tanh_gaussian", "random")
-_POOL = 4096  # random numbers drawn per refill
-
-
-class PolicyFormatError(ValueError):
-    """A PortablePolicy this module cannot run (unknown op, shapes that do not chain, ...)."""
-
-
-# ---------------------------------------------------------------- preprocessing
-
-def _single_flattener(space: gym.Space):
-    """One observation -> 1-D float32 vector, into a buffer reused across calls when possible."""
-    if isinstance(space, gym.spaces.Box) and space.dtype == np.float32:
-        if len(space.shape) == 1:
-            return lambda obs: obs  # the client hands over a float32 array of the box's shape
-        return lambda obs: obs.reshape(-1)
-    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
-        buf = np.empty(flat_dim(space), np.float32)
-
-        def cast(obs):
-            np.copyto(buf, np.asarray(obs).reshape(-1), casting="unsafe")
-            return buf
-        return cast
-    if isinstance(space, gym.spaces.Discrete):
-        buf = np.zeros(int(space.n), np.float32)
-        start = int(space.start)
-
-        def one_hot(obs):
-            buf.fill(0.0)
-            buf[int(obs) - start] = 1.0
-            return buf
-        return one_hot
-    return lambda obs: flatten(space, _batch1(obs))[0]
-
-
-def _batch1(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _batch1(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_batch1(v) for v in value)
-    return np.asarray(value)[None]
-
-
-def _has_nan(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_has_nan(v) for v in value.values())
-    if isinstance(value, tuple):
-        return any(_has_nan(v) for v in value)
-    a = np.asarray(value)
-    return a.dtype.kind == "f" and a.size > 0 and math.isnan(a.sum())
-
-
-# ---------------------------------------------------------------- layers
-
-class _Dense:
-    """The layer stack, weights transposed (in, out), float32 and contiguous."""
-
-    def __init__(self, layers, in_dim: int):
-        self.ops: List[Tuple[str, Optional[np.ndarray], Optional[np.ndarray]]] = []
-        dim = in_dim
-        for i, layer in enumerate(layers):
-            if layer.op == "linear":
-                w = _tensor(layer.weight, f"layer {i} weight")
-                b = _tensor(layer.bias, f"layer {i} bias")
-                if w.ndim != 2 or w.shape[1] != dim or b.shape != (w.shape[0],):
-                    raise PolicyFormatError(f"layer {i}: linear weight {w.shape} and bias {b.shape} do not "
-                                            f"fit an input of {dim} features (weight is (out, in))")
-                self.ops.append(("linear", np.ascontiguousarray(w.T, np.float32),
-                                 np.ascontiguousarray(b, np.float32)))
-                dim = w.shape[0]
-            elif layer.op in ("relu", "tanh"):
-                self.ops.append((layer.op, None, None))
-            else:
-                raise PolicyFormatError(f"layer {i}: unknown op {layer.op!r} (known: {', '.join(LAYER_OPS)})")
-        self.out_dim = dim
-        self._plan_single(in_dim)
-
-    def _plan_single(self, in_dim: int) -> None:
-        """forward1's steps. Each vector carries a trailing 1 and each weight its bias as a last
-        row, so a linear layer is one dot into a preallocated buffer: for one observation the
-        numpy calls cost more than the arithmetic."""
-        self._x = np.ones(in_dim + 1, np.float32)
-        self._x_in = self._x[:in_dim]
-        cur, view = self._x, self._x_in
-        self._plan = []
-        for op, wt, b in self.ops:
-            if op == "linear":
-                out = np.ones(wt.shape[1] + 1, np.float32)
-                self._plan.append((0, cur, np.ascontiguousarray(np.vstack([wt, b[None]])), out[:-1]))
-                cur, view = out, out[:-1]
-            else:
-                self._plan.append((1 if op == "relu" else 2, view, None, None))
-        self._out = view
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """(N, in) -> (N, out), float32."""
-        x = np.asarray(x, np.float32)
-        for op, wt, b in self.ops:
-            if op == "linear":
-                x = x @ wt + b
-            elif op == "relu":
-                x = np.maximum(x, 0.0)
-            else:
-                x = np.tanh(x)
-        return x
-
-    def forward1(self, x: np.ndarray) -> np.ndarray:
-        """(in,) -> (out,), in preallocated buffers (valid until the next call)."""
-        np.copyto(self._x_in, x, casting="unsafe")
-        dot, maximum, zero = np.dot, np.maximum, _ZERO
-        for kind, a, w, out in self._plan:
-            if kind == 0:
-                dot(a, w, out=out)
-            elif kind == 1:
-                maximum(a, zero, out=a)
-            else:
-                np.tanh(a, out=a)
-        return self._out
-
-
-_ZERO = np.float32(0.0)
-
-
-def _tensor(t: pb.Tensor, what: str) -> np.ndarray:
-    try:
-        return tensors.from_tensor(t)
-    except Exception as e:
-        raise PolicyFormatError(f"{what}: {e}") from None
-
-
-class _Pool:
-    """Pre-drawn random numbers: one refill per _POOL draws instead of a call per step."""
-
-    def __init__(self, draw):
-        self._draw = draw
-        self._buf = draw(_POOL)
-        self._i = 0
-
-    def next(self):
-        if self._i >= len(self._buf):
-            self._buf = self._draw(_POOL)
-            self._i = 0
-        v = self._buf[self._i]
-        self._i += 1
-        return v
-
 
 # ---------------------------------------------------------------- the policy
 
@@ -215,9 +71,9 @@ class LocalPolicy:
             self.in_dim = flat_dim(self.observation_space)
         except ValueError as e:
             raise PolicyFormatError(str(e)) from None
-        self.dense = _Dense(msg.layers, self.in_dim)
-        self._flat1 = _single_flattener(self.observation_space)
-        self._uniform = _Pool(self.rng.random)
+        self.dense = Dense(msg.layers, self.in_dim)
+        self._flat1 = single_flattener(self.observation_space)
+        self._uniform = Pool(self.rng.random)
         getattr(self, "_init_" + self.kind)(msg.head)
 
     # ------------------------------------------------------------ heads: setup
@@ -251,7 +107,7 @@ class LocalPolicy:
         self._logp_other = math.log(self._p_random) if self._p_random > 0 else -math.inf
         self._start0 = int(self.start[0])
         if shape is None:  # Discrete: pre-drawn random actions for exploration
-            self._rand_action = _Pool(lambda k: self.rng.integers(0, int(self.nvec[0]), size=k))
+            self._rand_action = Pool(lambda k: self.rng.integers(0, int(self.nvec[0]), size=k))
 
     def _init_tanh_gaussian(self, head) -> None:
         sp = self.action_space
@@ -270,7 +126,7 @@ class LocalPolicy:
         self.squash = bool(p.get("log_std_squash", 0.0))
         self.deterministic = bool(p.get("deterministic", 0.0))
         a = self.act_dim
-        self._noise = _Pool(lambda k: self.rng.standard_normal((k, a)))
+        self._noise = Pool(lambda k: self.rng.standard_normal((k, a)))
 
     def _init_random(self, head) -> None:
         if len(self.dense.ops):
@@ -279,7 +135,7 @@ class LocalPolicy:
         self._random_logp = _uniform_logp(sp)
         if type(sp) is gym.spaces.Discrete:
             start, n = int(sp.start), int(sp.n)
-            self._rand_action = _Pool(lambda k: self.rng.integers(start, start + n, size=k))
+            self._rand_action = Pool(lambda k: self.rng.integers(start, start + n, size=k))
 
     def _check_out(self, expected: int) -> None:
         out = self.dense.out_dim
@@ -302,7 +158,7 @@ class LocalPolicy:
         """Batched observations -> (batched actions, logp (N,) float32)."""
         n = sb_spaces.leaf_rows(obs_batch)
         if self.kind == "random":
-            if _has_nan(obs_batch):
+            if has_nan(obs_batch):
                 raise ValueError("observation contains NaN")
             return (sb_spaces.sample_batch_of(self.action_space, n, self.rng),
                     np.full(n, self._random_logp, np.float32))
@@ -409,7 +265,7 @@ class LocalPolicy:
             u = mean + np.exp(log_std) * noise
             logp = float(_gaussian_logp(u, noise, log_std)) - self.log_scale_sum
             return self._to_env(np.tanh(u)[None])[0], logp
-        if _has_nan(obs):
+        if has_nan(obs):
             raise ValueError("observation contains NaN")
         if type(self.action_space) is gym.spaces.Discrete:
             return int(self._rand_action.next()), self._random_logp

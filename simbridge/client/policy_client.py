@@ -17,278 +17,24 @@ alone, so a bad observation never costs a reward.
 
 Both number their requests (RequestHeader.seq). When the connection breaks the
 client reconnects, resumes its session and resends what was not answered; the
-server applies each seq once, so nothing is lost or doubled.
+server applies each seq once, so nothing is lost or doubled (the engine:
+simbridge.client.connection).
 """
 import collections
-import logging
-import queue
-import threading
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
-import grpc
 import gymnasium as gym
 import numpy as np
 from google.protobuf import struct_pb2
 
+from simbridge.client.connection import Connection, EarlierCallFailed, SessionLost, open_channel
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors, tree
-from simbridge.wire.errors import BridgeError, Reason
-from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.wire.v1 import simbridge_pb2 as pb
-from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
-log = logging.getLogger("simbridge.client")
-
-_REQUEST_TYPES = {
-    "create_session": pb.CreateSessionRequest,
-    "start_episode": pb.StartEpisodeRequest,
-    "get_action": pb.GetActionRequest,
-    "log_action": pb.LogActionRequest,
-    "log_returns": pb.LogReturnsRequest,
-    "end_episode": pb.EndEpisodeRequest,
-    "close_session": pb.CloseSessionRequest,
-    "step": pb.StepRequest,
-}
-_UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in _REQUEST_TYPES}
-_FRAMING_BYTES = 1024  # request header + stream envelope, generously
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
-
-
-class SessionLost(BridgeError):
-    """The server no longer knows this client's session (it restarted or expired it).
-
-    The client goes on with a new session; `close_connection()` closes it instead."""
-    close_connection = staticmethod(lambda: None)
-
-
-class EarlierCallFailed(BridgeError):
-    """A pipelined call (log_returns, end_episode, ...) failed; raised by a later call."""
-
-
-def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None) -> grpc.Channel:
-    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
-    (`fix`: what the caller's user should do instead, if not starting simbridge-server)."""
-    channel = grpc.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ("grpc.max_send_message_length", 256 * 1024 * 1024),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        *RECONNECT_OPTIONS])
-    try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
-    except grpc.FutureTimeoutError:
-        channel.close()
-        fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
-        raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                          f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
-                          f"{fix}") from None
-    return channel
-
-
-class _Connection:
-    """Channel + session + numbered requests, with reconnect and resend."""
-
-    def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
-                 connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool):
-        if transport not in ("stream", "unary"):
-            raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
-        self.address = address
-        self.transport = transport
-        self.pipeline = pipeline and transport == "stream"
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self._service = service
-        self._create = create
-        self._seq = 0
-        self._lock = threading.RLock()
-        self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
-        self._deferred: Optional[BridgeError] = None
-        self._closing = False
-        self._broken = False
-        self._channel = open_channel(address, connect_timeout_s)
-        self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
-            self._channel)
-        self._stream_q: Optional[queue.SimpleQueue] = None
-        self._responses = None
-        self.session = self._open_session(resume=None)
-        self.session_id = self.session.session_id
-        self.reconnects = 0
-
-    # -------------------------------------------------------------- session
-
-    def _open_session(self, resume: Optional[str]) -> pb.CreateSessionResponse:
-        req = pb.CreateSessionRequest()
-        req.CopyFrom(self._create)
-        if resume:
-            req.resume_session_id = resume
-        if self.transport == "unary":
-            try:
-                return self._stub.CreateSession(req)
-            except grpc.RpcError as e:
-                raise BridgeError.from_rpc_error(e) from None
-        self._stream_q = queue.SimpleQueue()
-        q = self._stream_q
-        self._responses = self._stub.Stream(iter(q.get, None))
-        q.put(pb.StreamRequest(create_session=req))
-        try:
-            resp = next(self._responses)
-        except grpc.RpcError as e:
-            raise BridgeError.from_rpc_error(e) from None
-        if resp.HasField("error"):
-            raise BridgeError.from_status(resp.error)
-        return resp.create_session
-
-    def _reconnect(self, cause: Exception) -> None:
-        if self._closing:
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
-        deadline = time.monotonic() + self.reconnect_timeout_s
-        delay = 0.05
-        log.warning("connection to %s broke (%s); reconnecting", self.address, cause)
-        while True:
-            if self._stream_q is not None:
-                self._stream_q.put(None)
-            try:
-                resp = self._open_session(resume=self.session_id)
-                break
-            except BridgeError as e:
-                if e.code not in _RETRYABLE or time.monotonic() > deadline:
-                    raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                                      f"lost the simbridge server at {self.address} and could not reconnect "
-                                      f"within {self.reconnect_timeout_s:.0f}s: {e.message}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        self.reconnects += 1
-        if not resp.resumed:
-            old = self.session_id
-            self.session_id = resp.session_id
-            self._outstanding.clear()
-            self._seq = 0
-            lost = SessionLost(grpc.StatusCode.UNAVAILABLE,
-                               f"the server no longer had session {old} (restarted or expired): its open "
-                               f"episodes are gone; start new episodes (new session {resp.session_id})")
-            lost.close_connection = self.close  # for callers that start over with a new client
-            raise lost
-        log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
-        if self.transport == "stream":
-            for _, kind, msg in self._outstanding:
-                self._stream_q.put(_wrap(kind, msg))
-
-    # -------------------------------------------------------------- calls
-
-    def call(self, kind: str, msg, wait: bool = True):
-        """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
-        with self._lock:
-            limit = self.session.limits.max_message_bytes
-            # Refused here (with room for header and framing): the server would end the stream.
-            if limit and msg.ByteSize() + _FRAMING_BYTES > limit:
-                self._resend_rewards(kind, msg)
-                raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
-                                  f"{limit} bytes: send fewer rows per call", Reason.MESSAGE_TOO_LARGE)
-            if self._broken:
-                self._broken = False
-                self._reconnect(RuntimeError("the previous stream ended with an error"))
-            self._seq += 1
-            msg.header.seq = self._seq
-            if self.transport == "unary":
-                msg.header.session_id = self.session_id
-                return self._unary(kind, msg)
-            self._outstanding.append((self._seq, kind, msg))
-            self._stream_q.put(_wrap(kind, msg))
-            if wait or not self.pipeline:
-                return self._read_until(self._seq)
-            return None
-
-    def flush(self) -> None:
-        """Wait for every pipelined request's answer; raise the first error."""
-        with self._lock:
-            if self._outstanding:
-                self._read_until(self._outstanding[-1][0])
-            self._raise_deferred()
-
-    def _unary(self, kind, msg):
-        method = getattr(self._stub, _UNARY_NAMES[kind])
-        while True:
-            try:
-                return method(msg)
-            except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE,):
-                    err = BridgeError.from_rpc_error(e)
-                    try:
-                        self._resend_rewards(kind, msg)
-                    except BridgeError as reward_err:
-                        raise reward_err from err
-                    raise err from None
-                self._reconnect(e)
-                msg.header.session_id = self.session_id
-
-    def _read_until(self, seq: int):
-        while True:
-            try:
-                resp = next(self._responses)
-            except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE:
-                    # The server ended the stream on purpose: resending would fail again. Say
-                    # why; the next call reconnects and resends what is still unanswered.
-                    self._broken = True
-                    _, bad_kind, bad_msg = self._outstanding.popleft()
-                    err = BridgeError.from_rpc_error(e, prefix=f"{bad_kind} failed and ended the stream: ")
-                    try:
-                        self._resend_rewards(bad_kind, bad_msg)  # reconnects first
-                    except BridgeError as reward_err:
-                        raise reward_err from err
-                    raise err from None
-                self._reconnect(e)
-                continue
-            except StopIteration as e:
-                self._reconnect(e)
-                continue
-            got_seq, kind, sent = self._outstanding.popleft()
-            if resp.HasField("error"):
-                err = BridgeError.from_status(resp.error)
-                self._resend_rewards(kind, sent)
-                if got_seq == seq:
-                    self._raise_deferred()
-                    raise err
-                if self._deferred is None:
-                    self._deferred = EarlierCallFailed(err.code, f"an earlier {kind} failed: {err.message}", err.reason)
-                continue
-            if got_seq == seq:
-                self._raise_deferred()
-                return getattr(resp, resp.WhichOneof("payload"))
-
-    def _resend_rewards(self, kind: str, sent) -> None:
-        """A failed request had no effect: log the rewards it carried on their own,
-        so a bad observation never costs a reward (if the rewards were the problem,
-        this fails too and says so)."""
-        if kind not in ("log_returns", "step") and getattr(sent, "rewards", None):
-            retry = pb.LogReturnsRequest()
-            retry.rows.extend(sent.rewards)
-            self.call("log_returns", retry, wait=False)
-
-    def _raise_deferred(self):
-        if self._deferred is not None:
-            err, self._deferred = self._deferred, None
-            raise err
-
-    def close(self) -> None:
-        self._closing = True  # a dead server is not worth reconnecting to now
-        try:
-            with self._lock:
-                self.flush()
-                self.call("close_session", pb.CloseSessionRequest())
-        except BridgeError:
-            pass
-        finally:
-            if self._stream_q is not None:
-                self._stream_q.put(None)
-            self._channel.close()
-
-
-def _wrap(kind: str, msg) -> pb.StreamRequest:
-    sr = pb.StreamRequest()
-    getattr(sr, kind).CopyFrom(msg)
-    return sr
+# The connection engine's names stay importable from here.
+__all__ = ["PolicyClient", "MultiAgentPolicyClient", "SessionLost", "EarlierCallFailed", "open_channel"]
+_Connection = Connection  # the engine's former name
 
 
 def _struct(info: Optional[dict]) -> struct_pb2.Struct:
@@ -318,8 +64,8 @@ class _ClientBase:
         for aid, (obs_sp, act_sp) in self.agent_spaces.items():
             create.agents.add(agent_id=aid, observation_space=sb_spaces.space_to_proto(obs_sp),
                               action_space=sb_spaces.space_to_proto(act_sp))
-        self._conn = _Connection(address, self._service, create, transport, connect_timeout_s,
-                                 reconnect_timeout_s, pipeline)
+        self._conn = Connection(address, self._service, create, transport, connect_timeout_s,
+                                reconnect_timeout_s, pipeline, on_failed=self._resend_rewards)
         self.coalesce_rewards = coalesce_rewards
         self._rewards: List[pb.RewardRows] = []
 
@@ -337,6 +83,15 @@ class _ClientBase:
             msg.rows.extend(self._rewards)
             self._rewards = []
             self._conn.call("log_returns", msg, wait=False)
+
+    def _resend_rewards(self, kind: str, sent) -> None:
+        """The connection's on_failed: a failed request had no effect, so the rewards it carried
+        are logged on their own and a bad observation never costs a reward (if the rewards were
+        the problem, this fails too and says so)."""
+        if kind not in ("log_returns", "step") and getattr(sent, "rewards", None):
+            retry = pb.LogReturnsRequest()
+            retry.rows.extend(sent.rewards)
+            self._conn.call("log_returns", retry, wait=False)
 
     def _call(self, kind: str, msg, wait: bool = True):
         if kind in ("get_action", "log_action", "end_episode") and self._rewards:

@@ -21,7 +21,7 @@ import numpy as np
 
 from simbridge.wire import leaf_codec, tensors
 from simbridge.wire import spaces as sb_spaces
-from simbridge.client.policy_client import _Connection
+from simbridge.client.connection import Connection
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
@@ -39,8 +39,8 @@ class SlotClient:
                                          action_space=sb_spaces.space_to_proto(action_space))
         if not training_enabled:
             create.slots_training_enabled = False
-        self._conn = _Connection(address, "single", create, transport, connect_timeout_s,
-                                 reconnect_timeout_s, pipeline=False)
+        self._conn = Connection(address, "single", create, transport, connect_timeout_s,
+                                reconnect_timeout_s, pipeline=False)
         self.policy_versions: Optional[np.ndarray] = None
         self.policy_id = ""
 

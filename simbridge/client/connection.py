@@ -1,0 +1,306 @@
+"""The connection engine every simbridge client uses: a ready channel, one retry policy, and
+(`Connection`) a session whose numbered requests survive a broken connection.
+
+Retry policy. A failed call is retried when its status code says the request may never have
+reached the server, or its answer never came back: the connection broke or was refused
+(UNAVAILABLE), the call was cut off in flight (CANCELLED: a server shutting down, a stream
+cancelled under the client; UNKNOWN: gRPC's code for a stream reset mid-call, since a
+simbridge server itself reports its own failures as INTERNAL), or its deadline passed
+(DEADLINE_EXCEEDED, unary calls with a timeout). Every other code is the server's answer to
+this request (bad input, a full queue, an unknown session, a bug inside it): sending the same
+request again would get the same answer, so it is raised instead. Retrying is safe because
+every request carries RequestHeader.seq and the server applies each seq once, answering a
+repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), for at most
+the client's reconnect_timeout_s.
+
+The engine knows nothing of what the requests carry: a client that wants to act when one of
+its requests fails (the policy client logs the rewards it carried on their own) passes
+`on_failed`, called with the failed request's kind and message before the error is raised.
+"""
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+import grpc
+
+from simbridge.wire.errors import BridgeError, Reason
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
+from simbridge.wire.v1 import simbridge_pb2 as pb
+from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+
+log = logging.getLogger("simbridge.client")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                       grpc.StatusCode.DEADLINE_EXCEEDED})
+_UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in (
+    "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode",
+    "close_session", "step")}
+_FRAMING_BYTES = 1024  # request header + stream envelope, generously
+
+
+class SessionLost(BridgeError):
+    """The server no longer knows this client's session (it restarted or expired it).
+
+    The client goes on with a new session; `close_connection()` closes it instead."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: Optional[int] = None,
+                 close_connection: Optional[Callable[[], None]] = None):
+        super().__init__(code, message, reason)
+        self._close_connection = close_connection
+
+    def close_connection(self) -> None:
+        """Close the client whose session was lost (for callers that start over with a new one)."""
+        if self._close_connection is not None:
+            self._close_connection()
+
+
+class EarlierCallFailed(BridgeError):
+    """A pipelined call (log_returns, end_episode, ...) failed; raised by a later call."""
+
+
+class Backoff:
+    """Waits between attempts of one failing call: `first_s`, doubling up to `max_s`, for at most
+    `patience_s` since the first failure."""
+
+    def __init__(self, patience_s: float = float("inf"), first_s: float = 0.05, max_s: float = 1.0):
+        self.patience_s = patience_s
+        self._delay = first_s
+        self._max_s = max_s
+        self._since: Optional[float] = None
+
+    def wait(self, patience_s: Optional[float] = None) -> bool:
+        """Sleep before the next attempt; False (no sleep) once the patience is spent.
+        `patience_s` overrides the patience for this attempt (a client that started closing)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= (self.patience_s if patience_s is None else patience_s):
+            return False
+        time.sleep(self._delay)
+        self._delay = min(self._delay * 2, self._max_s)
+        return True
+
+
+def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None) -> grpc.Channel:
+    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
+    (`fix`: what the caller's user should do instead, if not starting simbridge-server)."""
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        *RECONNECT_OPTIONS])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
+        raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                          f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
+                          f"{fix}") from None
+    return channel
+
+
+def call_unary(method, request, timeout_s: Optional[float] = None):
+    """One unary call; its failure as a BridgeError (reason included)."""
+    try:
+        return method(request, timeout=timeout_s)
+    except grpc.RpcError as e:
+        raise BridgeError.from_rpc_error(e) from None
+
+
+class Connection:
+    """Channel + session + numbered requests, with reconnect and resend.
+
+    transport "stream": one bidirectional stream; `pipeline` lets calls with wait=False go
+    without waiting for their answers (read, and their errors raised, by a later call).
+    transport "unary": one RPC per call."""
+
+    def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
+                 connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool,
+                 on_failed: Optional[Callable[[str, object], None]] = None):
+        if transport not in ("stream", "unary"):
+            raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
+        self.address = address
+        self.transport = transport
+        self.pipeline = pipeline and transport == "stream"
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._on_failed = on_failed or (lambda kind, msg: None)
+        self._create = create
+        self._seq = 0
+        self._lock = threading.RLock()
+        self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
+        self._deferred: Optional[BridgeError] = None
+        self._closing = False
+        self._broken = False
+        self._channel = open_channel(address, connect_timeout_s)
+        self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
+            self._channel)
+        self._stream_q: Optional[queue.SimpleQueue] = None
+        self._responses = None
+        self.session = self._open_session(resume=None)
+        self.session_id = self.session.session_id
+        self.reconnects = 0
+
+    # -------------------------------------------------------------- session
+
+    def _open_session(self, resume: Optional[str]) -> pb.CreateSessionResponse:
+        req = pb.CreateSessionRequest()
+        req.CopyFrom(self._create)
+        if resume:
+            req.resume_session_id = resume
+        if self.transport == "unary":
+            return call_unary(self._stub.CreateSession, req)
+        self._stream_q = queue.SimpleQueue()
+        q = self._stream_q
+        self._responses = self._stub.Stream(iter(q.get, None))
+        q.put(pb.StreamRequest(create_session=req))
+        try:
+            resp = next(self._responses)
+        except grpc.RpcError as e:
+            raise BridgeError.from_rpc_error(e) from None
+        if resp.HasField("error"):
+            raise BridgeError.from_status(resp.error)
+        return resp.create_session
+
+    def _reconnect(self, cause: Exception) -> None:
+        if self._closing:
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
+        backoff = Backoff(self.reconnect_timeout_s)
+        log.warning("connection to %s broke (%s); reconnecting", self.address, cause)
+        while True:
+            if self._stream_q is not None:
+                self._stream_q.put(None)
+            try:
+                resp = self._open_session(resume=self.session_id)
+                break
+            except BridgeError as e:
+                if e.code not in RETRYABLE or not backoff.wait():
+                    raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                      f"lost the simbridge server at {self.address} and could not reconnect "
+                                      f"within {self.reconnect_timeout_s:.0f}s: {e.message}") from None
+        self.reconnects += 1
+        if not resp.resumed:
+            old = self.session_id
+            self.session_id = resp.session_id
+            self._outstanding.clear()
+            self._seq = 0
+            raise SessionLost(grpc.StatusCode.UNAVAILABLE,
+                              f"the server no longer had session {old} (restarted or expired): its open "
+                              f"episodes are gone; start new episodes (new session {resp.session_id})",
+                              close_connection=self.close)
+        log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
+        if self.transport == "stream":
+            for _, kind, msg in self._outstanding:
+                self._stream_q.put(_wrap(kind, msg))
+
+    # -------------------------------------------------------------- calls
+
+    def call(self, kind: str, msg, wait: bool = True):
+        """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
+        with self._lock:
+            limit = self.session.limits.max_message_bytes
+            # Refused here (with room for header and framing): the server would end the stream.
+            if limit and msg.ByteSize() + _FRAMING_BYTES > limit:
+                self._on_failed(kind, msg)
+                raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
+                                  f"{limit} bytes: send fewer rows per call", Reason.MESSAGE_TOO_LARGE)
+            if self._broken:
+                self._broken = False
+                self._reconnect(RuntimeError("the previous stream ended with an error"))
+            self._seq += 1
+            msg.header.seq = self._seq
+            if self.transport == "unary":
+                msg.header.session_id = self.session_id
+                return self._unary(kind, msg)
+            self._outstanding.append((self._seq, kind, msg))
+            self._stream_q.put(_wrap(kind, msg))
+            if wait or not self.pipeline:
+                return self._read_until(self._seq)
+            return None
+
+    def flush(self) -> None:
+        """Wait for every pipelined request's answer; raise the first error."""
+        with self._lock:
+            if self._outstanding:
+                self._read_until(self._outstanding[-1][0])
+            self._raise_deferred()
+
+    def _raise_failed(self, err: BridgeError, kind: str, msg) -> None:
+        """Raise a failed request's error once the client's on_failed had its say (an error of
+        on_failed's own comes first, caused by this one)."""
+        try:
+            self._on_failed(kind, msg)
+        except BridgeError as hook_err:
+            raise hook_err from err
+        raise err from None
+
+    def _unary(self, kind, msg):
+        method = getattr(self._stub, _UNARY_NAMES[kind])
+        while True:
+            try:
+                return method(msg)
+            except grpc.RpcError as e:
+                if e.code() not in RETRYABLE:
+                    self._raise_failed(BridgeError.from_rpc_error(e), kind, msg)
+                self._reconnect(e)
+                msg.header.session_id = self.session_id
+
+    def _read_until(self, seq: int):
+        while True:
+            try:
+                resp = next(self._responses)
+            except grpc.RpcError as e:
+                if e.code() not in RETRYABLE:
+                    # The server ended the stream on purpose: resending would fail again. Say
+                    # why; the next call reconnects and resends what is still unanswered.
+                    self._broken = True
+                    _, bad_kind, bad_msg = self._outstanding.popleft()
+                    err = BridgeError.from_rpc_error(e, prefix=f"{bad_kind} failed and ended the stream: ")
+                    self._raise_failed(err, bad_kind, bad_msg)  # on_failed's calls reconnect first
+                self._reconnect(e)
+                continue
+            except StopIteration as e:
+                self._reconnect(e)
+                continue
+            got_seq, kind, sent = self._outstanding.popleft()
+            if resp.HasField("error"):
+                err = BridgeError.from_status(resp.error)
+                self._on_failed(kind, sent)
+                if got_seq == seq:
+                    self._raise_deferred()
+                    raise err
+                if self._deferred is None:
+                    self._deferred = EarlierCallFailed(err.code, f"an earlier {kind} failed: {err.message}", err.reason)
+                continue
+            if got_seq == seq:
+                self._raise_deferred()
+                return getattr(resp, resp.WhichOneof("payload"))
+
+    def _raise_deferred(self):
+        if self._deferred is not None:
+            err, self._deferred = self._deferred, None
+            raise err
+
+    def close(self) -> None:
+        self._closing = True  # a dead server is not worth reconnecting to now
+        try:
+            with self._lock:
+                self.flush()
+                self.call("close_session", pb.CloseSessionRequest())
+        except BridgeError:
+            pass
+        finally:
+            if self._stream_q is not None:
+                self._stream_q.put(None)
+            self._channel.close()
+
+
+def _wrap(kind: str, msg) -> pb.StreamRequest:
+    sr = pb.StreamRequest()
+    getattr(sr, kind).CopyFrom(msg)
+    return sr
