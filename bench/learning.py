@@ -30,7 +30,10 @@ from typing import List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simbridge.trainer import reporting  # noqa: E402
 from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
+from simbridge.trainer.rundir import METRICS  # noqa: E402
+from simbridge.wire.columns import DEFAULT_POLICY  # noqa: E402
 
 TASKS = {
     # CartPole-v1: mean return of the last 10 episodes >= 475 within 50k env steps.
@@ -79,12 +82,12 @@ def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path) 
         trained = ["p0", "p1"]
         lines.append('policies_to_train = ["p0", "p1"]')
     else:
-        trained = ["default_policy"]
+        trained = [DEFAULT_POLICY]
     lines += ["[server]", f'address = "{address}"', f"rollout_fragment_length = {task['fragment']}",
               "experience_queue_size = 4",
               "[run]", f'logdir = "{logdir}"', f"total_env_steps = {task['budget']}", f"seed = {seed}",
               "checkpoint_every_env_steps = 1000000", "print_every_s = 1.0", "torch_threads = 1"]
-    for pid in (["p0", "p1", "p2"] if task.get("multiagent") else ["default_policy"]):
+    for pid in (["p0", "p1", "p2"] if task.get("multiagent") else [DEFAULT_POLICY]):
         lines += [f"[policies.{pid}]", f'algorithm = "{task["algorithm"]}"', f"config = {_inline(cfg)}"]
     if task.get("multiagent"):
         lines += ["[mapping]", 'rules = ["cart_[02]=p0", "cart_[13]=p1", "cart_4=p2"]', 'default = "p2"']
@@ -93,17 +96,8 @@ def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path) 
 
 
 def read_metrics(logdir: Path) -> List[dict]:
-    try:
-        text = (logdir / "metrics.jsonl").read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    path = logdir / METRICS
+    return reporting.read_metrics(path) if path.exists() else []
 
 
 def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:

@@ -356,6 +356,7 @@ def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection
 
 def resolve_algorithm(spec: PolicySpec):
     """The class behind spec.algorithm (None for "random"), with its config keys checked."""
+    # Here, not atop: parsing a config needs no torch (the CLI imports this module without it).
     from simbridge.server.policies import Policy
     from simbridge.trainer.learner import COMMON_DEFAULTS, Learner
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from simbridge.trainer.launch import Proc, free_port, python_module, start_server
+from simbridge.wire.columns import DEFAULT_POLICY
 
 SIMULATORS = [
     ("cartpole", "gym_sim CartPole-v1, 1 env", ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "1"]),
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
                 failed = ", ".join(f"{s.name} exited early (code {s.poll()})" for s in dead)
                 break
             rec = last_metrics(logdir)
-            r10 = (rec or {}).get("return_mean_10", {}).get("default_policy")
+            r10 = (rec or {}).get("return_mean_10", {}).get(DEFAULT_POLICY)
             if r10 is not None and r10 >= args.target:
                 reached = rec  # reported below: stopping cuts open episodes short, which would count
                 break
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     plot = Proc("plot", python_module("simbridge.trainer.daemon", "plot", str(logdir)), console.on_line)
     plot.popen.wait(timeout=120.0)
     plot.wait_output()
-    r10 = rec.get("return_mean_10", {}).get("default_policy")
+    r10 = rec.get("return_mean_10", {}).get(DEFAULT_POLICY)
     console.say(f"after {rec.get('wall_s', elapsed):.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
                 f"mean return of the last 10 episodes {'-' if r10 is None else f'{r10:.1f}'}"
                 f"{' (target reached)' if reached else ''}")

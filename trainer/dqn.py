@@ -52,8 +52,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from simbridge.trainer import export
 from simbridge.trainer.learner import Learner
+from simbridge.trainer.nstep import DISCOUNTS
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
 from simbridge.wire.preprocess import dict_key_columns, flat_dim
+from simbridge.wire.v1 import simbridge_pb2 as pb
 
 MASK_KEY = "action_mask"
 
@@ -241,25 +245,49 @@ class DQNLearner(Learner):
         """Env actions (N,) or (N, *nvec.shape) -> int64 indices (N, branches) from 0."""
         return np.asarray(actions, np.int64).reshape(len(actions), -1) - self.start
 
+    # ------------------------------------------------------------ portable form
+
+    def export_layers(self, acting: nn.Module) -> export.Exported:
+        """The Q-network's body and its side-by-side branch heads as one final linear layer giving
+        every branch's Q-values (sum(nvec) outputs, no -inf padding); head "q_argmax" with the
+        current epsilon and, with action masks, where they start in the flat observation."""
+        layers = export.mlp_layers(acting.body)
+        _, w, b = export.linear(acting.advantage)
+        if acting.dueling:
+            # Q_b(a) = V + A_b(a) - mean_a' A_b(a') is linear in the last hidden layer: folded into
+            # the final layer, so the exported outputs are the Q-values themselves.
+            nvec = np.asarray(self.nvec, np.int64)
+            branch = np.repeat(np.arange(len(nvec)), nvec)
+            mean = (branch[:, None] == branch[None, :]) / nvec[branch][:, None]   # block averaging
+            _, wv, bv = export.linear(acting.value)
+            w = w - mean @ w + wv
+            b = b - mean @ b + bv
+        layers.append(("linear", w, b))
+        head = pb.ActionHead(kind="q_argmax", branch_sizes=[int(n) for n in self.nvec])
+        head.params["epsilon"] = float(self.epsilon())
+        if self.mask_columns is not None:
+            head.params["action_mask_offset"] = float(self.mask_columns.start)
+        return layers, head
+
     # ------------------------------------------------------------ learning
 
     @torch.no_grad()
     def td_target(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """y = r + discount * mean_b Q_target_b(s', a*_b), a* from the online net if double_q."""
-        next_q_target = self.q_target(batch["new_obs"])           # (B, branches, max_actions)
-        chooser = self.q(batch["new_obs"]) if self.config["double_q"] else next_q_target
-        allowed = self.allowed(batch["new_obs"])
+        next_q_target = self.q_target(batch[NEW_OBS])             # (B, branches, max_actions)
+        chooser = self.q(batch[NEW_OBS]) if self.config["double_q"] else next_q_target
+        allowed = self.allowed(batch[NEW_OBS])
         if allowed is not None:
             chooser = chooser.masked_fill(~allowed, float("-inf"))
         next_actions = chooser.argmax(-1)
         next_q = next_q_target.gather(-1, next_actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
-        return batch["rewards"] + batch["discounts"] * next_q.mean(-1)
+        return batch[REWARDS] + batch[DISCOUNTS] * next_q.mean(-1)
 
     def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         cfg = self.config
         y = self.td_target(batch)                                  # (B,)
-        actions = batch["actions"].long().view(len(y), -1)         # (B, branches)
-        q = self.q(batch["obs"]).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
+        actions = batch[ACTIONS].long().view(len(y), -1)           # (B, branches)
+        q = self.q(batch[OBS]).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
         y = y.unsqueeze(-1).expand_as(q)
         if cfg["loss"] == "huber":
             loss = F.smooth_l1_loss(q, y)

@@ -1,33 +1,23 @@
-"""Learners -> PortablePolicy (and ONNX), for simulators that act locally.
+"""Building blocks for a learner's portable form (PortablePolicy, and ONNX), for simulators
+that act locally.
 
-What is exported is the *acting* copy of a learner's networks (the one the
-bridge serves actions from, under its lock), tagged with that copy's version,
-so a local client acts exactly as the server would at that version:
+Each learner says how it exports itself (`Learner.export_layers`, trainer/dqn.py and
+trainer/sac.py): the dense layers of its *acting* copy and an action head. This module
+only knows layers and messages, never a learner:
 
-* DQN (Discrete, MultiDiscrete): the Q-network's body and its side-by-side
-  branch heads as one final linear layer giving every branch's Q-values
-  (sum(nvec) outputs, no -inf padding). A dueling network's
-  V + A - mean(A) is linear in the last hidden layer, so it is folded into that
-  final layer: the exported outputs are the Q-values themselves. Head
-  "q_argmax" with the learner's current epsilon, and, when the observation
-  carries action masks, where they start in the flattened observation.
-* SAC (Box): the actor's MLP, whose last layer already gives [mean, raw
-  log_std]; head "tanh_gaussian" with log_std_squash = 1 (the actor squashes
-  log_std with tanh into [LOG_STD_MIN, LOG_STD_MAX]). During its random
-  warm-up SAC acts uniformly at random, and so does the export ("random").
-
-The observation preprocessing is "flatten" (simbridge/preprocess.py), the same in
-simbridge/local_policy.py. ONNX (only when asked): a model from the flattened
-observation "obs" (batch, features) to the head input "out", built from the
-very weights of the portable message.
-
-Exports are cached per learner and version: a version is exported once, its
-ONNX at most once, and GetPolicy calls in between cost a dictionary lookup.
+* `linear`/`mlp_layers`: torch modules -> (op, weight, bias) layers, in float64 so a
+  learner can fold layers together (DQN's dueling head) before they are rounded;
+* `message`: layers + head -> PortablePolicy (preprocessor "flatten",
+  simbridge/wire/preprocess.py, the same as simbridge/client/local_policy.py);
+* `PortableCache`: exports cached per version: a version is exported once, its ONNX at
+  most once, and GetPolicy calls in between cost a dictionary lookup;
+* `onnx_bytes`: an ONNX model from the flattened observation "obs" (batch, features) to
+  the head input "out", built from the very weights of the portable message.
 """
 import io
 import threading
 import warnings
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,68 +27,22 @@ from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
-_CACHE_ATTR = "_portable_cache"
-_CACHE_CREATE = threading.Lock()
-
 Layers = List[Tuple[str, Optional[np.ndarray], Optional[np.ndarray]]]  # (op, weight (out, in), bias)
+#: What a learner exports: its layers and action head, or None when it has no portable form.
+Exported = Optional[Tuple[Layers, pb.ActionHead]]
 
 
-class _Cache:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.version: Optional[int] = None
-        self.msg: Optional[pb.PortablePolicy] = None
-        self.with_onnx: Optional[pb.PortablePolicy] = None
+# ---------------------------------------------------------------- torch -> layers
 
-
-def _cache_of(learner) -> _Cache:
-    cache = getattr(learner, _CACHE_ATTR, None)
-    if cache is None:
-        with _CACHE_CREATE:
-            cache = getattr(learner, _CACHE_ATTR, None)
-            if cache is None:
-                cache = _Cache()
-                setattr(learner, _CACHE_ATTR, cache)
-    return cache
-
-
-def portable(learner, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
-    """The learner's acting policy as a PortablePolicy (shared, cached: copy before changing);
-    None for learners this module does not know."""
-    from simbridge.trainer.dqn import DQNLearner
-    from simbridge.trainer.sac import SACLearner
-    if not isinstance(learner, (DQNLearner, SACLearner)):
-        return None
-    cache = _cache_of(learner)
-    with cache.lock:
-        if cache.msg is None or cache.version != learner.version:
-            with learner._act_lock:  # the acting copy and its version, as one consistent snapshot
-                version = learner.version
-                layers, head = _dqn(learner) if isinstance(learner, DQNLearner) else _sac(learner)
-            cache.msg = _message(learner, version, layers, head)
-            cache.version, cache.with_onnx = version, None
-        if not include_onnx:
-            return cache.msg
-        if cache.with_onnx is None:
-            msg = pb.PortablePolicy()
-            msg.CopyFrom(cache.msg)
-            if msg.layers:
-                msg.onnx_model = onnx_bytes(layers_of(msg), int(tensors.from_tensor(msg.layers[0].weight).shape[1]))
-            cache.with_onnx = msg
-        return cache.with_onnx
-
-
-# ---------------------------------------------------------------- per algorithm
-
-def _linear(m: nn.Linear) -> Tuple[str, np.ndarray, np.ndarray]:
+def linear(m: nn.Linear) -> Tuple[str, np.ndarray, np.ndarray]:
     return ("linear", m.weight.detach().cpu().double().numpy(), m.bias.detach().cpu().double().numpy())
 
 
-def _mlp_layers(modules) -> Layers:
+def mlp_layers(modules) -> Layers:
     out: Layers = []
     for m in modules:
         if isinstance(m, nn.Linear):
-            out.append(_linear(m))
+            out.append(linear(m))
         elif isinstance(m, nn.ReLU):
             out.append(("relu", None, None))
         elif isinstance(m, nn.Tanh):
@@ -108,42 +52,13 @@ def _mlp_layers(modules) -> Layers:
     return out
 
 
-def _dqn(learner) -> Tuple[Layers, pb.ActionHead]:
-    q = learner.acting
-    layers = _mlp_layers(q.body)
-    _, w, b = _linear(q.advantage)
-    if q.dueling:
-        # Q_b(a) = V + A_b(a) - mean_a' A_b(a'): one linear map of the last hidden layer.
-        nvec = np.asarray(learner.nvec, np.int64)
-        branch = np.repeat(np.arange(len(nvec)), nvec)
-        mean = (branch[:, None] == branch[None, :]) / nvec[branch][:, None]   # block averaging
-        _, wv, bv = _linear(q.value)
-        w = w - mean @ w + wv
-        b = b - mean @ b + bv
-    layers.append(("linear", w, b))
-    head = pb.ActionHead(kind="q_argmax", branch_sizes=[int(n) for n in learner.nvec])
-    head.params["epsilon"] = float(learner.epsilon())
-    mask = getattr(learner, "mask_columns", None)  # action masks read from the observation (trainer/dqn.py)
-    if mask is not None:
-        head.params["action_mask_offset"] = float(mask.start)
-    return layers, head
+# ---------------------------------------------------------------- layers -> message
 
-
-def _sac(learner) -> Tuple[Layers, pb.ActionHead]:
-    from simbridge.trainer.sac import LOG_STD_MAX, LOG_STD_MIN
-    cfg = learner.config
-    if cfg["random_warmup"] and learner.agent_steps < cfg["learning_starts"]:
-        return [], pb.ActionHead(kind="random")   # as SACLearner.act during its warm-up
-    head = pb.ActionHead(kind="tanh_gaussian")
-    head.params.update({"log_std_min": LOG_STD_MIN, "log_std_max": LOG_STD_MAX, "log_std_squash": 1.0,
-                        "deterministic": 0.0})
-    return _mlp_layers(learner.acting.net), head
-
-
-def _message(learner, version: int, layers: Layers, head: pb.ActionHead) -> pb.PortablePolicy:
+def message(version: int, observation_space, action_space, layers: Layers,
+            head: pb.ActionHead) -> pb.PortablePolicy:
     msg = pb.PortablePolicy(version=int(version), preprocessor="flatten",
-                            observation_space=sb_spaces.space_to_proto(learner.observation_space),
-                            action_space=sb_spaces.space_to_proto(learner.action_space))
+                            observation_space=sb_spaces.space_to_proto(observation_space),
+                            action_space=sb_spaces.space_to_proto(action_space))
     for op, w, b in layers:
         layer = msg.layers.add(op=op)
         if op == "linear":
@@ -151,6 +66,36 @@ def _message(learner, version: int, layers: Layers, head: pb.ActionHead) -> pb.P
             tensors.fill_tensor(layer.bias, np.ascontiguousarray(b, np.float32))
     msg.head.CopyFrom(head)
     return msg
+
+
+class PortableCache:
+    """One policy's latest export and its ONNX twin, rebuilt when the version moves on."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version: Optional[int] = None
+        self._msg: Optional[pb.PortablePolicy] = None
+        self._with_onnx: Optional[pb.PortablePolicy] = None
+
+    def get(self, version: int, snapshot: Callable[[], Optional[pb.PortablePolicy]],
+            include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
+        """The cached message for `version`, else `snapshot()` (a consistent message, or None for a
+        policy without portable form; its own version may be newer than `version`)."""
+        with self._lock:
+            if self._msg is None or self._version != version:
+                msg = snapshot()
+                if msg is None:
+                    return None
+                self._msg, self._version, self._with_onnx = msg, msg.version, None
+            if not include_onnx:
+                return self._msg
+            if self._with_onnx is None:
+                msg = pb.PortablePolicy()
+                msg.CopyFrom(self._msg)
+                if msg.layers:
+                    msg.onnx_model = onnx_bytes(layers_of(msg), int(tensors.from_tensor(msg.layers[0].weight).shape[1]))
+                self._with_onnx = msg
+            return self._with_onnx
 
 
 # ---------------------------------------------------------------- ONNX

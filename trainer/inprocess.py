@@ -27,8 +27,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from simbridge.wire import tree
 from simbridge.server.sample_batch import SampleBatchBuilder
+from simbridge.wire import tree
+from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
+                                    REWARDS, T, TERMINATEDS, TRUNCATEDS)
 
 
 def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: Optional[int] = None,
@@ -73,9 +75,9 @@ def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: 
             version = learner.version
         new_obs, reward, terminated, truncated, _ = env.step(action)
         steps += 1
-        builder.add_row(obs=obs, new_obs=new_obs, actions=action, rewards=np.float32(reward),
-                        terminateds=bool(terminated), truncateds=bool(truncated and not terminated),
-                        eps_id=eps_id, agent_index=0, t=t, policy_version=version, action_logp=logp)
+        builder.add_row({OBS: obs, NEW_OBS: new_obs, ACTIONS: action, REWARDS: np.float32(reward),
+                         TERMINATEDS: bool(terminated), TRUNCATEDS: bool(truncated and not terminated),
+                         EPS_ID: eps_id, AGENT_INDEX: 0, T: t, POLICY_VERSION: version, ACTION_LOGP: logp})
         ep_return += float(reward)
         t += 1
         if terminated or truncated:

@@ -13,7 +13,7 @@ it before taking more experience, so a slow learner slows the simulators
 """
 import copy
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -21,9 +21,14 @@ import torch
 
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
+from simbridge.trainer import export
 from simbridge.trainer.nstep import NStepAccumulator
-from simbridge.wire.preprocess import flatten
 from simbridge.trainer.replay import ReplayBuffer
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
+from simbridge.wire.preprocess import flatten
+from simbridge.wire.v1 import simbridge_pb2 as pb
+
+Read = TypeVar("Read")
 
 COMMON_DEFAULTS = {
     "gamma": 0.99,
@@ -69,6 +74,7 @@ class Learner(Policy):
         self.updates = 0              # gradient updates done
         self.updates_forgiven = 0     # due updates skipped (resumed without a replay buffer)
         self._act_lock = threading.Lock()
+        self._exports = export.PortableCache()
         self.build()
         self.acting = copy.deepcopy(self.modules_for_acting())
         self.last_metrics: Dict[str, float] = {}
@@ -95,6 +101,11 @@ class Learner(Policy):
         """Actions as the replay keeps them (e.g. scaled to [-1, 1]); identity by default."""
         return actions
 
+    def export_layers(self, acting: torch.nn.Module) -> export.Exported:
+        """The acting copy as dense layers and an action head (built with trainer/export.py's
+        blocks), called while the acting copy cannot change; None: no portable form (default)."""
+        return None
+
     # ------------------------------------------------------------ serving
 
     def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
@@ -107,11 +118,23 @@ class Learner(Policy):
             actions, logp = self.act(self.acting, obs, explore)
         return ActionBatch(actions, logp)
 
-    def portable(self, include_onnx: bool = False):
-        """The acting networks as a PortablePolicy for clients that act locally (trainer/export.py);
-        None when this learner has no portable form."""
-        from simbridge.trainer import export
-        return export.portable(self, include_onnx)
+    def acting_snapshot(self, read: Callable[[torch.nn.Module], Read]) -> Tuple[int, Read]:
+        """(version, read(acting copy)) as one consistent snapshot: no train() swaps the weights
+        in between. `read` runs under the acting lock, which compute_actions waits on: keep it short."""
+        with self._act_lock:
+            return self.version, read(self.acting)
+
+    def portable(self, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
+        """The acting networks as a PortablePolicy for clients that act locally (shared, cached per
+        version: copy before changing); None when this learner has no portable form."""
+        return self._exports.get(self.version, self._export_snapshot, include_onnx)
+
+    def _export_snapshot(self) -> Optional[pb.PortablePolicy]:
+        version, exported = self.acting_snapshot(self.export_layers)
+        if exported is None:
+            return None
+        layers, head = exported
+        return export.message(version, self.observation_space, self.action_space, layers, head)
 
     # ------------------------------------------------------------ learning
 
@@ -120,9 +143,9 @@ class Learner(Policy):
             return
         cols = self.nstep.add(batch)
         if cols:
-            cols["obs"] = flatten(self.observation_space, cols["obs"])
-            cols["new_obs"] = flatten(self.observation_space, cols["new_obs"])
-            cols["actions"] = self.store_actions(np.asarray(cols["actions"]))
+            cols[OBS] = flatten(self.observation_space, cols[OBS])
+            cols[NEW_OBS] = flatten(self.observation_space, cols[NEW_OBS])
+            cols[ACTIONS] = self.store_actions(np.asarray(cols[ACTIONS]))
             self.replay.add(cols)
         self.agent_steps += batch.count
 

@@ -13,8 +13,13 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from simbridge.wire import tree
 from simbridge.server.sample_batch import SampleBatch
+from simbridge.wire import tree
+from simbridge.wire.columns import ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS
+
+#: The replay's column of bootstrap factors: gamma^m, 0 once the trajectory terminated.
+DISCOUNTS = "discounts"
+
 
 class NStepAccumulator:
     def __init__(self, n: int, gamma: float, max_open: int = 100_000):
@@ -27,14 +32,14 @@ class NStepAccumulator:
     def add(self, batch: SampleBatch) -> Dict[str, np.ndarray]:
         """Rows of `batch` in -> finished n-step transitions out (columns: obs, actions,
         rewards, new_obs, discounts, terminateds)."""
-        obs, act, rew, nobs = batch["obs"], batch["actions"], batch["rewards"], batch["new_obs"]
-        term, trunc = batch["terminateds"], batch["truncateds"]
+        obs, act, rew, nobs = batch[OBS], batch[ACTIONS], batch[REWARDS], batch[NEW_OBS]
+        term, trunc = batch[TERMINATEDS], batch[TRUNCATEDS]
         if self.n == 1:  # vectorised fast path
-            return {"obs": obs, "actions": act, "rewards": rew.astype(np.float32),
-                    "new_obs": nobs, "terminateds": term.astype(bool),
-                    "discounts": np.where(term, 0.0, self.gamma).astype(np.float32)}
+            return {OBS: obs, ACTIONS: act, REWARDS: rew.astype(np.float32),
+                    NEW_OBS: nobs, TERMINATEDS: term.astype(bool),
+                    DISCOUNTS: np.where(term, 0.0, self.gamma).astype(np.float32)}
         out: List[tuple] = []
-        keys = list(zip(batch["eps_id"].tolist(), batch["agent_index"].tolist()))
+        keys = list(zip(batch[EPS_ID].tolist(), batch[AGENT_INDEX].tolist()))
         for i, key in enumerate(keys):
             traj = self._open.pop(key, None) or []
             traj.append((tree.take(obs, i), tree.take(act, i), float(rew[i]), tree.take(nobs, i), bool(term[i])))
@@ -52,9 +57,9 @@ class NStepAccumulator:
         if not out:
             return {}
         o, a, r, no, t, d = zip(*out)
-        return {"obs": tree.stack(o), "actions": tree.stack(a), "rewards": np.asarray(r, np.float32),
-                "new_obs": tree.stack(no), "terminateds": np.asarray(t, bool),
-                "discounts": np.asarray(d, np.float32)}
+        return {OBS: tree.stack(o), ACTIONS: tree.stack(a), REWARDS: np.asarray(r, np.float32),
+                NEW_OBS: tree.stack(no), TERMINATEDS: np.asarray(t, bool),
+                DISCOUNTS: np.asarray(d, np.float32)}
 
     def _target(self, traj: list) -> tuple:
         ret, g = 0.0, 1.0

@@ -29,8 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from simbridge.trainer import export
 from simbridge.trainer.learner import Learner
+from simbridge.trainer.nstep import DISCOUNTS
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
 from simbridge.wire.preprocess import flat_dim
+from simbridge.wire.v1 import simbridge_pb2 as pb
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -194,6 +198,20 @@ class SACLearner(Learner):
         a = (a - self.low) / self.scale - 1.0
         return np.clip(a, -STORE_CLIP, STORE_CLIP).astype(np.float32)
 
+    # ------------------------------------------------------------ portable form
+
+    def export_layers(self, acting: nn.Module) -> export.Exported:
+        """The actor's MLP, whose last layer gives [mean, raw log_std]; head "tanh_gaussian" with
+        log_std_squash = 1 (Actor squashes log_std with tanh into [LOG_STD_MIN, LOG_STD_MAX]).
+        During the random warm-up, head "random" and no layers, as act() then."""
+        cfg = self.config
+        if cfg["random_warmup"] and self.agent_steps < cfg["learning_starts"]:
+            return [], pb.ActionHead(kind="random")
+        head = pb.ActionHead(kind="tanh_gaussian")
+        head.params.update({"log_std_min": LOG_STD_MIN, "log_std_max": LOG_STD_MAX, "log_std_squash": 1.0,
+                            "deterministic": 0.0})
+        return export.mlp_layers(acting.net), head
+
     # ------------------------------------------------------------ acting
 
     def act(self, module: nn.Module, obs: torch.Tensor, explore: bool):
@@ -222,8 +240,8 @@ class SACLearner(Learner):
             return rewards + discounts * (q_next - alpha * next_logp)
 
     def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        obs, new_obs = batch["obs"], batch["new_obs"]
-        actions, rewards, discounts = batch["actions"], batch["rewards"], batch["discounts"]
+        obs, new_obs = batch[OBS], batch[NEW_OBS]
+        actions, rewards, discounts = batch[ACTIONS], batch[REWARDS], batch[DISCOUNTS]
         b = obs.shape[0]
         alpha = self.log_alpha.detach().exp()
 

@@ -4,6 +4,8 @@ Every comparison runs the learner's own acting network in torch on random observ
 exported form on the same observations: Q-values / actor outputs, the greedy actions, and the
 preprocessing against simbridge/preprocess.py.
 """
+import ast
+
 import gymnasium as gym
 import numpy as np
 import onnxruntime as ort
@@ -257,3 +259,15 @@ def test_nan_observations_are_refused():
     rnd = LocalPolicy(RandomPolicy(OBS_SPACES["box"], gym.spaces.Discrete(2)).portable())
     with pytest.raises(ValueError, match="NaN"):
         rnd.act(np.array([0.0, np.nan, 0.0, 0.0], np.float32))
+
+
+def test_export_knows_no_learner():
+    """Each learner exports itself (Learner.export_layers) from export.py's blocks: export.py imports
+    nothing of the trainer, so learner -> export -> learner cannot close a circle."""
+    from pathlib import Path
+
+    from simbridge.trainer import export
+    tree = ast.parse(Path(export.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m.startswith("simbridge.trainer")], imported

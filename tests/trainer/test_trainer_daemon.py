@@ -15,11 +15,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from simbridge.wire.errors import BridgeError
-from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
-from simbridge.trainer import daemon as trainer_daemon
+from simbridge.trainer import cli
+from simbridge.trainer.checkpoint import load_checkpoint
 from simbridge.trainer.config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
-                            resolve_algorithm)
+                                      resolve_algorithm)
+from simbridge.trainer.daemon import TrainerDaemon
+from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.reporting import read_metrics
+from simbridge.wire import spaces as sb_spaces
+from simbridge.wire import tensors
+from simbridge.wire.errors import BridgeError
+from simbridge.wire.v1 import simbridge_pb2 as pb
 
 TESTS = Path(__file__).resolve().parent
 LINEAR_Q = "linear_q_learner:LinearQLearner"
@@ -148,31 +154,40 @@ def test_daemon_builds_declared_policies_and_refuses_unmapped_agents(tmp_path):
         [mapping]
         rules = ["q_*=q", "f_*=frozen", "r_*=r"]
     """)
-    d = trainer_daemon.TrainerDaemon(cfg)
-    assert set(d.policies) == {"q"} and set(d.runtime.policies) == {"q"}  # declared: built at startup
-    assert d.policies["q"].trainable
+    d = TrainerDaemon(cfg)
+    assert set(d.runtime.policies) == {"q"}  # declared: built at startup, kept by the runtime only
+    assert d.runtime.policies["q"].trainable
     assert d.runtime.policy_mapping_fn("f_1", None) == "frozen"
     with pytest.raises(BridgeError) as e:
         d.runtime.policy_mapping_fn("stranger", None)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "[mapping] default" in e.value.message
     box, disc = gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
-    frozen = d._policy_factory("frozen", box, disc)
-    assert not frozen.trainable and d.policies["frozen"] is frozen
-    assert type(d._policy_factory("r", box, disc)).__name__ == "RandomPolicy"
+    # First use of "frozen": the runtime calls the daemon's factory and keeps what it builds.
+    rt = d.runtime
+    s = rt.session(rt.create_session(pb.CreateSessionRequest(
+        client_name="t", observation_space=sb_spaces.space_to_proto(box),
+        action_space=sb_spaces.space_to_proto(disc)), True).session_id, True)
+    rt.handle("start_episode", pb.StartEpisodeRequest(episode_ids=["e"]), True, bound=s)
+    rt.handle("get_action", pb.GetActionRequest(rows=[pb.AgentRows(
+        episode_ids=["e"], agent_ids=["f_1"],
+        observations=pb.Value(tensor=tensors.to_tensor(np.zeros((1, 4), np.float32))))]), True, bound=s)
+    frozen = rt.policies["frozen"]
+    assert not frozen.trainable and set(rt.policies) == {"q", "frozen"}
+    assert type(rt.policy_factory("r", box, disc)).__name__ == "RandomPolicy"
     with pytest.raises(BridgeError, match="cannot create policy 'q'.*Box"):
-        d._policy_factory("q", box, gym.spaces.Box(-1.0, 1.0, (2,), np.float32))  # linear-Q needs Discrete
+        rt.policy_factory("q", box, gym.spaces.Box(-1.0, 1.0, (2,), np.float32))  # linear-Q needs Discrete
 
 
 def test_run_refuses_a_used_logdir_and_a_missing_checkpoint(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[run]\nlogdir = "{tmp_path / "run"}"\n[policies.p]\nalgorithm = "random"\n')
-    assert trainer_daemon.main(["run", "--config", str(cfg), "--resume"]) == 2
+    assert cli.main(["run", "--config", str(cfg), "--resume"]) == 2
     assert "no checkpoint.pt" in capsys.readouterr().err
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    assert trainer_daemon.main(["run", "--config", str(cfg)]) == 2
+    assert cli.main(["run", "--config", str(cfg)]) == 2
     assert "pass --resume" in capsys.readouterr().err
-    assert trainer_daemon.main(["plot", str(tmp_path)]) == 2
+    assert cli.main(["plot", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
 
 
@@ -217,7 +232,7 @@ def _kill(*procs):
 
 
 def _load_ckpt(path: Path) -> dict:
-    return trainer_daemon.load_checkpoint(path)
+    return load_checkpoint(path)
 
 
 def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
@@ -318,7 +333,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
 
     # plot: learning curves from metrics.jsonl.
     png = tmp_path / "curves.png"
-    assert trainer_daemon.main(["plot", str(logdir), "--out", str(png)]) == 0
+    assert cli.main(["plot", str(logdir), "--out", str(png)]) == 0
     assert png.exists() and png.stat().st_size > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -327,4 +342,4 @@ def test_read_metrics_drops_records_superseded_by_a_resume(tmp_path):
     lines = [{"env_steps": 100}, {"env_steps": 200}, {"env_steps": 300},   # 300: after the last checkpoint
              {"env_steps": 200, "event": "resume"}, {"env_steps": 250}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{\"env_st")  # torn last line
-    assert [r["env_steps"] for r in trainer_daemon.read_metrics(tmp_path / "metrics.jsonl")] == [100, 200, 200, 250]
+    assert [r["env_steps"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [100, 200, 200, 250]

@@ -1,0 +1,135 @@
+"""`simbridge-trainer`: the bridge server with learners behind it, in one process.
+
+    simbridge-trainer run [--config FILE] [--resume] [--address HOST:PORT]
+                          [--total-env-steps N] [--logdir DIR]
+    simbridge-trainer plot RUN_DIR [--out PNG]
+
+`run` serves the policies of the config (default: the embedded
+trainer/configs/cartpole_dqn.toml) on a BridgeServer; simulators connect
+whenever they like. Each policy is created when the first simulator using it
+connects (its handshake gives the spaces), or at startup when the config
+declares the spaces or a resumed checkpoint knows them.
+
+The main thread is the learner loop: take a MultiAgentBatch from the bridge's
+experience queue, add each policy's SampleBatch to its learner (trainable
+policies only), then run the updates the replay ratio makes due before taking
+more. The queue is small, so a learner that falls behind blocks the bridge's
+puts and slows the simulators instead of falling behind.
+
+`--resume` loads checkpoint.pt: counters (env steps, episodes, wall time, the
+last 100 episode returns) continue, and every policy is re-created at startup
+from the spaces saved with it, with its networks, optimizers, update counts
+(= policy version) and, if kept, replay buffer. Simulators connected to the
+previous process lose their session (their client raises SessionLost, and the
+reference simulators exit with code 2): start them again.
+"""
+# This module imports neither torch nor the daemon until a command runs, so that a missing
+# trainer extra is one line naming the fix, not a traceback.
+from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
+
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from simbridge.trainer import rundir
+from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
+from simbridge.trainer.reporting import plot
+from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
+
+#: Top-level modules of the `trainer` extra (pyproject.toml): missing, they are reported as such.
+TRAINER_EXTRA_MODULES = frozenset({"torch", "tensorboard", "matplotlib", "onnx"})
+INSTALL_HINT = ("install torch first with the build you want (https://pytorch.org/get-started/locally/), "
+                "then: pip install 'simbridge[trainer]'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simbridge-trainer", description=f"{__doc__}\n{rundir.__doc__}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="serve and train (until SIGTERM / Ctrl-C or total_env_steps)")
+    r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
+                                    f"the run's saved {SAVED_CONFIG})")
+    r.add_argument("--resume", action="store_true", help=f"continue from LOGDIR/{CHECKPOINT}")
+    r.add_argument("--address", help="host:port to serve on (overrides [server] address)")
+    r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
+    r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
+    r.add_argument("--log-level", default="INFO")
+    pl = sub.add_parser("plot", help="draw learning curves from RUN_DIR/metrics.jsonl")
+    pl.add_argument("run_dir", metavar="RUN_DIR")
+    pl.add_argument("--out", help="PNG to write (default: RUN_DIR/learning_curves.png)")
+    return p
+
+
+def config_for(args) -> TrainerConfig:
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        cfg = load_config(DEFAULT_CONFIG)
+        saved = Path(args.logdir or cfg.run.logdir) / SAVED_CONFIG
+        if args.resume and saved.exists():
+            cfg = load_config(saved)
+            cfg.run.logdir = str(saved.parent)
+    if args.address:
+        cfg.server.address = args.address
+    if args.total_env_steps is not None:
+        if args.total_env_steps < 0:
+            raise ConfigError("--total-env-steps must be >= 0 (0: run until stopped)")
+        cfg.run.total_env_steps = args.total_env_steps
+    if args.logdir:
+        cfg.run.logdir = args.logdir
+    return cfg
+
+
+def cmd_run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
+    try:
+        cfg = config_for(args)
+        if not args.resume:
+            refuse_used(Path(cfg.run.logdir))
+        daemon = TrainerDaemon(cfg, resume=args.resume)
+    except ConfigError as e:
+        print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+        return 2
+
+    def on_signal(signum, frame):
+        if daemon.stop_event.is_set():
+            raise KeyboardInterrupt  # a second signal: stop without waiting (the last checkpoint stays)
+        daemon.request_stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return daemon.run()
+    except KeyboardInterrupt:
+        print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
+        return 130
+
+
+def cmd_plot(args) -> int:
+    try:
+        out = plot(Path(args.run_dir), Path(args.out) if args.out else None)
+    except ConfigError as e:
+        print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_run(args) if args.command == "run" else cmd_plot(args)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in TRAINER_EXTRA_MODULES:
+            raise
+        print(f"simbridge-trainer: {e.name} is not installed (the trainer extra): {INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

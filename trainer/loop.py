@@ -1,0 +1,97 @@
+"""The learning loop, the daemon's main thread.
+
+Take a MultiAgentBatch from the bridge's experience queue, add each policy's SampleBatch to
+its learner (trainable policies only), then run the updates the replay ratio makes due
+before taking more. The queue is small, so a learner that falls behind blocks the bridge's
+puts and slows the simulators instead of falling behind. Between chunks of updates the loop
+writes the progress record when due, checkpoints every checkpoint_every_env_steps and stops
+at total_env_steps.
+"""
+import math
+import threading
+import time
+from typing import Callable
+
+from simbridge.server.runtime import BridgeRuntime
+from simbridge.trainer.config import RunSection
+from simbridge.trainer.factory import trains
+
+TRAIN_CHUNK = 64          # updates between checks for signals and progress lines
+
+
+class LearningLoop:
+    def __init__(self, runtime: BridgeRuntime, run: RunSection, stop_event: threading.Event,
+                 stop: Callable[[str], None], report: Callable[[], object], checkpoint: Callable[[], None]):
+        self.runtime = runtime
+        self.run_cfg = run
+        self.stop_event = stop_event
+        self._stop = stop
+        self._report = report
+        self._checkpoint = checkpoint
+        self._next_report = 0.0
+
+    def run(self, last_checkpoint_env_steps: int) -> None:
+        """Until stop_event is set (a signal, or total_env_steps reached)."""
+        run = self.run_cfg
+        self._next_report = time.monotonic() + run.print_every_s
+        every = run.checkpoint_every_env_steps
+        next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
+        while not self.stop_event.is_set():
+            batch = self.runtime.experience.get(timeout=0.05)
+            if batch is not None:
+                self.ingest(batch)
+            self._train_due()
+            self._maybe_report()
+            steps = self.runtime.metrics.env_steps
+            if steps >= next_ckpt:
+                self._checkpoint()
+                next_ckpt = (steps // every + 1) * every
+            if run.total_env_steps and steps >= run.total_env_steps:
+                self._stop(f"total_env_steps {run.total_env_steps} reached")
+
+    def ingest(self, batch) -> None:
+        policies = self.runtime.policies
+        for pid, b in batch.policy_batches.items():
+            p = policies.get(pid)
+            if p is not None and trains(p):
+                p.add(b)
+
+    def _train_due(self) -> None:
+        """Runs every due update (in chunks, staying responsive to signals and the clock)."""
+        while not self.stop_event.is_set():
+            busy = False
+            for _, p in list(self.runtime.policies.items()):
+                if trains(p) and p.updates_due() > 0:
+                    p.train(max_updates=TRAIN_CHUNK)
+                    busy = True
+            if not busy:
+                return
+            self._maybe_report()
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_report:
+            self._report()
+            self._next_report = now + self.run_cfg.print_every_s
+
+    def drain_while(self, stop_server: Callable[[], None]) -> None:
+        """Keep taking experience while `stop_server` runs, so no RPC thread stays blocked on the
+        queue; then take what is left, with the transitions of episodes still open (their
+        sessions are gone with the server)."""
+        done = threading.Event()
+
+        def drain():
+            while not done.is_set():
+                b = self.runtime.experience.get(timeout=0.05)
+                if b is not None:
+                    self.ingest(b)
+        t = threading.Thread(target=drain, name="trainer-drain", daemon=True)
+        t.start()
+        stop_server()
+        done.set()
+        t.join()
+        for b in self.runtime.experience.get_all():
+            self.ingest(b)
+        self.runtime.flush()
+        for b in self.runtime.experience.get_all():
+            self.ingest(b)

@@ -1,0 +1,26 @@
+"""What a run leaves in its logdir ([run] logdir, --logdir):
+  metrics.jsonl          one JSON object per line every print_every_s (env_steps, wall_s,
+                         return_mean per policy, updates, versions, losses, ...); appended on resume
+  events.out.tfevents.*  TensorBoard scalars (env/return_mean/<policy>, env/steps_per_s,
+                         learner/<policy>/<metric>, ...): `tensorboard --logdir DIR`
+  checkpoint.pt          written atomically every checkpoint_every_env_steps and at exit
+                         (SIGTERM, Ctrl-C, total_env_steps reached)
+  config.toml            the config the run started with; `run --resume --logdir DIR` reuses it
+"""
+# Names only (no torch here): the CLI reads them before anything heavy is imported.
+from pathlib import Path
+
+from simbridge.trainer.config import ConfigError
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+SAVED_CONFIG = "config.toml"
+
+
+def refuse_used(logdir: Path) -> None:
+    """A fresh run must not write over another run's checkpoint or metrics."""
+    for name in (CHECKPOINT, METRICS):
+        f = logdir / name
+        if f.exists() and f.stat().st_size > 0:
+            raise ConfigError(f"{logdir} already holds a run ({name}): pass --resume to continue it, or "
+                              f"choose another --logdir")
