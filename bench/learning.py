@@ -10,7 +10,7 @@ multiagent-cartpole: one trained policy's learner on one CartPole), so the
 bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`.
 
 The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
-trainer/sac.py), starts `python -m simbridge.trainer.daemon run` on a free loopback port,
+trainer/sac.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
@@ -110,7 +110,7 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
     procs: List[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
-        daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(tmp / "config.toml"),
+        daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(tmp / "config.toml"),
                                    "--log-level", "WARNING"], env=env, cwd=str(ROOT), stdout=log, stderr=log)
         procs.append(daemon)
         wait_for_health(address, timeout=120)

@@ -718,7 +718,7 @@ SIMS["local"] = LocalSim
 
 
 def start_dqn_trainer(children, logdir, timeout_s=120.0):
-    """`python -m simbridge.trainer.daemon run` with one frozen DQN policy on a free loopback port."""
+    """`python -m simbridge.trainer.cli run` with one frozen DQN policy on a free loopback port."""
     address = f"{HOST}:{_free_port()}"
     cfg = Path(logdir) / "bench_dqn.toml"
     cfg.write_text(f"""policies_to_train = []
@@ -735,7 +735,7 @@ algorithm = "dqn"
 config = {{ hidden = [128, 128], epsilon_initial = 0.02, epsilon_final = 0.02, seed = 0 }}
 """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    proc = children.add(subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(cfg),
+    proc = children.add(subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg),
                                           "--log-level", "WARNING"], cwd=REPO, env=env,
                                          stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                                          preexec_fn=_die_with_parent))

@@ -1,6 +1,6 @@
 """TrainerDaemon: one run's bridge runtime, server, policies, learning loop, checkpoints and
 reports, wired together. `run()` blocks until stopped. The command line is trainer/cli.py
-(`simbridge-trainer`, or `python -m simbridge.trainer.daemon`).
+(`simbridge-trainer`, or `python -m simbridge.trainer.cli`).
 
 Policies live in the runtime (`runtime.policies`): each is created by the PolicyFactory when
 the first simulator using it connects (its handshake gives the spaces), or here at startup
@@ -9,14 +9,8 @@ when the config declares the spaces or a resumed checkpoint knows them.
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
-import sys
-
-if __name__ == "__main__":
-    # Before the imports below need torch: the CLI says which extra to install when it is missing.
-    from simbridge.trainer.cli import main
-    sys.exit(main())
-
 import collections
+import sys
 import threading
 import time
 from pathlib import Path

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     console.say(f"starting the trainer daemon (DQN on CartPole) on {address}, logs in {logdir} ...")
     t0 = time.monotonic()
     try:
-        trainer = start_server("trainer", python_module("simbridge.trainer.daemon", "run", "--address", address,
+        trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--address", address,
                                                         "--logdir", str(logdir), "--log-level", "WARNING"),
                                address, timeout=120.0, on_line=console.on_line)
     except RuntimeError as e:
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
             s.stop(timeout=10.0)
         trainer.stop(timeout=30.0)
     rec = reached or last_metrics(logdir) or {}
-    plot = Proc("plot", python_module("simbridge.trainer.daemon", "plot", str(logdir)), console.on_line)
+    plot = Proc("plot", python_module("simbridge.trainer.cli", "plot", str(logdir)), console.on_line)
     plot.popen.wait(timeout=120.0)
     plot.wait_output()
     r10 = rec.get("return_mean_10", {}).get(DEFAULT_POLICY)

@@ -55,7 +55,7 @@ SAC_DEFAULTS = {
 # seeds. Measured (torch 1 thread, 2-core CPU shared with other jobs), first env step at which
 # the mean of the last 10 episodes reached -200 / that mean after 10k steps, seeds 0, 1, 2:
 #   simbridge.trainer.inprocess.run_inprocess, fragment=200:  5400 / -188,  5000 / -133,  6600 / -223
-#   through the bridge (simbridge.trainer.daemon + simbridge.sims.gym_sim, rollout_fragment_length 200, queue 4):
+#   through the bridge (simbridge.trainer.cli + simbridge.sims.gym_sim, rollout_fragment_length 200, queue 4):
 #                                                    6600 / -188,  6600 / -135,  6400 / -224
 # 10k env steps (8-9k updates) took 245-300 s in-process, 190-370 s through the bridge. hidden [64, 64] reaches -200 as early
 # (5000-6600 steps, 6 seeds) at 2-3x the update rate, but had more failed swing-ups late on.

@@ -34,7 +34,7 @@ checkpoint_every_env_steps = 1000000
 {tables}
 """)
     env = child_env()
-    procs = [subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(cfg)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         wait_for_health(address, timeout=120)

@@ -43,7 +43,7 @@ def test_daemon_sigterm_resume_simulator_goes_on(tmp_path):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(CONFIG.format(address=address, logdir=logdir))
     env = child_env()
-    daemon = [sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(cfg)]
+    daemon = [sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg)]
     d1 = subprocess.Popen(daemon, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sim = None
     d2 = None

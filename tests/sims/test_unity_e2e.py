@@ -42,7 +42,7 @@ def test_dqn_and_sac_learn_two_behaviors_of_one_build_through_the_unity_connecto
     address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     env = child_env({"SIMBRIDGE_PEER_PYTHON": sys.executable})
-    daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.daemon", "run", "--config", str(CONFIG),
+    daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(CONFIG),
                                "--address", address, "--logdir", str(logdir), "--total-env-steps", str(BUDGET)],
                               env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     connector = None

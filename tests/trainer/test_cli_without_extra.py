@@ -47,7 +47,7 @@ def _assert_names_the_fix(out, module):
     assert "torch first" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("entry", [["-c", CLI], ["-m", "simbridge.trainer.daemon"]])
+@pytest.mark.parametrize("entry", [["-c", CLI], ["-m", "simbridge.trainer.cli"]])
 def test_run_without_torch(tmp_path, entry):
     out = _run(tmp_path, ["torch"], [*entry, "run", "--logdir", str(tmp_path / "run"), "--address", "127.0.0.1:1"])
     _assert_names_the_fix(out, "torch")

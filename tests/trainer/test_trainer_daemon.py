@@ -261,7 +261,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
         rules = ["cart_1=p1"]
         default = "p0"
     """)
-    argv = python_module("simbridge.trainer.daemon", "run", "--config", str(cfg_path))
+    argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path))
     daemon = start_server("trainer", argv, address, timeout=60, env=_env(), keep=5000)
     # gym_sim (agent0 -> p0) and a 2-cart multi-agent sim (cart_0 -> p0, cart_1 -> p1, frozen).
     sims = [_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "1"),
@@ -307,7 +307,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
     n_before = len(recs)
     total = c["env_steps"] + 300
     daemon = start_server("trainer-resumed", python_module(
-        "simbridge.trainer.daemon", "run", "--config", str(cfg_path), "--resume", "--total-env-steps", str(total)),
+        "simbridge.trainer.cli", "run", "--config", str(cfg_path), "--resume", "--total-env-steps", str(total)),
         address, timeout=60, env=_env(), keep=5000)
     sim = _sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
     try:
