@@ -37,7 +37,7 @@ importlib.import_module(sys.argv[1])
 print(seen[0] if seen else "grpc never imported")
 """
 
-PROGRAMS = ["simbridge.server.cli", "simbridge.trainer.cli", "simbridge.sims.gym_sim", "simbridge.sims.multiagent_sim",
+PROGRAMS = ["simbridge.server.cli", "simbridge.trainer.daemon", "simbridge.sims.gym_sim", "simbridge.sims.multiagent_sim",
             "simbridge.sims.unity.connector", "simbridge.trainer.demo"]
 
 
