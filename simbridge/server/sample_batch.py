@@ -59,7 +59,7 @@ from simbridge.wire.columns import DEFAULT_POLICY as DEFAULT_POLICY_ID  # noqa: 
 
 
 from simbridge.server.batch_columns import (  # noqa: E402
-    _check_k, _column_rows, _leaf_copy, _object_array, _to_column)
+    _check_k, _column_rows, _leaf_copy, _to_column)
 
 
 # --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Tensor (Step, UploadExperience); both follow the same rules:
 * a tensor must be BOOL of shape (n,) and hold only the bytes 0 and 1 (numpy
   would read any other byte as a "true" that is neither True nor False).
 """
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 
