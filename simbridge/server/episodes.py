@@ -11,7 +11,7 @@ rows then reads and writes N slots with a few fancy-indexing operations
 instead of N Python loops over per-agent objects.
 """
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, TypedDict
 
 import numpy as np
 
@@ -19,6 +19,53 @@ from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
 from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID  # noqa: F401  (re-exported)
 
+
+class EpisodeSummary(TypedDict):
+    """An ended episode as the metrics, the episode-end hooks and the trainer's checkpoints
+    (torch weights_only=True) see it: a plain dict of plain values. Every kind of episode
+    (row calls, batched slots, uploads of clients acting locally) is summed up by
+    episode_summary() below."""
+    episode_id: str
+    eps_id: int
+    session_id: str
+    total_reward: float
+    length: int
+    agent_rewards: Dict[str, float]
+    agent_policies: Dict[str, str]
+    policy_rewards: Dict[str, float]   # summed over each policy's agents
+    custom_metrics: Dict[str, float]
+    training_enabled: bool
+    end_reason: str
+    duration_s: float
+
+
+def episode_summary(episode_id: str, eps_id: int, session_id: str, length: int,
+                    agent_rewards: Dict[str, float], agent_policies: Dict[str, str],
+                    custom_metrics: Mapping[str, float], training_enabled: bool, end_reason: str,
+                    duration_s: float) -> EpisodeSummary:
+    """The summary of one ended episode; rewards are Python floats. agent_policies names the
+    agents that acted (bound a policy); agent_rewards may name more (rewarded, never acted)."""
+    if len(agent_rewards) == 1:   # one agent: its return, exactly
+        total = float(next(iter(agent_rewards.values())))
+    else:
+        total = float(sum(agent_rewards.values()))
+    policy_rewards: Dict[str, float] = {}
+    for aid, pid in agent_policies.items():
+        policy_rewards[pid] = policy_rewards.get(pid, 0.0) + agent_rewards[aid]
+    return {
+        "episode_id": episode_id,
+        "eps_id": eps_id,
+        "session_id": session_id,
+        "total_reward": total,
+        "length": length,
+        "agent_rewards": agent_rewards,
+        "agent_policies": agent_policies,
+        "policy_rewards": policy_rewards,
+        "custom_metrics": dict(custom_metrics),
+        "training_enabled": training_enabled,
+        "end_reason": end_reason,
+        "duration_s": duration_s,
+    }
 
 
 class SlotTable:
@@ -138,22 +185,8 @@ class Episode:
         for st in self.agents.values():
             st.table.free(st.slot)
 
-    def summary(self, reason: str) -> dict:
-        policy_rewards: Dict[str, float] = {}
-        for st in self.agents.values():
-            if st.policy_id is not None:
-                policy_rewards[st.policy_id] = policy_rewards.get(st.policy_id, 0.0) + st.reward_total
-        return {
-            "episode_id": self.episode_id,
-            "eps_id": self.index,
-            "session_id": self.session_id,
-            "total_reward": self.total_reward,
-            "length": self.length,
-            "agent_rewards": self.agent_rewards,
-            "agent_policies": {a: st.policy_id for a, st in self.agents.items() if st.policy_id is not None},
-            "policy_rewards": policy_rewards,   # summed over each policy's agents
-            "custom_metrics": dict(self.custom_metrics),
-            "training_enabled": self.training_enabled,
-            "end_reason": reason,
-            "duration_s": time.time() - self.start_time,
-        }
+    def summary(self, reason: str) -> EpisodeSummary:
+        return episode_summary(
+            self.episode_id, self.index, self.session_id, self.length, self.agent_rewards,
+            {a: st.policy_id for a, st in self.agents.items() if st.policy_id is not None},
+            self.custom_metrics, self.training_enabled, reason, time.time() - self.start_time)

@@ -6,13 +6,15 @@ forward pass serves them all (see batcher.py). `version` counts weight updates;
 every action reply carries the version that produced it.
 """
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import gymnasium as gym
 import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
+from simbridge.wire.errors import invalid_argument
 from simbridge.wire.tree import rows
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -77,3 +79,85 @@ class RandomPolicy(Policy):
 
 def random_policy_factory(policy_id: str, observation_space, action_space) -> Policy:
     return RandomPolicy(observation_space, action_space)
+
+
+class _Entry:
+    __slots__ = ("policy", "key", "batcher")
+
+    def __init__(self, policy: Policy, key: tuple, batcher):
+        self.policy, self.key, self.batcher = policy, key, batcher
+
+
+class PolicyRegistry(Mapping):
+    """The bridge's policies by id, each with its space key and its DynamicBatcher.
+
+    A read-only Mapping of id -> Policy for everyone else; policies come in by add() or,
+    on an id's first use, by the factory through ensure(). The factory (a trainer building
+    networks) runs under a per-id creation lock only, never under the runtime's lock:
+    sessions binding other policies carry on meanwhile, and two sessions racing on a new id
+    end with one policy from one factory call. Reads take no lock (the hot path looks up a
+    batcher per call); views that walk the registry (items(), iteration) take a snapshot.
+    """
+
+    def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable):
+        self._factory = factory
+        self._space_key = space_key          # (obs_space, act_space) -> comparable key
+        self._make_batcher = make_batcher    # policy -> DynamicBatcher
+        self._entries: Dict[str, _Entry] = {}
+        self._lock = threading.Lock()        # inserts; and the creation locks' table
+        self._creating: Dict[str, threading.Lock] = {}
+
+    def add(self, policy_id: str, policy: Policy) -> None:
+        """Add or replace a policy."""
+        entry = _Entry(policy, self._space_key(policy.observation_space, policy.action_space),
+                       self._make_batcher(policy))
+        with self._lock:
+            self._entries = {**self._entries, policy_id: entry}   # readers see old or new, whole
+
+    def ensure(self, policy_id: str, spec, agent_id: str) -> None:
+        """Create the policy on first use (spec: a sessions.SpaceSpec); refuse agents whose
+        spaces differ from it. The caller must not hold the runtime's lock."""
+        entry = self._entries.get(policy_id)
+        if entry is None:
+            with self._lock:
+                creating = self._creating.setdefault(policy_id, threading.Lock())
+            try:
+                with creating:
+                    entry = self._entries.get(policy_id)
+                    if entry is None:   # nobody made it while we waited: ours to make
+                        self.add(policy_id, self._factory(policy_id, spec.obs_space, spec.act_space))
+                        entry = self._entries[policy_id]
+            finally:
+                with self._lock:
+                    self._creating.pop(policy_id, None)
+        if entry.key != spec.key:
+            p = entry.policy
+            raise invalid_argument(
+                f"agent {agent_id!r} maps to policy {policy_id!r}, whose spaces are "
+                f"observation {p.observation_space}, action {p.action_space}; this session declared "
+                f"observation {spec.obs_space}, action {spec.act_space} for it")
+
+    def batcher(self, policy_id: str):
+        return self._entries[policy_id].batcher
+
+    def versions(self) -> Dict[str, int]:
+        return {pid: e.policy.version for pid, e in self._entries.items()}
+
+    # ---- the read-only Mapping: id -> Policy
+    def __getitem__(self, policy_id: str) -> Policy:
+        return self._entries[policy_id].policy
+
+    def __contains__(self, policy_id: object) -> bool:
+        return policy_id in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self):
+        return [(pid, e.policy) for pid, e in self._entries.items()]
+
+    def __repr__(self) -> str:
+        return f"PolicyRegistry({dict(self.items())!r})"

@@ -11,8 +11,9 @@ A column is either
   with keys ``"pos"`` (shape ``(3,)``) and ``"img"`` (shape ``(8, 8)``) becomes
   ``{"pos": array(N, 3), "img": array(N, 8, 8)}``.
 
-Lists are never tree nodes: a list leaf is converted with ``np.asarray``.  Use
-tuples only for Tuple-space values, and lists / arrays for vectors.
+Lists are never tree nodes (the rule of ``simbridge.wire.tree``, whose walker
+this module uses): a list leaf is converted with ``np.asarray``.  Use tuples
+only for Tuple-space values, and lists / arrays for vectors.
 
 A :class:`MultiAgentBatch` maps policy ids to SampleBatches and additionally
 records how many environment steps the data covers (``env_steps``), which in
@@ -26,10 +27,11 @@ No torch here: this module is used on the simulator side.
 
 from __future__ import annotations
 
-import copy as _copy
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
+
+from simbridge.wire import tree
 
 __all__ = [
     "OBS",
@@ -56,137 +58,8 @@ from simbridge.wire.columns import (  # noqa: E402  (re-exported: SampleBatch us
 from simbridge.wire.columns import DEFAULT_POLICY as DEFAULT_POLICY_ID  # noqa: E402
 
 
-# --------------------------------------------------------------------------
-# Private tree helpers (dict / tuple nodes, numpy array leaves)
-# --------------------------------------------------------------------------
-def _is_node(x: Any) -> bool:
-    return isinstance(x, (dict, tuple))
-
-
-def _rebuild_tuple(template: tuple, children: list) -> tuple:
-    if hasattr(template, "_fields"):  # namedtuple
-        return type(template)(*children)
-    return tuple(children)
-
-
-def _tree_map(fn: Callable[..., Any], first: Any, *rest: Any) -> Any:
-    """Apply ``fn`` to corresponding leaves of structurally identical trees.
-
-    Raises ValueError when the structures differ.
-    """
-    if isinstance(first, dict):
-        keys = first.keys()
-        for other in rest:
-            if not isinstance(other, dict) or other.keys() != keys:
-                raise ValueError(
-                    f"nested structures differ: dict with keys {sorted(map(str, keys))} "
-                    f"vs {_describe(other)}"
-                )
-        return {k: _tree_map(fn, first[k], *(o[k] for o in rest)) for k in keys}
-    if isinstance(first, tuple):
-        n = len(first)
-        for other in rest:
-            if not isinstance(other, tuple) or len(other) != n:
-                raise ValueError(
-                    f"nested structures differ: tuple of length {n} vs {_describe(other)}"
-                )
-        children = [
-            _tree_map(fn, first[i], *(o[i] for o in rest)) for i in range(n)
-        ]
-        return _rebuild_tuple(first, children)
-    for other in rest:
-        if _is_node(other):
-            raise ValueError(
-                f"nested structures differ: leaf vs {_describe(other)}"
-            )
-    return fn(first, *rest)
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, dict):
-        return f"dict with keys {sorted(map(str, x.keys()))}"
-    if isinstance(x, tuple):
-        return f"tuple of length {len(x)}"
-    return f"leaf of type {type(x).__name__}"
-
-
-def _tree_leaves(tree: Any) -> list:
-    out: list = []
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            for v in node.values():
-                visit(v)
-        elif isinstance(node, tuple):
-            for v in node:
-                visit(v)
-        else:
-            out.append(node)
-
-    visit(tree)
-    return out
-
-
-def _tree_concat(trees: list) -> Any:
-    return _tree_map(lambda *leaves: np.concatenate(leaves, axis=0), *trees)
-
-
-def _tree_slice(tree: Any, index: Any) -> Any:
-    return _tree_map(lambda leaf: leaf[index], tree)
-
-
-def _tree_stack(rows: list) -> Any:
-    return _tree_map(lambda *leaves: np.stack(leaves, axis=0), *rows)
-
-
-def _leaf_copy(leaf: np.ndarray) -> np.ndarray:
-    if leaf.dtype == object:
-        return _copy.deepcopy(leaf)
-    return leaf.copy()
-
-
-def _object_array(values: Any) -> np.ndarray:
-    """1-D object array holding each element of ``values`` as-is."""
-    values = list(values)
-    arr = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        arr[i] = v
-    return arr
-
-
-def _to_column(name: str, value: Any) -> Any:
-    """Convert a user-supplied column to the canonical form (array leaves)."""
-    if name == INFOS and isinstance(value, (list, tuple)):
-        return _object_array(value)
-    return _tree_map(lambda leaf: leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf), value)
-
-
-def _column_rows(name: str, column: Any) -> int:
-    """Row count of a canonical column; validates leaves agree."""
-    leaves = _tree_leaves(column)
-    if not leaves:
-        raise ValueError(f"column {name!r} has no array leaves")
-    rows = None
-    for leaf in leaves:
-        if leaf.ndim == 0:
-            raise ValueError(
-                f"column {name!r} has a 0-d leaf; columns need a leading row dimension"
-            )
-        if rows is None:
-            rows = leaf.shape[0]
-        elif leaf.shape[0] != rows:
-            raise ValueError(
-                f"column {name!r} has nested leaves with different row counts "
-                f"({rows} vs {leaf.shape[0]})"
-            )
-    assert rows is not None
-    return rows
-
-
-def _check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    return int(k)
+from simbridge.server.batch_columns import (  # noqa: E402
+    _check_k, _column_rows, _leaf_copy, _to_column)
 
 
 # --------------------------------------------------------------------------
@@ -260,7 +133,7 @@ class SampleBatch:
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
             return self._from_validated(
-                {k: _tree_slice(v, key) for k, v in self._data.items()},
+                {k: tree.take(v, key) for k, v in self._data.items()},
                 len(range(*key.indices(self._count))),
             )
         try:
@@ -308,7 +181,7 @@ class SampleBatch:
     def copy(self) -> "SampleBatch":
         """Deep copy (new arrays; object arrays such as infos are deep-copied)."""
         return self._from_validated(
-            {k: _tree_map(_leaf_copy, v) for k, v in self._data.items()}, self._count
+            {k: tree.map_structure(_leaf_copy, v) for k, v in self._data.items()}, self._count
         )
 
     def __repr__(self) -> str:
@@ -362,7 +235,7 @@ class SampleBatch:
         data = {}
         for k in keys:
             try:
-                data[k] = _tree_concat([b._data[k] for b in batches])
+                data[k] = tree.concat([b._data[k] for b in batches], fresh=True)
             except ValueError as e:
                 raise ValueError(f"cannot concatenate column {k!r}: {e}") from e
         return SampleBatch._from_validated(data, sum(b._count for b in batches))
@@ -401,7 +274,7 @@ class SampleBatch:
             rng = np.random.default_rng(rng)
         perm = rng.permutation(self._count)
         return self._from_validated(
-            {k: _tree_map(lambda a: a[perm], v) for k, v in self._data.items()},
+            {k: tree.map_structure(lambda a: a[perm], v) for k, v in self._data.items()},
             self._count,
         )
 
@@ -511,124 +384,5 @@ class MultiAgentBatch:
         return MultiAgentBatch(policy_batches, env_steps)
 
 
-# --------------------------------------------------------------------------
-# SampleBatchBuilder
-# --------------------------------------------------------------------------
-class _RowSegment:
-    """Run of consecutive single rows: one Python list per column."""
-
-    __slots__ = ("lists", "count")
-
-    def __init__(self, columns: list[str]) -> None:
-        self.lists: dict[str, list] = {c: [] for c in columns}
-        self.count = 0
-
-
-class SampleBatchBuilder:
-    """Accumulates experience for one policy and builds a SampleBatch.
-
-    * ``add_row(**values)`` appends one transition (one value per column,
-      without a row dimension; nested dict/tuple values are fine).  Values are
-      kept in per-column lists and stacked by :meth:`build`.
-    * ``add_rows(columns)`` appends a chunk whose columns already have a
-      leading row dimension.  The chunk is stored as-is and concatenated at
-      build time: no per-row Python work.
-
-    Both may be mixed; row order is the order of the calls.  Every call must
-    use the same column set (ValueError otherwise).  Arrays passed in are
-    referenced, not copied, until :meth:`build`, which always returns freshly
-    allocated arrays and then resets the builder.
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """Drop all accumulated data."""
-        self._segments: list[Any] = []  # _RowSegment or dict of canonical columns
-        self._columns: list[str] | None = None
-        self._count = 0
-
-    @property
-    def count(self) -> int:
-        """Number of rows accumulated since the last build/reset."""
-        return self._count
-
-    def _check_columns(self, names: list[str]) -> None:
-        if self._columns is None:
-            self._columns = list(names)
-        elif set(names) != set(self._columns):
-            raise ValueError(
-                f"columns {sorted(names)} do not match the builder's columns "
-                f"{sorted(self._columns)}"
-            )
-
-    def add_row(self, row: Mapping[str, Any] | None = None, /, **values: Any) -> None:
-        """Append one row.  Columns may be given as a mapping, as keywords, or both."""
-        if row is not None:
-            dup = set(row).intersection(values)
-            if dup:
-                raise ValueError(f"columns given twice: {sorted(dup)}")
-            values = {**row, **values}
-        if not values:
-            raise ValueError("add_row needs at least one column")
-        self._check_columns(list(values))
-        seg = self._segments[-1] if self._segments else None
-        if not isinstance(seg, _RowSegment):
-            seg = _RowSegment(self._columns)
-            self._segments.append(seg)
-        lists = seg.lists
-        for name, value in values.items():
-            lists[name].append(value)
-        seg.count += 1
-        self._count += 1
-
-    def add_rows(self, columns: Mapping[str, Any], count: int | None = None) -> None:
-        """Append a chunk of rows; every column has a leading row dimension.
-
-        `count`: the chunk's row count, given by a caller that built the columns
-        consistently itself (the bridge's collector); skips re-validating them,
-        which would cost more than the append on the per-call hot path."""
-        if count is not None:
-            self._check_columns(list(columns))
-            self._segments.append(dict(columns))
-            self._count += count
-            return
-        chunk = columns if isinstance(columns, SampleBatch) else SampleBatch(columns)
-        if not chunk._data:
-            raise ValueError("add_rows needs at least one column")
-        self._check_columns(list(chunk._data))
-        self._segments.append(chunk)
-        self._count += chunk.count
-
-    def build(self) -> SampleBatch:
-        """Stack everything into a SampleBatch and reset the builder."""
-        if self._columns is None:
-            self.reset()
-            return SampleBatch()
-        parts: dict[str, list] = {c: [] for c in self._columns}
-        for seg in self._segments:
-            if isinstance(seg, _RowSegment):
-                for name, vals in seg.lists.items():
-                    try:
-                        if name == INFOS:
-                            parts[name].append(_object_array(vals))
-                        else:
-                            parts[name].append(_tree_stack(vals))
-                    except ValueError as e:
-                        raise ValueError(f"cannot stack rows of column {name!r}: {e}") from e
-            else:
-                for name in self._columns:
-                    parts[name].append(seg[name])
-        data: dict[str, Any] = {}
-        for name, cols in parts.items():
-            if len(cols) == 1 and isinstance(self._segments[0], _RowSegment):
-                data[name] = cols[0]  # freshly stacked already
-            else:
-                try:
-                    data[name] = _tree_concat(cols)
-                except ValueError as e:
-                    raise ValueError(f"cannot concatenate column {name!r}: {e}") from e
-        out = SampleBatch._from_validated(data, self._count)
-        self.reset()
-        return out
+# The builder lives in its own module; it is named here too, where its users import it.
+from simbridge.server.batch_builder import SampleBatchBuilder  # noqa: E402,F401

@@ -17,7 +17,10 @@ A streamed Step is answered before its outcome is recorded: validation, the
 forward pass and the reply are all the simulator waits for. The bookkeeping
 (N transitions, ended episodes, hand-over to the learner) is left in
 `session.pending` and settled while the reply travels and the simulator
-steps (runtime.settle).
+steps (ServerContext.settle).
+
+SlotCalls receives the ServerContext (config, lock, policies, collector,
+metrics, summary filing) and nothing else of the runtime.
 """
 import functools
 import logging
@@ -29,7 +32,8 @@ from typing import Optional
 import numpy as np
 
 from simbridge.wire import leaf_codec, tensors, tree
-from simbridge.server.episodes import SINGLE_AGENT_ID, Episode
+from simbridge.wire.checks import flags
+from simbridge.server.episodes import SINGLE_AGENT_ID, Episode, episode_summary
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -37,13 +41,13 @@ log = logging.getLogger("simbridge")
 
 MAX_SLOTS = 65_536
 _OUTCOME_FIELDS = ("rewards", "terminated", "truncated", "final_observations")
-_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
+_F32 = np.dtype(np.float32)
 
 
 class SlotBank:
     """The N slots of one batched simulator session."""
 
-    def __init__(self, runtime, session, n: int, training: bool):
+    def __init__(self, ctx, session, n: int, training: bool):
         self.n = n
         self.training = training
         self.spec = session.default
@@ -53,11 +57,12 @@ class SlotBank:
         self.no_logp = np.full(n, np.nan, np.float32)   # for policies without logp; read-only, shared
         self.no_logp.flags.writeable = False
         # The policy is bound once, for the single agent id, as a row session binds it on
-        # its agent's first appearance; all slots act with it.
+        # its agent's first appearance; all slots act with it. (No runtime lock held here:
+        # the policy may be created.)
         probe = Episode(f"{session.session_id}/slots", -1, session.session_id, training)
-        self.policy_id = runtime.policy_mapping_fn(SINGLE_AGENT_ID, probe)
-        runtime._bind_policy(self.policy_id, self.spec, SINGLE_AGENT_ID)
-        self.eps_index = np.array([next(runtime._episode_counter) for _ in range(n)], np.int64)
+        self.policy_id = ctx.policy_mapping_fn(SINGLE_AGENT_ID, probe)
+        ctx.policies.ensure(self.policy_id, self.spec, SINGLE_AGENT_ID)
+        self.eps_index = np.array([ctx.next_eps_id() for _ in range(n)], np.int64)
         self.t = np.zeros(n, np.int64)               # actions taken in the slot's episode
         self.returns = np.zeros(n, np.float64)
         self.started = np.full(n, time.time())
@@ -80,133 +85,235 @@ class SlotBank:
         return self._versions[1], self._versions[2]
 
 
-def create_bank(runtime, session, req: pb.CreateSessionRequest) -> Optional[SlotBank]:
-    """Called by CreateSession; validates num_slots."""
-    n = req.num_slots
-    if n == 0:
-        if req.HasField("slots_training_enabled"):
-            raise invalid_argument("slots_training_enabled needs num_slots > 0")
-        return None
-    if session.multi_agent:
-        raise invalid_argument("num_slots is for ExternalEnv sessions (one agent per slot); on "
-                               "ExternalMultiAgentEnv send the agents as rows of one episode")
-    if not 0 < n <= MAX_SLOTS:
-        raise invalid_argument(f"num_slots must be in 1..{MAX_SLOTS}, got {n}")
-    if n > runtime.config.max_rows_per_request:
-        raise invalid_argument(f"num_slots {n} exceeds the server's max_rows_per_request "
-                               f"{runtime.config.max_rows_per_request}")
-    training = req.slots_training_enabled if req.HasField("slots_training_enabled") else True
-    return SlotBank(runtime, session, n, training)
+class SlotCalls:
+    """Step and the slot banks' life: creation, hand-over, close."""
 
+    def __init__(self, ctx):
+        self.ctx = ctx
 
-# ---------------------------------------------------------------- Step
+    def create_bank(self, session, req: pb.CreateSessionRequest) -> Optional[SlotBank]:
+        """Called by CreateSession, without the runtime lock; validates num_slots."""
+        n = req.num_slots
+        if n == 0:
+            if req.HasField("slots_training_enabled"):
+                raise invalid_argument("slots_training_enabled needs num_slots > 0")
+            return None
+        if session.multi_agent:
+            raise invalid_argument("num_slots is for ExternalEnv sessions (one agent per slot); on "
+                                   "ExternalMultiAgentEnv send the agents as rows of one episode")
+        if not 0 < n <= MAX_SLOTS:
+            raise invalid_argument(f"num_slots must be in 1..{MAX_SLOTS}, got {n}")
+        limit = self.ctx.config.max_rows_per_request
+        if n > limit:
+            raise invalid_argument(f"num_slots {n} exceeds the server's max_rows_per_request {limit}")
+        training = req.slots_training_enabled if req.HasField("slots_training_enabled") else True
+        return SlotBank(self.ctx, session, n, training)
 
-def step(runtime, session, req: pb.StepRequest, defer: bool = False) -> pb.StepResponse:
-    """One Step. defer=True leaves its commit pending for settle() (streams);
-    otherwise it is applied before returning."""
-    bank: Optional[SlotBank] = session.slots
-    if bank is None:
-        raise failed_precondition("this session has no slots: create it with CreateSession.num_slots = N "
-                                  "to drive it with Step, or use the row calls (GetAction, ...)", Reason.WRONG_SESSION_KIND)
-    if not bank.busy.acquire(blocking=False):
-        raise failed_precondition("another Step of this session is still being served: a batched "
-                                  "simulator sends one Step at a time", Reason.CALL_IN_PROGRESS)
-    try:
-        resp = _step(runtime, session, bank, req)
-        if not defer:
-            runtime.settle(session)
-        return resp
-    finally:
-        bank.busy.release()
+    # ------------------------------------------------------------ Step
 
+    def step(self, session, req: pb.StepRequest, defer: bool = False) -> pb.StepResponse:
+        """One Step. defer=True leaves its commit pending for settle() (streams);
+        otherwise it is applied before returning."""
+        bank: Optional[SlotBank] = session.slots
+        if bank is None:
+            raise failed_precondition("this session has no slots: create it with CreateSession.num_slots = N "
+                                      "to drive it with Step, or use the row calls (GetAction, ...)", Reason.WRONG_SESSION_KIND)
+        if not bank.busy.acquire(blocking=False):
+            raise failed_precondition("another Step of this session is still being served: a batched "
+                                      "simulator sends one Step at a time", Reason.CALL_IN_PROGRESS)
+        try:
+            resp = self._step(session, bank, req)
+            if not defer:
+                self.ctx.settle(session)
+            return resp
+        finally:
+            bank.busy.release()
 
-def _step(runtime, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepResponse:
-    n = bank.n
-    if bank.closed:
-        raise failed_precondition("this session's slots were stopped by a final Step: create a new session", Reason.WRONG_SESSION_KIND)
-    first = bank.prev_obs is None
+    def _step(self, session, bank: SlotBank, req: pb.StepRequest) -> pb.StepResponse:
+        n = bank.n
+        if bank.closed:
+            raise failed_precondition("this session's slots were stopped by a final Step: create a new session", Reason.WRONG_SESSION_KIND)
+        first = bank.prev_obs is None
 
-    # ---- validate everything, change nothing
-    if req.final:
-        if req.HasField("observations"):
-            raise invalid_argument("a final Step has no observations (nothing acts after it)")
-        obs = None
-    else:
-        if not req.HasField("observations"):
-            raise invalid_argument(f"Step needs observations for all {n} slots, leaves shaped ({n}, ...)")
-        obs = bank.decode_obs(req.observations, n, "Step observations")
-    if first:
-        given = [f for f in _OUTCOME_FIELDS if req.HasField(f)]
-        if given:
-            raise invalid_argument(f"the first Step of a session has no previous actions, so no outcome: "
-                                   f"leave {', '.join(given)} empty")
-        rewards = term = trunc = finals = None
-        done_idx = np.zeros(0, np.int64)
-    else:
-        if not req.HasField("rewards"):
-            raise invalid_argument(f"Step needs rewards: float32 ({n},), the outcome of the previous actions")
-        rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
-        if not math.isfinite(rewards.sum()):
-            bad = int((~np.isfinite(rewards)).argmax())
-            raise invalid_argument(f"Step rewards: slot {bad} is {rewards[bad]} (rewards must be finite)")
-        term = _flags(req, "terminated", n)
-        trunc = _flags(req, "truncated", n) & ~term   # terminated wins: no bootstrap past a terminal state
-        done = term | trunc
+        # ---- validate everything, change nothing
         if req.final:
-            done_idx = np.arange(n)
-            trunc = ~term
+            if req.HasField("observations"):
+                raise invalid_argument("a final Step has no observations (nothing acts after it)")
+            obs = None
         else:
-            done_idx = done.nonzero()[0]
+            if not req.HasField("observations"):
+                raise invalid_argument(f"Step needs observations for all {n} slots, leaves shaped ({n}, ...)")
+            obs = bank.decode_obs(req.observations, n, "Step observations")
+        if first:
+            given = [f for f in _OUTCOME_FIELDS if req.HasField(f)]
+            if given:
+                raise invalid_argument(f"the first Step of a session has no previous actions, so no outcome: "
+                                       f"leave {', '.join(given)} empty")
+            rewards = term = trunc = finals = None
+            done_idx = np.zeros(0, np.int64)
+        else:
+            if not req.HasField("rewards"):
+                raise invalid_argument(f"Step needs rewards: float32 ({n},), the outcome of the previous actions")
+            rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
+            if not math.isfinite(rewards.sum()):
+                bad = int((~np.isfinite(rewards)).argmax())
+                raise invalid_argument(f"Step rewards: slot {bad} is {rewards[bad]} (rewards must be finite)")
+            term = _flags(req, "terminated", n)
+            trunc = _flags(req, "truncated", n) & ~term   # terminated wins: no bootstrap past a terminal state
+            done = term | trunc
+            if req.final:
+                done_idx = np.arange(n)
+                trunc = ~term
+            else:
+                done_idx = done.nonzero()[0]
+            k = len(done_idx)
+            if req.HasField("final_observations"):
+                what = "Step final_observations" + (" (a final Step: one per slot)" if req.final else
+                                                    f" (one per ended slot: {k})")
+                finals = bank.decode_obs(req.final_observations, k, what)
+            elif k and trunc[done_idx].any():
+                cut = done_idx[trunc[done_idx]][:8].tolist()
+                raise invalid_argument(f"slots {cut} are truncated: send their last observations in "
+                                       f"final_observations (learners bootstrap from them)")
+            else:
+                finals = None   # all terminated: the value of their last observation never matters
+
+        # ---- act first: one forward pass for all slots (shared with other simulators by the
+        # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
+        actions = logp = versions = None
+        if not req.final:
+            actions, logp, version = self.ctx.policies.batcher(bank.policy_id).compute(obs, n)
+            versions, versions_bytes = bank.versions(version)
+        if session.closed:
+            raise failed_precondition("the session was closed", Reason.SESSION_UNKNOWN)
+
+        # ---- the outcome and the new pending actions are applied together, later (settle)
+        with self.ctx.lock:
+            session.commit_pending()   # a row call's, if the simulator mixes them in
+            session.pending = functools.partial(self._commit, session, bank, req.final, first, obs, rewards,
+                                                term, trunc, done_idx, finals, actions, logp, versions)
+        resp = pb.StepResponse(policy_id=bank.policy_id)
+        if not req.final:
+            bank.encode_actions(resp.actions, actions, "actions from the policy")
+            v = resp.policy_versions
+            v.dtype, v.data = pb.INT64, versions_bytes
+            v.shape.append(n)
+        return resp
+
+    def _commit(self, session, bank: SlotBank, final, first, obs, rewards, term, trunc, done_idx, finals,
+                actions, logp, versions) -> None:
+        """Lock held. A validated Step's effect on the bank."""
+        if not first:
+            self._record_outcome(session, bank, obs, rewards, term, trunc, done_idx, finals)
+        if final:
+            bank.closed = True
+            if bank.fragment:
+                self._hand_over(bank)
+        else:
+            bank.prev_obs, bank.prev_act, bank.prev_version = obs, actions, versions
+            n = bank.n
+            bank.prev_logp = bank.no_logp if logp is None else np.asarray(logp, np.float32)
+            metrics = self.ctx.metrics
+            metrics.env_steps += n
+            metrics.agent_steps += n
+
+    def _record_outcome(self, session, bank: SlotBank, obs, rewards, term, trunc, done_idx, finals) -> None:
+        """Lock held. Completes the N pending transitions; ends and restarts the slots that are done."""
+        if len(done_idx):
+            if obs is None:   # final Step: every slot ended; the finals are their last observations
+                new_obs = finals if finals is not None else bank.prev_obs
+            else:
+                new_obs = tree.map_structure(np.array, obs)   # writable copy: ended rows get their finals
+                src = finals if finals is not None else tree.map_structure(lambda a: a[done_idx], bank.prev_obs)
+
+                def put(dst, s):
+                    dst[done_idx] = s
+                tree.map_structure(put, new_obs, src)
+        else:
+            new_obs = obs
+        bank.returns += rewards
+        if bank.training:
+            collector = self.ctx.collector
+            cols = {"obs": bank.prev_obs, "new_obs": new_obs, "actions": bank.prev_act,
+                    "rewards": rewards, "terminateds": term, "truncateds": trunc,
+                    "eps_id": bank.eps_index.copy(), "agent_index": bank.agent_index, "t": bank.t.copy(),
+                    "policy_version": bank.prev_version, "action_logp": bank.prev_logp}
+            if collector.complete_episodes:
+                self._hold_until_complete(bank, cols, done_idx)
+            else:
+                # As RLlib's vector envs: a fragment is rollout_fragment_length steps of every
+                # slot, so a wide simulator hands over one big batch now and then instead of
+                # a small one every step.
+                bank.fragment.append(cols)
+                if len(bank.fragment) >= collector.rollout_fragment_length:
+                    self._hand_over(bank)
+        bank.t += 1
+        if len(done_idx):
+            self._end_slot_episodes(session, bank, done_idx, trunc)
+
+    def hand_over(self, session) -> None:
+        """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
+        bank = session.slots
+        if bank is not None and bank.fragment:
+            self._hand_over(bank)
+
+    def _hand_over(self, bank: SlotBank) -> None:
+        collector = self.ctx.collector
+        for cols in bank.fragment:
+            collector.add_rows(bank.policy_id, cols)
+        collector.add_env_steps(bank.n * len(bank.fragment))
+        bank.fragment = []
+
+    def _hold_until_complete(self, bank: SlotBank, cols: dict, done_idx) -> None:
+        """complete_episodes: rows wait in the bank until their episode ends, then go whole."""
+        bank.held.append(cols)
+        if not len(done_idx):
+            return
+        held = bank.held[0] if len(bank.held) == 1 else _concat(bank.held)
+        ended = np.isin(held["eps_id"], bank.eps_index[done_idx])
+        k = int(ended.sum())
+        self.ctx.collector.add_rows(bank.policy_id, _select(held, ended))
+        self.ctx.collector.add_env_steps(k)
+        bank.held = [_select(held, ~ended)] if k < len(ended) else []
+
+    def _end_slot_episodes(self, session, bank: SlotBank, done_idx, trunc, reason: str = "") -> None:
+        """Summaries for the ended episodes, then fresh episodes in their slots."""
+        now = time.time()
+        pid, sid, training = bank.policy_id, bank.session_id, bank.training
+        prefix = f"{sid[:8]}-slot"
+        self.ctx.file_summaries([episode_summary(
+            f"{prefix}{i}-{eidx}", eidx, sid, length, {SINGLE_AGENT_ID: ret}, {SINGLE_AGENT_ID: pid}, {},
+            training, reason or ("truncated" if cut else "terminated"), now - started,
+        ) for i, eidx, ret, length, started, cut in zip(
+            done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
+            bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist())])
         k = len(done_idx)
-        if req.HasField("final_observations"):
-            what = "Step final_observations" + (" (a final Step: one per slot)" if req.final else
-                                                f" (one per ended slot: {k})")
-            finals = bank.decode_obs(req.final_observations, k, what)
-        elif k and trunc[done_idx].any():
-            cut = done_idx[trunc[done_idx]][:8].tolist()
-            raise invalid_argument(f"slots {cut} are truncated: send their last observations in "
-                                   f"final_observations (learners bootstrap from them)")
-        else:
-            finals = None   # all terminated: the value of their last observation never matters
+        session.episodes_ended += k
+        bank.eps_index[done_idx] = [self.ctx.next_eps_id() for _ in range(k)]
+        bank.t[done_idx] = 0
+        bank.returns[done_idx] = 0.0
+        bank.started[done_idx] = now
 
-    # ---- act first: one forward pass for all slots (shared with other simulators by the
-    # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
-    actions = logp = versions = None
-    if not req.final:
-        actions, logp, version = runtime.batcher(bank.policy_id).compute(obs, n)
-        versions, versions_bytes = bank.versions(version)
-    if session.closed:
-        raise failed_precondition("the session was closed", Reason.SESSION_UNKNOWN)
-
-    # ---- the outcome and the new pending actions are applied together, later (settle)
-    with runtime._lock:
-        runtime._commit_pending(session)   # a row call's, if the simulator mixes them in
-        session.pending = functools.partial(_commit, runtime, session, bank, req.final, first, obs, rewards,
-                                            term, trunc, done_idx, finals, actions, logp, versions)
-    resp = pb.StepResponse(policy_id=bank.policy_id)
-    if not req.final:
-        bank.encode_actions(resp.actions, actions, "actions from the policy")
-        v = resp.policy_versions
-        v.dtype, v.data = pb.INT64, versions_bytes
-        v.shape.append(n)
-    return resp
-
-
-def _commit(runtime, session, bank: SlotBank, final, first, obs, rewards, term, trunc, done_idx, finals,
-            actions, logp, versions) -> None:
-    """Lock held. A validated Step's effect on the bank."""
-    if not first:
-        _record_outcome(runtime, session, bank, obs, rewards, term, trunc, done_idx, finals)
-    if final:
+    def close_bank(self, session, reason: str) -> int:
+        """Lock held (CloseSession, reaper). The outcome of the last actions was never
+        observed, so those transitions are dropped (as the row path drops an unanswered
+        action); episodes that took steps get their summaries, ended as `reason`.
+        Returns the number of episodes ended."""
+        bank: Optional[SlotBank] = session.slots
+        if bank is None or bank.closed:
+            return 0
         bank.closed = True
         if bank.fragment:
-            _hand_over(runtime, bank)
-    else:
-        bank.prev_obs, bank.prev_act, bank.prev_version = obs, actions, versions
-        n = bank.n
-        bank.prev_logp = bank.no_logp if logp is None else np.asarray(logp, np.float32)
-        runtime.metrics.env_steps += n
-        runtime.metrics.agent_steps += n
+            self._hand_over(bank)
+        if bank.held:   # complete_episodes: the cut episodes go as they are
+            held = _concat(bank.held)
+            self.ctx.collector.add_rows(bank.policy_id, held)
+            self.ctx.collector.add_env_steps(len(held["t"]))
+            bank.held = []
+        live = np.flatnonzero(bank.t > 0)
+        if len(live):
+            self._end_slot_episodes(session, bank, live, np.ones(bank.n, bool), reason)
+        return len(live)
 
 
 def _vector(t: pb.Tensor, n: int, dtypes, name: str) -> np.ndarray:
@@ -224,131 +331,12 @@ def _vector(t: pb.Tensor, n: int, dtypes, name: str) -> np.ndarray:
 
 
 def _flags(req: pb.StepRequest, name: str, n: int) -> np.ndarray:
-    if not req.HasField(name):
-        return np.zeros(n, bool)
-    t = getattr(req, name)
-    view = leaf_codec.vector_view(t, pb.BOOL, _BOOL, n)
-    if view is not None:
-        return view
-    if t.dtype != pb.BOOL:
-        raise invalid_argument(f"Step {name}: dtype {tensors.dtype_name(t.dtype)}, expected BOOL")
-    if tuple(t.shape) != (n,):
-        raise invalid_argument(f"Step {name}: shape {tuple(t.shape)}, expected ({n},): one per slot")
-    try:
-        return tensors.from_tensor(t)
-    except Exception as e:
-        raise invalid_argument(f"Step {name}: {getattr(e, 'message', e)}") from None
-
-
-def _record_outcome(runtime, session, bank: SlotBank, obs, rewards, term, trunc, done_idx, finals) -> None:
-    """Lock held. Completes the N pending transitions; ends and restarts the slots that are done."""
-    if len(done_idx):
-        if obs is None:   # final Step: every slot ended; the finals are their last observations
-            new_obs = finals if finals is not None else bank.prev_obs
-        else:
-            new_obs = tree.map_structure(np.array, obs)   # writable copy: ended rows get their finals
-            src = finals if finals is not None else tree.map_structure(lambda a: a[done_idx], bank.prev_obs)
-
-            def put(dst, s):
-                dst[done_idx] = s
-            tree.map_structure(put, new_obs, src)
-    else:
-        new_obs = obs
-    bank.returns += rewards
-    if bank.training:
-        cols = {"obs": bank.prev_obs, "new_obs": new_obs, "actions": bank.prev_act,
-                "rewards": rewards, "terminateds": term, "truncateds": trunc,
-                "eps_id": bank.eps_index.copy(), "agent_index": bank.agent_index, "t": bank.t.copy(),
-                "policy_version": bank.prev_version, "action_logp": bank.prev_logp}
-        if runtime.collector.complete_episodes:
-            _hold_until_complete(runtime, bank, cols, done_idx)
-        else:
-            # As RLlib's vector envs: a fragment is rollout_fragment_length steps of every
-            # slot, so a wide simulator hands over one big batch now and then instead of
-            # a small one every step.
-            bank.fragment.append(cols)
-            if len(bank.fragment) >= runtime.collector.rollout_fragment_length:
-                _hand_over(runtime, bank)
-    bank.t += 1
-    if len(done_idx):
-        _end_slot_episodes(runtime, session, bank, done_idx, trunc)
-
-
-def hand_over(runtime, session) -> None:
-    """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
-    bank = session.slots
-    if bank is not None and bank.fragment:
-        _hand_over(runtime, bank)
-
-
-def _hand_over(runtime, bank: SlotBank) -> None:
-    for cols in bank.fragment:
-        runtime.collector.add_rows(bank.policy_id, cols)
-    runtime.collector.add_env_steps(bank.n * len(bank.fragment))
-    bank.fragment = []
-
-
-def _hold_until_complete(runtime, bank: SlotBank, cols: dict, done_idx) -> None:
-    """complete_episodes: rows wait in the bank until their episode ends, then go whole."""
-    bank.held.append(cols)
-    if not len(done_idx):
-        return
-    held = bank.held[0] if len(bank.held) == 1 else _concat(bank.held)
-    ended = np.isin(held["eps_id"], bank.eps_index[done_idx])
-    k = int(ended.sum())
-    runtime.collector.add_rows(bank.policy_id, _select(held, ended))
-    runtime.collector.add_env_steps(k)
-    bank.held = [_select(held, ~ended)] if k < len(ended) else []
+    return flags(getattr(req, name) if req.HasField(name) else None, n, f"Step {name}", "one per slot")
 
 
 def _concat(chunks: list) -> dict:
-    return {key: tree.map_structure(lambda *xs: np.concatenate(xs), *[c[key] for c in chunks])
-            for key in chunks[0]}
+    return {key: tree.concat([c[key] for c in chunks], fresh=True) for key in chunks[0]}
 
 
 def _select(cols: dict, mask: np.ndarray) -> dict:
-    return {key: tree.map_structure(lambda a: a[mask], v) for key, v in cols.items()}
-
-
-def _end_slot_episodes(runtime, session, bank: SlotBank, done_idx, trunc, reason: str = "") -> None:
-    """Summaries for the ended episodes, then fresh episodes in their slots."""
-    now = time.time()
-    pid, sid, training = bank.policy_id, bank.session_id, bank.training
-    prefix = f"{sid[:8]}-slot"
-    runtime.file_summaries([{
-        "episode_id": f"{prefix}{i}-{eidx}", "eps_id": eidx, "session_id": sid,
-        "total_reward": ret, "length": length,
-        "agent_rewards": {SINGLE_AGENT_ID: ret}, "agent_policies": {SINGLE_AGENT_ID: pid},
-        "policy_rewards": {pid: ret}, "custom_metrics": {}, "training_enabled": training,
-        "end_reason": reason or ("truncated" if cut else "terminated"), "duration_s": now - started,
-    } for i, eidx, ret, length, started, cut in zip(
-        done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
-        bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist())])
-    k = len(done_idx)
-    session.episodes_ended += k
-    bank.eps_index[done_idx] = [next(runtime._episode_counter) for _ in range(k)]
-    bank.t[done_idx] = 0
-    bank.returns[done_idx] = 0.0
-    bank.started[done_idx] = now
-
-
-def close_bank(runtime, session, reason: str) -> int:
-    """Lock held (CloseSession, reaper). The outcome of the last actions was never
-    observed, so those transitions are dropped (as the row path drops an unanswered
-    action); episodes that took steps get their summaries, ended as `reason`.
-    Returns the number of episodes ended."""
-    bank: Optional[SlotBank] = session.slots
-    if bank is None or bank.closed:
-        return 0
-    bank.closed = True
-    if bank.fragment:
-        _hand_over(runtime, bank)
-    if bank.held:   # complete_episodes: the cut episodes go as they are
-        held = _concat(bank.held)
-        runtime.collector.add_rows(bank.policy_id, held)
-        runtime.collector.add_env_steps(len(held["t"]))
-        bank.held = []
-    live = np.flatnonzero(bank.t > 0)
-    if len(live):
-        _end_slot_episodes(runtime, session, bank, live, np.ones(bank.n, bool), reason)
-    return len(live)
+    return {key: tree.take(v, mask) for key, v in cols.items()}

@@ -227,10 +227,9 @@ def _episode_state(ep):
 def session_state(rt: BridgeRuntime, sid: str):
     """Everything a request could change in a session (the probe episode aside)."""
     rt.settle_all()   # a streamed call's bookkeeping is applied just after its answer
-    with rt._lock:
-        s = rt._sessions[sid]
-        eps = {eid: _episode_state(ep) for eid, ep in s.episodes.items() if eid != "probe"}
-        return eps, dict(s.finished), s.last_seq, s.closed
+    s = rt.session(sid)   # settled, and no other call of this session runs meanwhile
+    eps = {eid: _episode_state(ep) for eid, ep in s.episodes.items() if eid != "probe"}
+    return eps, dict(s.finished), s.last_seq, s.closed
 
 
 def episode_summary(rt: BridgeRuntime, eid: str, sid: str = None) -> dict:
@@ -243,10 +242,14 @@ def episode_summary(rt: BridgeRuntime, eid: str, sid: str = None) -> dict:
 
 def eps_index(rt: BridgeRuntime, eid: str, sid: str = None) -> int:
     rt.settle_all()
-    with rt._lock:
-        for s in rt._sessions.values():
-            if (sid is None or s.session_id == sid) and eid in s.episodes:
-                return s.episodes[eid].index
+    for session_id in rt.session_ids() if sid is None else [sid]:
+        try:
+            s = rt.session(session_id)
+        except BridgeError:   # closed meanwhile
+            continue
+        ep = s.episodes.get(eid)
+        if ep is not None:
+            return ep.index
     return episode_summary(rt, eid, sid)["eps_id"]
 
 
@@ -1190,7 +1193,7 @@ def test_unary_session_idle_timeout(make_bridge):
         sim.get_action("idle-ep", obs(t, t, t, t))
         sim.log_returns("idle-ep", r)
     t0 = time.monotonic()
-    while sim.session_id in rt._sessions and time.monotonic() - t0 < 5:
+    while sim.session_id in rt.session_ids() and time.monotonic() - t0 < 5:
         time.sleep(0.05)
     with pytest.raises(WireError) as info:
         sim.get_action("idle-ep", V1)

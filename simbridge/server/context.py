@@ -1,0 +1,85 @@
+"""What the call handlers share: the runtime's plumbing, handed to each room explicitly.
+
+Rows (rows.py), batched slots (slots.py) and uploads (uploads.py) receive one
+ServerContext instead of reaching into the runtime: the configuration, the
+lock, the policies and the mapping, the collector and the experience queue,
+the metrics and the episode-end hooks, the server-wide episode numbers, and
+settle() for answered calls.
+
+Locking: `lock` guards sessions, episodes and the collector; policy forward
+passes run outside it (batched across callers by DynamicBatcher), policies are
+created outside it (PolicyRegistry.ensure), and handing finished batches to
+the ExperienceQueue (which may block) happens outside it.
+"""
+import itertools
+import threading
+from typing import Callable, List
+
+from simbridge.server.episodes import Episode, EpisodeSummary
+from simbridge.server.experience import ExperienceCollector, ExperienceQueue
+from simbridge.server.metrics import Metrics
+from simbridge.server.policies import PolicyRegistry
+
+PolicyMappingFn = Callable[[str, Episode], str]
+
+
+class ServerContext:
+    def __init__(self, config, policies: PolicyRegistry, policy_mapping_fn: PolicyMappingFn,
+                 experience: ExperienceQueue, episode_end_callbacks: List[Callable[[dict], None]]):
+        self.config = config
+        self.lock = threading.RLock()
+        self.policies = policies
+        self.policy_mapping_fn = policy_mapping_fn
+        self.collector = ExperienceCollector(config.rollout_fragment_length, config.batch_mode,
+                                             config.count_steps_by)
+        self.experience = experience
+        self.metrics = Metrics()
+        self.episode_end_callbacks = episode_end_callbacks
+        self._episode_numbers = itertools.count(1)
+        # Batches completed by a settle that are still on their way into the queue.
+        self._settling = 0
+        self._settled = threading.Condition()
+
+    def next_eps_id(self) -> int:
+        """A server-wide unique episode number (the eps_id column). Thread-safe."""
+        return next(self._episode_numbers)
+
+    def file_summaries(self, summaries) -> None:
+        """Lock held. Ended episodes into the metrics and to the episode-end hooks."""
+        self.metrics.file_summaries(summaries, self.episode_end_callbacks)
+
+    def file_summary(self, summary: EpisodeSummary) -> None:
+        self.file_summaries((summary,))
+
+    def deliver(self, batch) -> None:
+        """Lock NOT held: the queue may block (backpressure, never a drop)."""
+        if batch is not None:
+            self.experience.put(batch)
+
+    # A streamed GetAction or Step is answered as soon as it is validated and acted on; the
+    # bookkeeping (transitions, rewards, ended episodes, the hand-over to the learner) is left in
+    # session.pending and applied by the stream right after the answer is sent, while the
+    # simulator steps. Anything that reads the session settles it first: the session's next
+    # call, close, flush, snapshot.
+    def settle(self, session) -> None:
+        """Apply the session's pending bookkeeping, if any, and deliver what it completes."""
+        # Always under the lock, even to find nothing pending: another thread may be applying
+        # this very commit, and the caller must see it finished.
+        with self.lock:
+            if not session.commit_pending():
+                return
+            batch = self.collector.ready()
+            if batch is None:
+                return
+            self._settling += 1
+        try:
+            self.deliver(batch)
+        finally:
+            with self._settled:
+                self._settling -= 1
+                self._settled.notify_all()
+
+    def wait_settled(self, timeout: float) -> None:
+        """Until every batch a settle completed is in the queue, whichever thread settles it."""
+        with self._settled:
+            self._settled.wait_for(lambda: self._settling == 0, timeout)

@@ -1,0 +1,47 @@
+"""What the bridge counts: steps, episodes and their summaries, errors, uploads."""
+import collections
+import logging
+from typing import Callable, Dict, Iterable, List
+
+import numpy as np
+
+from simbridge.server.episodes import EpisodeSummary
+
+log = logging.getLogger("simbridge")
+
+
+class Metrics:
+    def __init__(self):
+        self.env_steps = 0
+        self.agent_steps = 0
+        self.episodes = 0
+        self.recent = collections.deque(maxlen=100)   # episode summaries
+        self.errors = collections.Counter()           # status code name -> count
+        # UploadExperience (clients acting locally): accepted steps, and chunks refused because
+        # the experience queue stayed full (the client keeps and resends them: no drop).
+        self.uploaded_steps = 0
+        self.upload_refused_chunks = 0
+        self.upload_refused_steps = 0
+
+    def policy_return_means(self, last: int = 100) -> Dict[str, float]:
+        """Mean return of one agent's episode, per policy, over its last `last` agent-episodes
+        (of the last 100 episodes), as RLlib's policy_reward_mean."""
+        sums: Dict[str, List[float]] = collections.defaultdict(list)
+        for s in self.recent:
+            for aid, pid in s["agent_policies"].items():
+                sums[pid].append(s["agent_rewards"][aid])
+        return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
+
+    def file_summaries(self, summaries: Iterable[EpisodeSummary],
+                       callbacks: List[Callable[[dict], None]]) -> None:
+        """Runtime lock held. Ended episodes into the counts and the recent returns, and to
+        the episode-end hooks (every kind of episode: rows, batched slots, uploads)."""
+        summaries = list(summaries)
+        self.episodes += len(summaries)
+        self.recent.extend(summaries)
+        for cb in callbacks:
+            for summary in summaries:
+                try:
+                    cb(summary)
+                except Exception:  # a faulty hook must not break the bridge
+                    log.exception("episode_end callback failed")

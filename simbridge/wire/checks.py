@@ -1,0 +1,59 @@
+"""Value checks shared by every call that takes them from the wire.
+
+flags(): the one decoder of done flags (terminated / truncated). Flags come in
+two wire forms, a repeated bool field (one per row of a RewardRows) and a BOOL
+Tensor (Step, UploadExperience); both follow the same rules:
+
+* absent or empty: every row False;
+* otherwise exactly one flag per row;
+* a tensor must be BOOL of shape (n,) and hold only the bytes 0 and 1 (numpy
+  would read any other byte as a "true" that is neither True nor False).
+"""
+from typing import Sequence, Union
+
+import numpy as np
+
+from simbridge.wire import leaf_codec, tensors
+from simbridge.wire.errors import invalid_argument
+from simbridge.wire.v1 import simbridge_pb2 as pb
+
+_BOOL = np.dtype(bool)
+# All-false flags of a repeated field, shared by every call that sends none (the common case).
+_NO_FLAGS = (False,) * 4096
+
+
+def flags(source: Union[None, pb.Tensor, Sequence[bool]], n: int, what: str,
+          per: str = "one per row") -> Sequence[bool]:
+    """n done flags from `source`: None (a tensor field left out), a BOOL tensor, or a
+    repeated bool field. A tensor gives a bool array (possibly a read-only view of the
+    request); a repeated field an indexable sequence of at least n bools (all-false ones may
+    be longer and shared: index them, don't measure them). `what` and `per` word the errors."""
+    if source is None:
+        return np.zeros(n, bool)
+    if isinstance(source, pb.Tensor):
+        return _tensor_flags(source, n, what, per)
+    if len(source) == 0:
+        return _NO_FLAGS if n <= len(_NO_FLAGS) else (False,) * n
+    if len(source) != n:
+        raise invalid_argument(f"{what}: {len(source)} flags for {n} rows")
+    return list(source)
+
+
+def _tensor_flags(t: pb.Tensor, n: int, what: str, per: str) -> np.ndarray:
+    data = t.data
+    view = leaf_codec.vector_view(t, pb.BOOL, _BOOL, n)
+    if view is None:
+        if t.dtype != pb.BOOL:
+            raise invalid_argument(f"{what}: dtype {tensors.dtype_name(t.dtype)}, expected BOOL")
+        if tuple(t.shape) != (n,):
+            raise invalid_argument(f"{what}: shape {tuple(t.shape)}, expected ({n},): {per}")
+        try:
+            view = tensors.from_tensor(t)
+        except Exception as e:
+            raise invalid_argument(f"{what}: {getattr(e, 'message', e)}") from None
+    # Two byte counts (C speed) instead of a max() over the array: this is the Step hot path.
+    if data.count(b"\x00") + data.count(b"\x01") != n:
+        raw = np.frombuffer(data, np.uint8)
+        bad = int((raw > 1).argmax())
+        raise invalid_argument(f"{what} row {bad}: byte {raw[bad]} is not a bool (0 or 1)")
+    return view
