@@ -9,6 +9,7 @@
 - No hand-written module is much over 400 lines.
 """
 import importlib.util
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -60,7 +61,13 @@ def test_the_simulator_sdk_loads_no_server_no_trainer_and_no_torch():
 
 
 def test_a_wheel_installs_only_the_simbridge_package(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+    src = tmp_path / "src"   # a copy: building writes build/ and *.egg-info beside the sources
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("simbridge", "trainer", "sims"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                     "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
     wheel, = tmp_path.glob("simbridge-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from simbridge.server.sample_batch import SampleBatchBuilder
+from simbridge.server.batch_builder import SampleBatchBuilder
 from simbridge.wire import tree
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
                                     REWARDS, T, TERMINATEDS, TRUNCATEDS)

@@ -1,7 +1,4 @@
-"""SampleBatchBuilder: accumulates experience for one policy, builds a SampleBatch.
-
-(Imported from simbridge.server.sample_batch by its users.)
-"""
+"""SampleBatchBuilder: accumulates experience for one policy, builds a SampleBatch."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ from typing import Any, Mapping
 from simbridge.wire import tree
 from simbridge.wire.columns import INFOS
 from simbridge.server.batch_columns import _object_array
+from simbridge.server.sample_batch import SampleBatch
 
 
 # --------------------------------------------------------------------------
@@ -93,18 +91,18 @@ class SampleBatchBuilder:
             self._segments.append(dict(columns))
             self._count += count
             return
-        chunk = columns if isinstance(columns, _sb.SampleBatch) else _sb.SampleBatch(columns)
+        chunk = columns if isinstance(columns, SampleBatch) else SampleBatch(columns)
         if not chunk._data:
             raise ValueError("add_rows needs at least one column")
         self._check_columns(list(chunk._data))
         self._segments.append(chunk)
         self._count += chunk.count
 
-    def build(self) -> "_sb.SampleBatch":
+    def build(self) -> "SampleBatch":
         """Stack everything into a SampleBatch and reset the builder."""
         if self._columns is None:
             self.reset()
-            return _sb.SampleBatch()
+            return SampleBatch()
         parts: dict[str, list] = {c: [] for c in self._columns}
         for seg in self._segments:
             if isinstance(seg, _RowSegment):
@@ -128,11 +126,7 @@ class SampleBatchBuilder:
                     data[name] = tree.concat(cols, fresh=True)
                 except ValueError as e:
                     raise ValueError(f"cannot concatenate column {name!r}: {e}") from e
-        out = _sb.SampleBatch._from_validated(data, self._count)
+        out = SampleBatch._from_validated(data, self._count)
         self.reset()
         return out
 
-
-# Last, and the module rather than names: sample_batch imports this module at its own end,
-# so whichever of the two loads first, both are complete when used.
-from simbridge.server import sample_batch as _sb  # noqa: E402

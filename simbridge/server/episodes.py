@@ -17,7 +17,6 @@ import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
-from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID  # noqa: F401  (re-exported)
 
 
 class EpisodeSummary(TypedDict):

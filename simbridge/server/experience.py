@@ -11,7 +11,8 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from simbridge.server.sample_batch import MultiAgentBatch, SampleBatchBuilder
+from simbridge.server.batch_builder import SampleBatchBuilder
+from simbridge.server.sample_batch import MultiAgentBatch
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 COUNT_STEPS_BY = ("env_steps", "agent_steps")

@@ -13,7 +13,8 @@ import numpy as np
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.checks import flags
-from simbridge.server.episodes import ALL_AGENTS, SINGLE_AGENT_ID, AgentState, Episode
+from simbridge.server.episodes import AgentState, Episode
+from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID
 from simbridge.server.sessions import Session, SpaceSpec
 from simbridge.wire.errors import (Reason, already_exists, failed_precondition, invalid_argument,
                                    not_found, resource_exhausted)

@@ -16,7 +16,7 @@ import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
-from simbridge.server.episodes import ALL_AGENTS
+from simbridge.wire.columns import ALL_AGENTS
 from simbridge.server.row_checks import RowChecks, Rows, done_in
 from simbridge.server.sessions import Session
 from simbridge.server.transitions import Transitions

@@ -20,10 +20,9 @@ from simbridge.server.batcher import DynamicBatcher
 from simbridge.server.context import PolicyMappingFn, ServerContext
 from simbridge.server.experience import ExperienceQueue
 from simbridge.server.mapping import DEFAULT_POLICY
-from simbridge.server.metrics import Metrics  # noqa: F401  (re-exported)
 from simbridge.server.policies import Policy, PolicyRegistry, random_policy_factory
 from simbridge.server.rows import RowCalls
-from simbridge.server.sessions import Session, SessionTable, SpaceSpec, space_key  # noqa: F401
+from simbridge.server.sessions import Session, SessionTable, space_key
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
 from simbridge.wire.errors import invalid_argument

@@ -49,7 +49,6 @@ __all__ = [
     "DEFAULT_POLICY_ID",
     "SampleBatch",
     "MultiAgentBatch",
-    "SampleBatchBuilder",
 ]
 
 from simbridge.wire.columns import (  # noqa: E402  (re-exported: SampleBatch users name them here)
@@ -383,6 +382,3 @@ class MultiAgentBatch:
             return policy_batches[DEFAULT_POLICY_ID]
         return MultiAgentBatch(policy_batches, env_steps)
 
-
-# The builder lives in its own module; it is named here too, where its users import it.
-from simbridge.server.batch_builder import SampleBatchBuilder  # noqa: E402,F401

@@ -11,7 +11,8 @@ import uuid
 from typing import Callable, Dict, List, Optional
 
 from simbridge.wire import spaces as sb_spaces
-from simbridge.server.episodes import ALL_AGENTS, Episode
+from simbridge.server.episodes import Episode
+from simbridge.wire.columns import ALL_AGENTS
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument, not_found
 from simbridge.wire.v1 import simbridge_pb2 as pb
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from simbridge.wire import leaf_codec, tensors, tree
 from simbridge.wire.checks import flags
-from simbridge.server.episodes import SINGLE_AGENT_ID, Episode, episode_summary
+from simbridge.server.episodes import Episode, episode_summary
+from simbridge.wire.columns import SINGLE_AGENT_ID
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 

@@ -11,7 +11,8 @@ import numpy as np
 from google.protobuf import json_format
 
 from simbridge.wire import tree
-from simbridge.server.episodes import ALL_AGENTS, AgentState, Episode, SlotTable
+from simbridge.server.episodes import AgentState, Episode, SlotTable
+from simbridge.wire.columns import ALL_AGENTS
 from simbridge.server.row_checks import Rows
 from simbridge.server.sessions import Session, SpaceSpec
 

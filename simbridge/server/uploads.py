@@ -45,7 +45,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from simbridge.server.episodes import SINGLE_AGENT_ID, Episode, episode_summary
+from simbridge.server.episodes import Episode, episode_summary
+from simbridge.wire.columns import SINGLE_AGENT_ID
 from simbridge.server.upload_checks import Chunk, columns, decode
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument, resource_exhausted
 from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch

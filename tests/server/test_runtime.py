@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from simbridge.server.episodes import SINGLE_AGENT_ID
+from simbridge.wire.columns import SINGLE_AGENT_ID
 from simbridge.server.mapping import DEFAULT_POLICY
 from simbridge.server.policies import ActionBatch, Policy, RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime

@@ -13,8 +13,8 @@ from simbridge.server.sample_batch import (
     TERMINATEDS,
     MultiAgentBatch,
     SampleBatch,
-    SampleBatchBuilder,
 )
+from simbridge.server.batch_builder import SampleBatchBuilder
 
 
 def make_batch(n, start=0, eps=None):
