@@ -67,10 +67,21 @@ class Chunk:
 
 
 def row_writer(space):
-    """Writes one value of `space` into row i of a column (nested columns leaf by leaf)."""
-    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+    """Writes one value of `space` into row i of a column (nested columns leaf by leaf; the
+    space says what nests, so a Tuple's items may come as a list)."""
+    if isinstance(space, gym.spaces.Dict):
+        items = [(k, row_writer(s)) for k, s in space.spaces.items()]
+
         def put(col, i, value):
-            tree.map_structure(lambda c, v: c.__setitem__(i, v), col, value)
+            for k, put_leaf in items:
+                put_leaf(col[k], i, value[k])
+        return put
+    if isinstance(space, gym.spaces.Tuple):
+        items = [(j, row_writer(s)) for j, s in enumerate(space.spaces)]
+
+        def put(col, i, value):
+            for j, put_leaf in items:
+                put_leaf(col[j], i, value[j])
         return put
 
     def put(col, i, value):

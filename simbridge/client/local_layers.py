@@ -7,6 +7,7 @@ from typing import Any, List, Optional, Tuple
 import gymnasium as gym
 import numpy as np
 
+from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -43,15 +44,7 @@ def single_flattener(space: gym.Space):
             buf[int(obs) - start] = 1.0
             return buf
         return one_hot
-    return lambda obs: flatten(space, _batch1(obs))[0]
-
-
-def _batch1(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _batch1(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_batch1(v) for v in value)
-    return np.asarray(value)[None]
+    return lambda obs: flatten(space, sb_spaces.batch_row0(space, obs))[0]
 
 
 def has_nan(value: Any) -> bool:

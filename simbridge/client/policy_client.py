@@ -44,10 +44,6 @@ def _struct(info: Optional[dict]) -> struct_pb2.Struct:
     return s
 
 
-def _batch1(value: Any) -> Any:
-    return tree.map_structure(lambda a: np.asarray(a)[None], value)
-
-
 class _ClientBase:
     _service = "single"
 
@@ -151,7 +147,7 @@ class PolicyClient(_ClientBase):
         self.last_policy_versions: List[int] = []
 
     def get_action(self, episode_id: str, observation) -> Any:
-        return sb_spaces.unbatch_row0(self.action_space, self.get_actions([episode_id], _batch1(observation)))
+        return sb_spaces.unbatch_row0(self.action_space, self.get_actions([episode_id], sb_spaces.batch_row0(self.observation_space, observation)))
 
     def get_actions(self, episode_ids: Sequence[str], observations) -> Any:
         msg = pb.GetActionRequest()
@@ -164,7 +160,8 @@ class PolicyClient(_ClientBase):
         return sb_spaces.decode_value(self.action_space, out.actions, len(episode_ids), "actions from server")
 
     def log_action(self, episode_id: str, observation, action) -> None:
-        self.log_actions([episode_id], _batch1(observation), _batch1(action))
+        self.log_actions([episode_id], sb_spaces.batch_row0(self.observation_space, observation),
+                         sb_spaces.batch_row0(self.action_space, action))
 
     def log_actions(self, episode_ids: Sequence[str], observations, actions) -> None:
         msg = pb.LogActionRequest()
@@ -186,7 +183,7 @@ class PolicyClient(_ClientBase):
         self._queue_rewards(rows)
 
     def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
-        self.end_episodes([episode_id], _batch1(observation), [truncated])
+        self.end_episodes([episode_id], sb_spaces.batch_row0(self.observation_space, observation), [truncated])
 
     def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool],
                      start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
@@ -227,8 +224,8 @@ class MultiAgentPolicyClient(_ClientBase):
     def _fill_rows(self, rows, episode_id: str, aids: List[str], obs_dict: dict) -> None:
         rows.episode_ids.append(episode_id)
         rows.agent_ids.extend(aids)
-        stacked = tree.stack([obs_dict[a] for a in aids])
-        sb_spaces.fill_value(rows.observations, self._space(aids[0], 0), stacked)
+        space = self._space(aids[0], 0)
+        sb_spaces.fill_value(rows.observations, space, sb_spaces.stack_values(space, [obs_dict[a] for a in aids]))
 
     def get_action(self, episode_id: str, observation_dict: Dict[str, Any]) -> Dict[str, Any]:
         """Actions for exactly the agents in observation_dict."""
@@ -249,8 +246,8 @@ class MultiAgentPolicyClient(_ClientBase):
         msg = pb.LogActionRequest()
         for aids in self._groups(observation_dict).values():
             self._fill_rows(msg.rows.add(), episode_id, aids, observation_dict)
-            acts = tree.stack([tree.map_structure(np.asarray, action_dict[a]) for a in aids])
-            sb_spaces.fill_value(msg.actions.add(), self._space(aids[0], 1), acts)
+            space = self._space(aids[0], 1)
+            sb_spaces.fill_value(msg.actions.add(), space, sb_spaces.stack_values(space, [action_dict[a] for a in aids]))
         self._call("log_action", msg, wait=False)
 
     def log_returns(self, episode_id: str, reward_dict: Dict[str, float], info_dict: Optional[dict] = None,
@@ -285,8 +282,8 @@ class MultiAgentPolicyClient(_ClientBase):
             if info_dict:
                 rows.infos.extend(_struct(info_dict.get(a)) for a in group)
             if has_final:
-                stacked = tree.stack([finals[a] for a in group])
-                sb_spaces.fill_value(rows.final_observations, self._space(group[0], 0), stacked)
+                space = self._space(group[0], 0)
+                sb_spaces.fill_value(rows.final_observations, space, sb_spaces.stack_values(space, [finals[a] for a in group]))
             self._queue_rewards(rows)
 
     def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,

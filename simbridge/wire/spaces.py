@@ -301,6 +301,42 @@ def leaf_rows(value: Any) -> int | None:
     return shape[0]
 
 
+def batch_row0(space: gs.Space, value: Any) -> Any:
+    """One value of `space` as a batch of one row (unbatch_row0's inverse). The space, not the
+    value, says what nests: a Tuple's items may come as a list, a Box value as a list."""
+    if isinstance(space, gs.Dict):
+        if not isinstance(value, dict) or value.keys() != space.spaces.keys():
+            return value   # fill_value names what is wrong with it
+        return {k: batch_row0(space[k], value[k]) for k in space.spaces}
+    if isinstance(space, gs.Tuple):
+        if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
+            return value
+        return tuple(batch_row0(s, v) for s, v in zip(space.spaces, value))
+    return _leaf(space, value)[None]
+
+
+def stack_values(space: gs.Space, values: list) -> Any:
+    """Values of `space` (one per row) as one batched value, nested as the space says."""
+    if isinstance(space, gs.Dict):
+        if not all(isinstance(v, dict) and v.keys() == space.spaces.keys() for v in values):
+            return next(v for v in values if not isinstance(v, dict) or v.keys() != space.spaces.keys())
+        return {k: stack_values(space[k], [v[k] for v in values]) for k in space.spaces}
+    if isinstance(space, gs.Tuple):
+        n = len(space.spaces)
+        if not all(isinstance(v, (tuple, list)) and len(v) == n for v in values):
+            return next(v for v in values if not isinstance(v, (tuple, list)) or len(v) != n)
+        return tuple(stack_values(s, [v[i] for v in values]) for i, s in enumerate(space.spaces))
+    return np.stack([_leaf(space, v) for v in values])
+
+
+def _leaf(space: gs.Space, value: Any) -> np.ndarray:
+    # As fill_value encodes them: an array keeps its dtype (a mismatch is the caller's to
+    # see), a list or Python number takes a Box's dtype.
+    if isinstance(space, gs.Box) and not isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value, dtype=space.dtype)
+    return np.asarray(value)
+
+
 def unbatch_row0(space: gs.Space, value: Any) -> Any:
     """Row 0 of a batched value as one value of `space`, Discrete leaves as Python ints."""
     if isinstance(space, gs.Dict):
