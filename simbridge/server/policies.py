@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire.errors import Reason, invalid_argument
 from simbridge.wire.tree import rows
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -135,7 +135,7 @@ class PolicyRegistry(Mapping):
             raise invalid_argument(
                 f"agent {agent_id!r} maps to policy {policy_id!r}, whose spaces are "
                 f"observation {p.observation_space}, action {p.action_space}; this session declared "
-                f"observation {spec.obs_space}, action {spec.act_space} for it")
+                f"observation {spec.obs_space}, action {spec.act_space} for it", Reason.SPACE_MISMATCH)
 
     def batcher(self, policy_id: str):
         return self._entries[policy_id].batcher

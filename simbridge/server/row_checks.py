@@ -77,7 +77,8 @@ class RowChecks:
                                    f"give one per row or one for all rows")
         limit = self.ctx.config.max_rows_per_request
         if n > limit:
-            raise invalid_argument(f"{what}: {n} rows exceed the server limit of {limit} per request")
+            raise invalid_argument(f"{what}: {n} rows exceed the server limit of {limit} per request",
+                                   Reason.MESSAGE_TOO_LARGE)
         return eids, aids, n
 
     @staticmethod

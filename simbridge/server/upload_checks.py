@@ -12,7 +12,7 @@ import numpy as np
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors, tree
 from simbridge.wire.checks import flags
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire.errors import Reason, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
@@ -32,14 +32,14 @@ def decode(config, session, req) -> Chunk:
     n = c.n = len(rew)
     if n > limit:
         raise invalid_argument(f"UploadExperience: {n} transitions exceed the server limit of {limit} per "
-                               f"request; send smaller chunks")
+                               f"request; send smaller chunks", Reason.MESSAGE_TOO_LARGE)
     if not math.isfinite(rew.sum()):
         bad = int((~np.isfinite(rew)).argmax())
         raise invalid_argument(f"rewards row {bad}: {rew[bad]} is not a finite number")
     c.rewards = rew.astype(np.float32)
     c.ids = list(req.episode_ids)
     if len(c.ids) > limit:
-        raise invalid_argument(f"UploadExperience: {len(c.ids)} episode ids exceed the limit of {limit}")
+        raise invalid_argument(f"UploadExperience: {len(c.ids)} episode ids exceed the limit of {limit}", Reason.MESSAGE_TOO_LARGE)
     if len(set(c.ids)) != len(c.ids):
         raise invalid_argument("episode_ids repeat: list each episode of the chunk once")
     if "" in c.ids:
@@ -95,7 +95,7 @@ def decode(config, session, req) -> Chunk:
         if s.length < 0:
             raise invalid_argument(f"{what}: negative length {s.length}")
     if len(c.summaries) > limit:
-        raise invalid_argument(f"UploadExperience: {len(c.summaries)} finished episodes exceed the limit of {limit}")
+        raise invalid_argument(f"UploadExperience: {len(c.summaries)} finished episodes exceed the limit of {limit}", Reason.MESSAGE_TOO_LARGE)
     return c
 
 

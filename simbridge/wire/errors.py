@@ -26,6 +26,9 @@ Reason = pb.ErrorReason   # Reason.QUEUE_FULL, Reason.Name(value), ...
 # What an error means when its sender gave no reason (an older server, a gRPC failure).
 _DEFAULT_REASONS = {
     grpc.StatusCode.INVALID_ARGUMENT: Reason.INVALID_REQUEST,
+    # A simbridge server names its own RESOURCE_EXHAUSTED reasons: one without is gRPC's
+    # refusal of a message over the size limit.
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Reason.MESSAGE_TOO_LARGE,
     grpc.StatusCode.UNAVAILABLE: Reason.SERVER_UNAVAILABLE,
     grpc.StatusCode.INTERNAL: Reason.SERVER_FAILURE,
     grpc.StatusCode.UNKNOWN: Reason.SERVER_FAILURE,
