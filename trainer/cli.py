@@ -34,16 +34,11 @@ import signal
 import sys
 from pathlib import Path
 
+from simbridge.extras import run_needing_extra
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
 from simbridge.trainer.reporting import plot
 from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
-
-#: Top-level modules of the `trainer` extra (pyproject.toml): missing, they are reported as such.
-TRAINER_EXTRA_MODULES = frozenset({"torch", "tensorboard", "matplotlib", "onnx"})
-INSTALL_HINT = ("install torch first with the build you want (https://pytorch.org/get-started/locally/), "
-                "then: pip install 'simbridge[trainer]'")
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simbridge-trainer", description=f"{__doc__}\n{rundir.__doc__}",
@@ -121,14 +116,7 @@ def cmd_plot(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return cmd_run(args) if args.command == "run" else cmd_plot(args)
-    except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] not in TRAINER_EXTRA_MODULES:
-            raise
-        print(f"simbridge-trainer: {e.name} is not installed (the trainer extra): {INSTALL_HINT}",
-              file=sys.stderr)
-        return 2
+    return run_needing_extra("simbridge-trainer", "trainer", cmd_run if args.command == "run" else cmd_plot, args)
 
 
 if __name__ == "__main__":

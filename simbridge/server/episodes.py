@@ -44,13 +44,14 @@ def episode_summary(episode_id: str, eps_id: int, session_id: str, length: int,
                     duration_s: float) -> EpisodeSummary:
     """The summary of one ended episode; rewards are Python floats. agent_policies names the
     agents that acted (bound a policy); agent_rewards may name more (rewarded, never acted)."""
-    if len(agent_rewards) == 1:   # one agent: its return, exactly
+    if len(agent_rewards) == 1:   # one agent (every slot, every upload): its return, exactly
         total = float(next(iter(agent_rewards.values())))
+        policy_rewards = {pid: total for pid in agent_policies.values()}
     else:
         total = float(sum(agent_rewards.values()))
-    policy_rewards: Dict[str, float] = {}
-    for aid, pid in agent_policies.items():
-        policy_rewards[pid] = policy_rewards.get(pid, 0.0) + agent_rewards[aid]
+        policy_rewards: Dict[str, float] = {}
+        for aid, pid in agent_policies.items():
+            policy_rewards[pid] = policy_rewards.get(pid, 0.0) + agent_rewards[aid]
     return {
         "episode_id": episode_id,
         "eps_id": eps_id,

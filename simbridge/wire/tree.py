@@ -17,6 +17,11 @@ import numpy as np
 def map_structure(fn: Callable, *trees: Any) -> Any:
     """fn applied to the corresponding leaves of structurally identical trees."""
     first = trees[0]
+    if not isinstance(first, (dict, tuple)):   # a leaf: the common case (Box spaces), first
+        for other in trees[1:]:
+            if isinstance(other, (dict, tuple)):
+                raise ValueError(f"nested structures differ: leaf vs {_describe(other)}")
+        return fn(*trees)
     if isinstance(first, dict):
         keys = first.keys()
         for other in trees[1:]:
@@ -24,17 +29,12 @@ def map_structure(fn: Callable, *trees: Any) -> Any:
                 raise ValueError(f"nested structures differ: dict with keys {sorted(map(str, keys))} "
                                  f"vs {_describe(other)}")
         return {k: map_structure(fn, *(t[k] for t in trees)) for k in keys}
-    if isinstance(first, tuple):
-        n = len(first)
-        for other in trees[1:]:
-            if not isinstance(other, tuple) or len(other) != n:
-                raise ValueError(f"nested structures differ: tuple of length {n} vs {_describe(other)}")
-        children = [map_structure(fn, *parts) for parts in zip(*trees)]
-        return type(first)(*children) if hasattr(first, "_fields") else tuple(children)
+    n = len(first)   # a tuple
     for other in trees[1:]:
-        if isinstance(other, (dict, tuple)):
-            raise ValueError(f"nested structures differ: leaf vs {_describe(other)}")
-    return fn(*trees)
+        if not isinstance(other, tuple) or len(other) != n:
+            raise ValueError(f"nested structures differ: tuple of length {n} vs {_describe(other)}")
+    children = [map_structure(fn, *parts) for parts in zip(*trees)]
+    return type(first)(*children) if hasattr(first, "_fields") else tuple(children)
 
 
 def _describe(x: Any) -> str:

@@ -9,6 +9,7 @@ loads with the project's protobuf. The modules:
   * spaces       BehaviorSpec -> gymnasium spaces; steps -> observations; actions -> ActionTuple
   * behavior     one behavior's agents as simbridge episodes (one batched call per step)
   * connector    the CLI: instances, side channels, budgets, summaries
+  * program      the console script: the connector, or the `unity` extra named when missing
 """
 from simbridge.sims.unity import compat
 

@@ -1,16 +1,23 @@
-"""`simbridge-trainer` without the trainer extra: one line naming the fix and exit code 2, no traceback.
+"""Console scripts without their extra: one line naming the fix and exit code 2, no traceback.
 
-Each command runs in a subprocess whose sitecustomize.py makes the listed modules
-unimportable, exactly as when they are not installed (ModuleNotFoundError with their name).
+`simbridge-trainer` needs the trainer extra, `simbridge-unity` the unity extra
+(simbridge/extras.py). Each command runs in a subprocess whose sitecustomize.py makes the
+listed modules unimportable, exactly as when they are not installed (ModuleNotFoundError
+with their name).
 """
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
-from simbridge.trainer.launch import ROOT
+from simbridge.extras import EXTRAS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MISSING_FINDER = """
 import importlib.abc, os, sys
@@ -27,6 +34,7 @@ sys.meta_path.insert(0, _NotInstalled())
 """
 
 CLI = "from simbridge.trainer.cli import main; import sys; sys.exit(main())"   # the console script
+UNITY = "from simbridge.sims.unity.program import main; import sys; sys.exit(main())"
 
 
 def _run(tmp_path, missing, argv):
@@ -39,12 +47,13 @@ def _run(tmp_path, missing, argv):
                           cwd=str(tmp_path))
 
 
-def _assert_names_the_fix(out, module):
+def _assert_names_the_fix(out, module, extra="trainer"):
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert module in lines[0] and "pip install 'simbridge[trainer]'" in lines[0], lines[0]
-    assert "torch first" in lines[0], lines[0]
+    assert module in lines[0] and f"pip install 'simbridge[{extra}]'" in lines[0], lines[0]
+    if extra == "trainer":
+        assert "torch first" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("entry", [["-c", CLI], ["-m", "simbridge.trainer.cli"]])
@@ -72,3 +81,22 @@ def test_other_missing_modules_are_not_blamed_on_the_extra(tmp_path):
     out = _run(tmp_path, ["gymnasium"], ["-c", CLI, "run", "--logdir", str(tmp_path / "run")])
     assert out.returncode != 0 and "simbridge[trainer]" not in out.stderr
     assert "No module named 'gymnasium'" in out.stderr
+
+
+@pytest.mark.parametrize("entry", [["-c", UNITY], ["-m", "simbridge.sims.unity.program"]])
+def test_unity_connector_without_mlagents(tmp_path, entry):
+    out = _run(tmp_path, ["mlagents_envs"], [*entry, "--address", "127.0.0.1:1"])
+    _assert_names_the_fix(out, "mlagents_envs", extra="unity")
+
+
+def test_the_extras_modules_are_the_packages_pyproject_lists():
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, (modules, _) in EXTRAS.items():
+        packages = {re.split(r"[<>=!~\[ ]", req)[0].lower().replace("-", "_") for req in optional[extra]}
+        assert packages == set(modules), f"the {extra} extra lists {packages}, extras.py knows {set(modules)}"
+
+
+def test_the_console_scripts_point_at_the_guarded_programs():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["simbridge-trainer"] == "simbridge.trainer.cli:main"
+    assert scripts["simbridge-unity"] == "simbridge.sims.unity.program:main"
