@@ -34,9 +34,10 @@ import numpy as np
 from simbridge.wire import leaf_codec, tensors, tree
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import Episode, episode_summary
-from simbridge.wire.columns import SINGLE_AGENT_ID
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
+from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
+                                    REWARDS, SINGLE_AGENT_ID, T, TERMINATEDS, TRUNCATEDS)
 
 log = logging.getLogger("simbridge")
 
@@ -235,10 +236,10 @@ class SlotCalls:
         bank.returns += rewards
         if bank.training:
             collector = self.ctx.collector
-            cols = {"obs": bank.prev_obs, "new_obs": new_obs, "actions": bank.prev_act,
-                    "rewards": rewards, "terminateds": term, "truncateds": trunc,
-                    "eps_id": bank.eps_index.copy(), "agent_index": bank.agent_index, "t": bank.t.copy(),
-                    "policy_version": bank.prev_version, "action_logp": bank.prev_logp}
+            cols = {OBS: bank.prev_obs, NEW_OBS: new_obs, ACTIONS: bank.prev_act,
+                    REWARDS: rewards, TERMINATEDS: term, TRUNCATEDS: trunc,
+                    EPS_ID: bank.eps_index.copy(), AGENT_INDEX: bank.agent_index, T: bank.t.copy(),
+                    POLICY_VERSION: bank.prev_version, ACTION_LOGP: bank.prev_logp}
             if collector.complete_episodes:
                 self._hold_until_complete(bank, cols, done_idx)
             else:
@@ -271,7 +272,7 @@ class SlotCalls:
         if not len(done_idx):
             return
         held = bank.held[0] if len(bank.held) == 1 else _concat(bank.held)
-        ended = np.isin(held["eps_id"], bank.eps_index[done_idx])
+        ended = np.isin(held[EPS_ID], bank.eps_index[done_idx])
         k = int(ended.sum())
         self.ctx.collector.add_rows(bank.policy_id, _select(held, ended))
         self.ctx.collector.add_env_steps(k)
@@ -309,7 +310,7 @@ class SlotCalls:
         if bank.held:   # complete_episodes: the cut episodes go as they are
             held = _concat(bank.held)
             self.ctx.collector.add_rows(bank.policy_id, held)
-            self.ctx.collector.add_env_steps(len(held["t"]))
+            self.ctx.collector.add_env_steps(len(held[T]))
             bank.held = []
         live = np.flatnonzero(bank.t > 0)
         if len(live):

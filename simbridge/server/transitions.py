@@ -12,7 +12,8 @@ from google.protobuf import json_format
 
 from simbridge.wire import tree
 from simbridge.server.episodes import AgentState, Episode, SlotTable
-from simbridge.wire.columns import ALL_AGENTS
+from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, ALL_AGENTS, EPS_ID, NEW_OBS, OBS,
+                                    POLICY_VERSION, REWARDS, T, TERMINATEDS, TRUNCATEDS)
 from simbridge.server.row_checks import Rows
 from simbridge.server.sessions import Session, SpaceSpec
 
@@ -74,11 +75,11 @@ class Transitions:
             idx = np.flatnonzero(pend)
             ps = slots[idx]
             k = len(idx)
-            cols = {"obs": tree.take(table.obs, ps), "new_obs": tree.take(r.obs, idx),
-                    "actions": tree.take(table.act, ps), "rewards": table.reward_acc[ps].astype(np.float32),
-                    "terminateds": np.zeros(k, bool), "truncateds": np.zeros(k, bool),
-                    "eps_id": table.eps_id[ps], "agent_index": table.agent_index[ps], "t": table.t[ps],
-                    "policy_version": table.version[ps], "action_logp": table.logp[ps]}
+            cols = {OBS: tree.take(table.obs, ps), NEW_OBS: tree.take(r.obs, idx),
+                    ACTIONS: tree.take(table.act, ps), REWARDS: table.reward_acc[ps].astype(np.float32),
+                    TERMINATEDS: np.zeros(k, bool), TRUNCATEDS: np.zeros(k, bool),
+                    EPS_ID: table.eps_id[ps], AGENT_INDEX: table.agent_index[ps], T: table.t[ps],
+                    POLICY_VERSION: table.version[ps], ACTION_LOGP: table.logp[ps]}
             table.t[ps] += 1
             self._collect_chunk(r, idx, cols)
         # Reward before an agent's first action rewards no action: dropped with the rest.
@@ -113,10 +114,10 @@ class Transitions:
         tb, sl = st.table, st.slot
         if ep.training_enabled:
             self.ctx.collector.add_transition(ep, st.policy_id, {
-                "obs": tb.row(sl, "obs"), "new_obs": new_obs, "actions": tb.row(sl, "act"),
-                "rewards": np.float32(tb.reward_acc[sl]), "terminateds": terminated, "truncateds": truncated,
-                "eps_id": ep.index, "agent_index": st.index, "t": int(tb.t[sl]),
-                "policy_version": int(tb.version[sl]), "action_logp": np.float32(tb.logp[sl]),
+                OBS: tb.row(sl, "obs"), NEW_OBS: new_obs, ACTIONS: tb.row(sl, "act"),
+                REWARDS: np.float32(tb.reward_acc[sl]), TERMINATEDS: terminated, TRUNCATEDS: truncated,
+                EPS_ID: ep.index, AGENT_INDEX: st.index, T: int(tb.t[sl]),
+                POLICY_VERSION: int(tb.version[sl]), ACTION_LOGP: np.float32(tb.logp[sl]),
             })
         tb.reward_acc[sl] = 0.0
         tb.pending[sl] = False

@@ -14,6 +14,8 @@ from simbridge.wire import tensors, tree
 from simbridge.wire.checks import flags
 from simbridge.wire.errors import Reason, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
+from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION, REWARDS,
+                                    T, TERMINATEDS, TRUNCATEDS)
 
 
 class Chunk:
@@ -156,10 +158,10 @@ def columns(c: Chunk, eps_ids: dict) -> dict:
     for k, eps in eps_ids.items():
         by_index[k] = eps
     own = lambda v: tree.map_structure(np.array, v)  # noqa: E731 - the request's buffers are read-only views
-    return {"obs": own(c.obs), "new_obs": own(c.new_obs), "actions": own(c.actions), "rewards": c.rewards,
-            "terminateds": c.terminated, "truncateds": c.truncated, "eps_id": by_index[c.ep_index],
-            "agent_index": np.zeros(c.n, np.int64), "t": c.t, "policy_version": c.versions,
-            "action_logp": c.logp}
+    return {OBS: own(c.obs), NEW_OBS: own(c.new_obs), ACTIONS: own(c.actions), REWARDS: c.rewards,
+            TERMINATEDS: c.terminated, TRUNCATEDS: c.truncated, EPS_ID: by_index[c.ep_index],
+            AGENT_INDEX: np.zeros(c.n, np.int64), T: c.t, POLICY_VERSION: c.versions,
+            ACTION_LOGP: c.logp}
 
 
 def _flags(req, field: str, n: int) -> np.ndarray:
