@@ -16,7 +16,7 @@ metrics.jsonl until the target is met or the env-step budget is spent.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import json
 import os

@@ -31,7 +31,7 @@ Cases (--cases):
              local_steps_per_s against the random policy, local_dqn_* against a
              frozen DQN served by the trainer daemon.
   tcp_paths  step_lockstep and batched256 with every process on gRPC's iomgr TCP
-             path (what simbridge's programs choose, simbridge/grpc_tuning.py)
+             path (what simbridge's programs choose, simbridge/wire/grpc_tuning.py)
              and on its default EventEngine path, alternating, 3 short runs
              each: medians and iomgr_vs_eventengine_* ratios.
 
@@ -43,7 +43,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import functools
 import json

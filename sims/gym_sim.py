@@ -24,7 +24,7 @@ Ctrl-C, --max-steps) ends its open episodes as truncated.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import sys
 import uuid

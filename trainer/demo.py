@@ -9,7 +9,7 @@ writes its checkpoint), draws the learning curves to PNG and prints a summary.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import json
 import signal

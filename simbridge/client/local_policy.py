@@ -10,7 +10,7 @@ one into a callable:
   (LocalPolicyClient holds its lock around it).
 * `compute_actions(obs_batch)` / `forward(flat)`: batched, for tests and tools.
 
-Preprocessing "flatten" is exactly what simbridge/preprocess.py feeds the
+Preprocessing "flatten" is exactly what simbridge/wire/preprocess.py feeds the
 trainer's networks: gymnasium's flatten (Box reshaped, Discrete and
 MultiDiscrete one-hot from their `start`, MultiBinary as is, Dict and Tuple
 concatenated in space order) as float32.

@@ -5,7 +5,7 @@ learning is involved; the trainer daemon embeds the same server.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import json
 import logging

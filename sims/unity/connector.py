@@ -20,7 +20,7 @@ problem, 3 Unity problem (never connected, quit, crashed, wrong version).
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
-prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/grpc_tuning.py
+prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import json
 import math

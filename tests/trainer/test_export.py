@@ -2,7 +2,7 @@
 
 Every comparison runs the learner's own acting network in torch on random observations and the
 exported form on the same observations: Q-values / actor outputs, the greedy actions, and the
-preprocessing against simbridge/preprocess.py.
+preprocessing against simbridge/wire/preprocess.py.
 """
 import ast
 
