@@ -81,7 +81,7 @@ const std::vector<std::string>& config_keys() {
   return keys;
 }
 
-Config parse_config(const std::map<std::string, std::string>& params) {
+Config parse_config(const std::map<std::string, std::string>& params, const char* address_from_env) {
   for (const auto& [key, value] : params) {
     const auto& keys = config_keys();
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) bad(key, "unknown parameter");
@@ -93,6 +93,7 @@ Config parse_config(const std::map<std::string, std::string>& params) {
   };
   Config c;
   if (auto v = get("address")) c.address = trimmed(*v);
+  if (address_from_env && *address_from_env) c.address = trimmed(address_from_env);
   if (auto v = get("client_name")) c.client_name = trimmed(*v);
   if (c.address.empty() || split(c.address).size() != 1) bad("address", "expected host:port");
 

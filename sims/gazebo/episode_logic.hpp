@@ -49,7 +49,9 @@ struct Config {
 
 // The plugin's parameters by name (the SDF <plugin> element's children, as text).
 // Throws std::invalid_argument naming the parameter for anything missing, malformed or inconsistent.
-Config parse_config(const std::map<std::string, std::string>& params);
+// address_from_env (the plugin passes $SIMBRIDGE_ADDRESS) wins over <address> when set and not
+// empty: one world file serves a laptop and a container whose trainer is elsewhere.
+Config parse_config(const std::map<std::string, std::string>& params, const char* address_from_env = nullptr);
 // The parameter names parse_config reads; the plugin looks up exactly these.
 const std::vector<std::string>& config_keys();
 

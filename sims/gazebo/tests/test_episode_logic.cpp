@@ -137,6 +137,13 @@ void parse_cartpole_params() {
   CHECK(c.training);
 }
 
+void the_environment_address_wins() {
+  CHECK_EQ(parse_config(cartpole_params(), "gpu-box:6000").address, std::string("gpu-box:6000"));
+  CHECK_EQ(parse_config(cartpole_params(), "").address, std::string("trainer:50051"));
+  CHECK_EQ(parse_config(cartpole_params(), nullptr).address, std::string("trainer:50051"));
+  CHECK(error_of([] { parse_config(cartpole_params(), "a b"); }).find("<address>") != std::string::npos);
+}
+
 void parse_defaults() {
   const Config c = parse_config({{"observe_joints", "hinge"}, {"actuate_joints", "hinge"}, {"effort_limits", "2"}});
   CHECK_EQ(c.address, std::string("127.0.0.1:50051"));
@@ -347,6 +354,7 @@ void readings_must_match_the_observed_joints() {
 
 const std::vector<std::pair<std::string, void (*)()>> kCases = {
     {"parse_cartpole_params", parse_cartpole_params},
+    {"the_environment_address_wins", the_environment_address_wins},
     {"parse_defaults", parse_defaults},
     {"parse_rejects_bad_parameters", parse_rejects_bad_parameters},
     {"spaces_box_and_discrete", spaces_box_and_discrete},
