@@ -68,6 +68,15 @@ def test_configuring_without_gz_sim_skips_the_plugin_and_says_why(build):
     assert not list(BUILD.glob("libsimbridge-gz-system*"))
 
 
+def test_requiring_the_plugin_without_gz_sim_fails_the_configure(build, tmp_path):
+    # docker/gazebo.Dockerfile configures this way: an image without the plugin must not build.
+    if "building the plugin simbridge-gz-system" in build:
+        pytest.skip("gz-sim 8 is installed here")
+    out = run("cmake", "-S", SRC, "-B", tmp_path / "b", "-DSIMBRIDGE_GZ_REQUIRE_PLUGIN=ON")
+    assert out.returncode != 0
+    assert "gz-sim8 (Gazebo Harmonic) not found" in out.stderr
+
+
 def world_model():
     world = ET.parse(WORLD).getroot().find("world")
     assert world is not None
