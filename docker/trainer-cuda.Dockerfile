@@ -5,7 +5,7 @@
 #   docker run --rm --gpus all -p 127.0.0.1:50051:50051 simbridge-trainer:cuda
 #
 # The config's `device = "auto"` picks cuda when torch sees a GPU.
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 
 # torch's CUDA build for the base image's CUDA release; its wheels bring their own CUDA libraries,
 # the base image brings the driver-facing runtime and a matching userland.
