@@ -6,7 +6,10 @@ STAMP  := $(VENV)/.installed
 # Pinned and installed first, so the trainer extra does not pull a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo test proto bench clean
+# The C++ SDK, the Gazebo layer and the MuJoCo simulator build with Debian's packages.
+CPP_DEBS := cmake g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+
+.PHONY: venv demo test proto bench clean cpp-deps
 
 venv: $(STAMP)
 
@@ -20,7 +23,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m simbridge.trainer.demo
 
-test: $(STAMP)
+# Installs CPP_DEBS where they are missing and this is root (CI is); elsewhere the C++ tests
+# skip and say which packages to install.
+cpp-deps:
+	@if ! dpkg -s $(CPP_DEBS) >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing $(CPP_DEBS)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CPP_DEBS) >/dev/null \
+	      || echo "warning: could not install $(CPP_DEBS): the C++ tests will skip"; \
+	  else \
+	    echo "note: the C++ tests skip without $(CPP_DEBS): sudo apt-get install $(CPP_DEBS)"; \
+	  fi; \
+	fi
+
+test: $(STAMP) cpp-deps
 	$(PY) -m pytest -q
 
 proto: $(STAMP)
