@@ -1,7 +1,8 @@
 // N CartPoles on SlotClient: one Step per step for all slots, per-slot auto-reset (an ended slot
 // reports its last observation in final_observations and already sends its next episode's first).
 // --steps Steps, then a final Step with the last outcome. Prints one JSON line: episodes (ended
-// during the run), steps (env steps), steps_per_s, return_mean.
+// during the run), steps (env steps), steps_per_s, return_mean, cut_short (episodes the final Step
+// ended, truncated).
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
       auto o = envs[i].reset();
       obs.insert(obs.end(), o.begin(), o.end());
     }
-    int episodes = 0;
+    int episodes = 0, cut_short = 0;  // cut_short: episodes the final Step ends, truncated
     double return_sum = 0;
     auto t0 = std::chrono::steady_clock::now();
     simbridge::Floats actions = client.step(obs);
@@ -53,15 +54,21 @@ int main(int argc, char** argv) {
       } else {
         // The last outcome; every slot's last observation (an ended slot's is its final one).
         simbridge::Floats last = obs;
-        for (int i = 0, k = 0; i < n; ++i)
-          if (terminated[i] || truncated[i]) std::copy(finals.begin() + 4 * k, finals.begin() + 4 * (k + 1), last.begin() + 4 * i), ++k;
+        for (int i = 0, k = 0; i < n; ++i) {
+          if (terminated[i] || truncated[i]) {
+            std::copy(finals.begin() + 4 * k, finals.begin() + 4 * (k + 1), last.begin() + 4 * i);
+            ++k;
+          } else {
+            ++cut_short;
+          }
+        }
         client.close(rewards, terminated, truncated, last);
       }
     }
     if (num_steps == 0) client.close();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"reconnects\": %d}\n",
-                episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n,
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d}\n",
+                episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
                 client.reconnects());
   } catch (const simbridge::Error& e) {
     std::fprintf(stderr, "cartpole_slots: %s (%s)\n", e.what(), e.reason().c_str());
