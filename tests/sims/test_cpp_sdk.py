@@ -113,6 +113,28 @@ def test_local_inference_from_a_real_learner_logs_the_actions(build, make_server
     assert (rows["policy_version"] == -1).all()                   # log_action: chosen by the simulator
 
 
+def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
+    """Agent "a" (default spaces) and "b" (a Dict observation, a Box action: its own AgentRows)
+    act each step; "b" is done one step early with its final observation; rewards add up per agent."""
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=8),
+                       policy_mapping_fn=lambda aid, episode: "pb" if aid == "b" else "default_policy")
+    srv = make_server(rt)
+    summary = _summary(_run(build, "multiagent_probe", "--address", srv.address, "--episodes", 3, "--steps", 5))
+    assert summary == {"episodes": 3, "agent_steps": 3 * (5 + 4)}
+    rt.flush()
+    per_policy = {}
+    for batch in rt.experience.get_all():
+        for pid, rows in batch.policy_batches.items():
+            per_policy.setdefault(pid, []).append(rows)
+    a = SampleBatch.concat_samples(per_policy["default_policy"])
+    b = SampleBatch.concat_samples(per_policy["pb"])
+    assert (len(a), a["rewards"].sum(), a["terminateds"].sum()) == (15, 15.0, 3)
+    assert (len(b), b["rewards"].sum(), b["terminateds"].sum()) == (12, 24.0, 3)
+    np.testing.assert_allclose(b["new_obs"]["pos"][b["terminateds"]], [[0.3, 0.3]] * 3, rtol=1e-6)
+    snap = rt.snapshot()
+    assert snap["episodes"] == 3 and snap["policy_return_mean"] == {"default_policy": 5.0, "pb": 8.0}
+
+
 # ---------------------------------------------------------------- reconnect
 
 def _free_port() -> int:
