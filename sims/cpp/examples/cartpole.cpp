@@ -1,0 +1,81 @@
+// CartPole on PolicyClient, lockstep: each step is one get_action round trip carrying the previous
+// step's reward. --slots K keeps K CartPoles (K episodes open) stepped in turn on one client.
+// --inference local: the actions come from the downloaded policy (GetPolicy, LocalPolicy) and are
+// reported with log_action instead. Prints one JSON line: episodes, steps, steps_per_s, return_mean.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "cartpole_env.hpp"
+
+int main(int argc, char** argv) {
+  auto args = cartpole::parse_args(argc, argv, {{"address", "127.0.0.1:50051"}, {"episodes", "10"},
+                                                {"slots", "1"}, {"seed", "0"}, {"inference", "remote"}});
+  const int episodes = std::stoi(args["episodes"]), slots = std::stoi(args["slots"]);
+  const uint64_t seed = std::stoull(args["seed"]);
+  try {
+    simbridge::ClientOptions options;
+    options.client_name = "cpp-cartpole";
+    simbridge::PolicyClient client(args["address"], cartpole::observation_space(), simbridge::Space::Discrete(2), options);
+    std::unique_ptr<simbridge::LocalPolicy> local;
+    if (args["inference"] == "local") local = std::make_unique<simbridge::LocalPolicy>(client.get_policy(), seed);
+    std::vector<cartpole::Env> envs;
+    std::vector<simbridge::Floats> obs(slots);
+    std::vector<std::string> ids(slots);
+    std::vector<double> returns(slots, 0.0);
+    std::vector<bool> running(slots, false);
+    int started = 0, finished = 0;
+    long long steps = 0;
+    double return_sum = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < slots; ++i) {
+      envs.emplace_back(seed * 1000003 + i);
+      if (started < episodes) {
+        obs[i] = envs[i].reset();
+        ids[i] = client.start_episode();
+        running[i] = true;
+        ++started;
+      }
+    }
+    while (finished < episodes) {
+      for (int i = 0; i < slots; ++i) {
+        if (!running[i]) continue;
+        int action;
+        if (local) {
+          action = static_cast<int>(local->act(obs[i])[0]);
+          client.log_action(ids[i], obs[i], {static_cast<float>(action)});
+        } else {
+          action = static_cast<int>(client.get_action(ids[i], obs[i])[0]);
+        }
+        float reward;
+        bool terminated, truncated;
+        obs[i] = envs[i].step(action, &reward, &terminated, &truncated);
+        client.log_returns(ids[i], reward);
+        returns[i] += reward;
+        ++steps;
+        if (!terminated && !truncated) continue;
+        client.end_episode(ids[i], obs[i], truncated);
+        return_sum += returns[i];
+        returns[i] = 0;
+        ++finished;
+        running[i] = started < episodes;
+        if (running[i]) {
+          obs[i] = envs[i].reset();
+          ids[i] = client.start_episode();
+          ++started;
+        }
+      }
+    }
+    client.flush();
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    client.close();
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"reconnects\": %d, \"policy_version\": %lld}\n",
+                finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
+                static_cast<long long>(local ? local->version() : client.last_policy_version()));
+  } catch (const simbridge::Error& e) {
+    std::fprintf(stderr, "cartpole: %s (%s)\n", e.what(), e.reason().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,78 @@
+// N CartPoles on SlotClient: one Step per step for all slots, per-slot auto-reset (an ended slot
+// reports its last observation in final_observations and already sends its next episode's first).
+// --steps Steps, then a final Step with the last outcome. Prints one JSON line: episodes (ended
+// during the run), steps (env steps), steps_per_s, return_mean, cut_short (episodes the final Step
+// ended, truncated).
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "cartpole_env.hpp"
+
+int main(int argc, char** argv) {
+  auto args = cartpole::parse_args(argc, argv, {{"address", "127.0.0.1:50051"}, {"steps", "1000"},
+                                                {"slots", "8"}, {"seed", "0"}});
+  const long long num_steps = std::stoll(args["steps"]);
+  const int n = std::stoi(args["slots"]);
+  const uint64_t seed = std::stoull(args["seed"]);
+  try {
+    simbridge::ClientOptions options;
+    options.client_name = "cpp-cartpole-slots";
+    simbridge::SlotClient client(args["address"], cartpole::observation_space(), simbridge::Space::Discrete(2), n, options);
+    std::vector<cartpole::Env> envs;
+    simbridge::Floats obs, rewards(n), finals;
+    std::vector<bool> terminated(n), truncated(n);
+    std::vector<double> returns(n, 0.0);
+    for (int i = 0; i < n; ++i) {
+      envs.emplace_back(seed * 1000003 + i);
+      auto o = envs[i].reset();
+      obs.insert(obs.end(), o.begin(), o.end());
+    }
+    int episodes = 0, cut_short = 0;  // cut_short: episodes the final Step ends, truncated
+    double return_sum = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    simbridge::Floats actions = client.step(obs);
+    for (long long t = 0; t < num_steps; ++t) {
+      finals.clear();
+      for (int i = 0; i < n; ++i) {
+        bool term, trunc;
+        auto o = envs[i].step(static_cast<int>(actions[i]), &rewards[i], &term, &trunc);
+        terminated[i] = term;
+        truncated[i] = trunc;
+        returns[i] += rewards[i];
+        if (term || trunc) {
+          finals.insert(finals.end(), o.begin(), o.end());
+          return_sum += returns[i];
+          returns[i] = 0;
+          ++episodes;
+          o = envs[i].reset();
+        }
+        std::copy(o.begin(), o.end(), obs.begin() + 4 * i);
+      }
+      if (t + 1 < num_steps) {
+        actions = client.step(obs, rewards, terminated, truncated, finals);
+      } else {
+        // The last outcome; every slot's last observation (an ended slot's is its final one).
+        simbridge::Floats last = obs;
+        for (int i = 0, k = 0; i < n; ++i) {
+          if (terminated[i] || truncated[i]) {
+            std::copy(finals.begin() + 4 * k, finals.begin() + 4 * (k + 1), last.begin() + 4 * i);
+            ++k;
+          } else {
+            ++cut_short;
+          }
+        }
+        client.close(rewards, terminated, truncated, last);
+      }
+    }
+    if (num_steps == 0) client.close();
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d}\n",
+                episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
+                client.reconnects());
+  } catch (const simbridge::Error& e) {
+    std::fprintf(stderr, "cartpole_slots: %s (%s)\n", e.what(), e.reason().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,250 @@
+// The connection engine (see connection.hpp).
+#include "connection.hpp"
+
+#include <chrono>
+#include <iostream>
+
+#include "backoff.hpp"
+
+namespace simbridge {
+
+namespace {
+constexpr size_t kFramingBytes = 1024;  // request header + stream envelope, generously
+
+std::string fmt_s(double s) { return std::to_string(static_cast<long long>(s + 0.5)) + "s"; }
+}  // namespace
+
+bool retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+pb::RequestHeader* header_of(pb::StreamRequest* req) {
+  switch (req->payload_case()) {
+    case pb::StreamRequest::kStartEpisode: return req->mutable_start_episode()->mutable_header();
+    case pb::StreamRequest::kGetAction: return req->mutable_get_action()->mutable_header();
+    case pb::StreamRequest::kLogAction: return req->mutable_log_action()->mutable_header();
+    case pb::StreamRequest::kLogReturns: return req->mutable_log_returns()->mutable_header();
+    case pb::StreamRequest::kEndEpisode: return req->mutable_end_episode()->mutable_header();
+    case pb::StreamRequest::kCloseSession: return req->mutable_close_session()->mutable_header();
+    case pb::StreamRequest::kStep: return req->mutable_step()->mutable_header();
+    default: return nullptr;
+  }
+}
+
+const char* kind_of(const pb::StreamRequest& req) {
+  switch (req.payload_case()) {
+    case pb::StreamRequest::kCreateSession: return "create_session";
+    case pb::StreamRequest::kStartEpisode: return "start_episode";
+    case pb::StreamRequest::kGetAction: return "get_action";
+    case pb::StreamRequest::kLogAction: return "log_action";
+    case pb::StreamRequest::kLogReturns: return "log_returns";
+    case pb::StreamRequest::kEndEpisode: return "end_episode";
+    case pb::StreamRequest::kCloseSession: return "close_session";
+    case pb::StreamRequest::kStep: return "step";
+    default: return "empty request";
+  }
+}
+
+Connection::Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
+                       const ClientOptions& options, bool pipeline, OnFailed on_failed)
+    : address_(address), service_(service), create_(std::move(create)),
+      reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
+  args.SetMaxSendMessageSize(256 * 1024 * 1024);
+  args.SetInt("grpc.keepalive_time_ms", 10000);
+  args.SetInt("grpc.keepalive_timeout_ms", 5000);
+  // A restarted server is found within a second, not gRPC's default two minutes of backoff.
+  args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
+  args.SetInt("grpc.min_reconnect_backoff_ms", 100);
+  args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto deadline = std::chrono::system_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
+  if (!channel_->WaitForConnected(deadline)) {
+    throw Error(grpc::StatusCode::UNAVAILABLE,
+                "no simbridge server answered at " + address + " within " + fmt_s(options.connect_timeout_s) +
+                    ": start one with `simbridge-server --address " + address + "` or pass the right address",
+                "SERVER_UNAVAILABLE");
+  }
+  single_ = pb::ExternalEnv::NewStub(channel_);
+  multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
+  session_ = open_session("");
+  session_id_ = session_.session_id();
+}
+
+Connection::~Connection() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+// ---------------------------------------------------------------- session
+
+grpc::Status Connection::end_stream(bool cancel) {
+  if (!stream_open_) return grpc::Status::OK;
+  if (cancel) ctx_->TryCancel();
+  pb::StreamResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  stream_open_ = false;
+  return stream_->Finish();
+}
+
+pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
+  pb::StreamRequest req;
+  *req.mutable_create_session() = create_;
+  if (!resume.empty()) req.mutable_create_session()->set_resume_session_id(resume);
+  ctx_ = std::make_unique<grpc::ClientContext>();
+  stream_ = service_ == Service::Single ? single_->Stream(ctx_.get()) : multi_->Stream(ctx_.get());
+  stream_open_ = true;
+  pb::StreamResponse resp;
+  if (!stream_->Write(req) || !stream_->Read(&resp)) {
+    grpc::Status st = end_stream(false);
+    if (st.ok()) throw Error(grpc::StatusCode::UNAVAILABLE, "the stream ended before create_session was answered");
+    throw error_from_grpc(st);
+  }
+  if (resp.has_error()) throw error_from_status(resp.error());
+  return resp.create_session();
+}
+
+void Connection::reconnect(const std::string& cause) {
+  if (closing_)
+    throw Error(grpc::StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
+  Backoff backoff(reconnect_timeout_s_);
+  std::cerr << "simbridge: connection to " << address_ << " broke (" << cause << "); reconnecting\n";
+  pb::CreateSessionResponse resp;
+  while (true) {
+    end_stream(true);
+    try {
+      resp = open_session(session_id_);
+      break;
+    } catch (const Error& e) {
+      if (!retryable(e.code()) || !backoff.wait())
+        throw Error(grpc::StatusCode::UNAVAILABLE,
+                    "lost the simbridge server at " + address_ + " and could not reconnect within " +
+                        fmt_s(reconnect_timeout_s_) + ": " + e.what(),
+                    "SERVER_UNAVAILABLE");
+    }
+  }
+  ++reconnects_;
+  if (!resp.resumed()) {
+    std::string old = session_id_;
+    session_ = resp;
+    session_id_ = resp.session_id();
+    outstanding_.clear();
+    seq_ = 0;
+    throw SessionLost(grpc::StatusCode::UNAVAILABLE,
+                      "the server no longer had session " + old + " (restarted or expired): its open episodes "
+                      "are gone; start new episodes (new session " + session_id_ + ")",
+                      "SESSION_UNKNOWN");
+  }
+  std::cerr << "simbridge: resumed session " << session_id_ << "; resending " << outstanding_.size()
+            << " requests\n";
+  for (const auto& sent : outstanding_) stream_->Write(sent.req);  // a failure shows at the next read
+}
+
+// ---------------------------------------------------------------- calls
+
+std::optional<pb::StreamResponse> Connection::call(pb::StreamRequest req, bool wait) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (closed_) throw Error(grpc::StatusCode::FAILED_PRECONDITION, "the client is closed", "WRONG_SESSION_KIND");
+  int64_t limit = session_.limits().max_message_bytes();
+  // Refused here (with room for header and framing): the server would end the stream.
+  if (limit > 0 && req.ByteSizeLong() + kFramingBytes > static_cast<size_t>(limit)) {
+    if (on_failed_) on_failed_(req);
+    throw Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                std::string(kind_of(req)) + " request of " + std::to_string(req.ByteSizeLong()) +
+                    " bytes exceeds the server's limit of " + std::to_string(limit) + " bytes: send fewer rows per call",
+                "MESSAGE_TOO_LARGE");
+  }
+  if (broken_) {
+    broken_ = false;
+    reconnect("the previous stream ended with an error");
+  }
+  header_of(&req)->set_seq(++seq_);
+  outstanding_.push_back({seq_, std::move(req)});
+  if (stream_open_) stream_->Write(outstanding_.back().req);  // a failure shows at the next read
+  if (wait || !pipeline_) return read_until(seq_);
+  return std::nullopt;
+}
+
+void Connection::flush() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!outstanding_.empty()) read_until(outstanding_.back().seq);
+  raise_deferred();
+}
+
+void Connection::raise_failed(const Error& err, const pb::StreamRequest& req) {
+  // on_failed has its say first; an error of its own is raised instead.
+  if (on_failed_) on_failed_(req);
+  throw err;
+}
+
+void Connection::raise_deferred() {
+  if (deferred_) {
+    Error err = *deferred_;
+    deferred_.reset();
+    throw err;
+  }
+}
+
+pb::StreamResponse Connection::read_until(uint64_t seq) {
+  while (true) {
+    pb::StreamResponse resp;
+    if (!stream_open_ || !stream_->Read(&resp)) {
+      grpc::Status st = end_stream(false);
+      if (!st.ok() && !retryable(st.error_code()) && !outstanding_.empty()) {
+        // The server ended the stream on purpose: resending would fail again. Say why; the next
+        // call reconnects and resends what is still unanswered.
+        broken_ = true;
+        Sent bad = std::move(outstanding_.front());
+        outstanding_.pop_front();
+        raise_failed(error_from_grpc(st, std::string(kind_of(bad.req)) + " failed and ended the stream: "), bad.req);
+      }
+      reconnect(st.ok() ? "the stream ended" : st.error_message());
+      continue;
+    }
+    if (outstanding_.empty())
+      throw Error(grpc::StatusCode::INTERNAL, "the server answered a request that was never sent", "SERVER_FAILURE");
+    Sent got = std::move(outstanding_.front());
+    outstanding_.pop_front();
+    if (resp.has_error()) {
+      Error err = error_from_status(resp.error());
+      if (on_failed_) on_failed_(got.req);
+      if (got.seq == seq) {
+        raise_deferred();
+        throw err;
+      }
+      if (!deferred_)
+        deferred_ = Error(err.code(), std::string("an earlier ") + kind_of(got.req) + " failed: " + err.what(), err.reason());
+      continue;
+    }
+    if (got.seq == seq) {
+      raise_deferred();
+      return resp;
+    }
+  }
+}
+
+void Connection::close() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (closed_) return;
+  closing_ = true;  // a dead server is not worth reconnecting to now
+  try {
+    flush();
+    pb::StreamRequest req;
+    req.mutable_close_session();
+    call(std::move(req), true);
+  } catch (const Error&) {
+  }
+  closed_ = true;
+  if (stream_open_) {
+    stream_->WritesDone();
+    end_stream(false);
+  }
+}
+
+}  // namespace simbridge

@@ -1,0 +1,87 @@
+// The connection engine of every C++ client (internal): a ready channel, one bidirectional Stream
+// with a session, numbered requests, reconnect and resend. Mirrors simbridge/client/connection.py.
+//
+// Retry policy: a broken stream (UNAVAILABLE, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, or ended with
+// no status) may have lost requests or their answers: reconnect with backoff, resume the session
+// (CreateSession.resume_session_id) and resend every unanswered request under its seq; the server
+// answers a seq it already applied from memory, so each request is applied exactly once. Any other
+// status is the server's answer to the request: raised, never resent.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "simbridge/v1/simbridge.grpc.pb.h"
+#include "wire.hpp"
+
+namespace simbridge {
+
+bool retryable(grpc::StatusCode code);
+// The request's header, whichever call it carries (nullptr for create_session).
+pb::RequestHeader* header_of(pb::StreamRequest* req);
+const char* kind_of(const pb::StreamRequest& req);
+
+enum class Service { Single, Multi };
+
+class Connection {
+ public:
+  // Called with a request that failed (it had no effect) before its error is raised: the policy
+  // client resends the rewards it carried on their own.
+  using OnFailed = std::function<void(const pb::StreamRequest&)>;
+
+  Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
+             const ClientOptions& options, bool pipeline, OnFailed on_failed = {});
+  ~Connection();
+
+  // Send one request (its header's seq is set here). wait: read until its answer and return it;
+  // otherwise (pipelined) return nullopt and let a later call read the answer and raise its error.
+  std::optional<pb::StreamResponse> call(pb::StreamRequest req, bool wait);
+  void flush();
+  void close();
+
+  pb::ExternalEnv::Stub& unary_stub() { return *single_; }
+  std::string session_id() const { return session_id_; }
+  const pb::ServerLimits& limits() const { return session_.limits(); }
+  int reconnects() const { return reconnects_; }
+
+ private:
+  pb::CreateSessionResponse open_session(const std::string& resume);
+  void reconnect(const std::string& cause);
+  pb::StreamResponse read_until(uint64_t seq);
+  grpc::Status end_stream(bool cancel);
+  [[noreturn]] void raise_failed(const Error& err, const pb::StreamRequest& req);
+  void raise_deferred();
+
+  struct Sent {
+    uint64_t seq;
+    pb::StreamRequest req;
+  };
+  std::string address_;
+  Service service_;
+  pb::CreateSessionRequest create_;
+  double reconnect_timeout_s_;
+  bool pipeline_;
+  OnFailed on_failed_;
+  std::recursive_mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::ExternalEnv::Stub> single_;
+  std::unique_ptr<pb::ExternalMultiAgentEnv::Stub> multi_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StreamRequest, pb::StreamResponse>> stream_;
+  bool stream_open_ = false;
+  std::deque<Sent> outstanding_;
+  std::optional<Error> deferred_;
+  uint64_t seq_ = 0;
+  bool closing_ = false, closed_ = false, broken_ = false;
+  pb::CreateSessionResponse session_;
+  std::string session_id_;
+  int reconnects_ = 0;
+};
+
+}  // namespace simbridge

@@ -1,0 +1,251 @@
+"""The C++ client SDK (sims/cpp): built once per session into build/cpp, its unit tests under ctest,
+its CartPole examples against a real BridgeServer on loopback (lockstep and slots, episodes and
+transitions counted on the server), reconnect and resume with exactly-once resend across a
+server restart, SessionLost when the server forgot the session, and local inference equal to
+simbridge.client.local_policy on a real learner's PortablePolicy.
+
+Skipped only when the build tools are absent (Debian: cmake libgrpc++-dev protobuf-compiler-grpc
+libprotobuf-dev)."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simbridge.client.local_policy import LocalPolicy
+from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.sample_batch import SampleBatch
+from simbridge.server.service import BridgeServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCE = os.path.join(ROOT, "sims", "cpp")
+BUILD = os.path.join(ROOT, "build", "cpp")
+OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+
+
+def _missing_tools():
+    missing = [t for t in ("cmake", "protoc", "grpc_cpp_plugin") if shutil.which(t) is None]
+    if not os.path.exists("/usr/include/grpcpp/grpcpp.h"):
+        missing.append("grpc++ headers (libgrpc++-dev)")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def build():
+    """Configure once, then an incremental build (seconds when up to date)."""
+    missing = _missing_tools()
+    if missing:
+        pytest.skip(f"C++ SDK build tools absent: {', '.join(missing)}")
+    if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
+        subprocess.run(["cmake", "-S", SOURCE, "-B", BUILD, "-DCMAKE_BUILD_TYPE=Release"], check=True,
+                       capture_output=True, timeout=300)
+    out = subprocess.run(["cmake", "--build", BUILD, "-j2"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return BUILD
+
+
+def _run(build, program, *args, timeout=120):
+    out = subprocess.run([os.path.join(build, program), *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout)
+    return out
+
+
+def _summary(out):
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _transitions(rt) -> SampleBatch:
+    rt.flush()
+    batches = rt.experience.get_all()
+    return SampleBatch.concat_samples([b.policy_batches["default_policy"] for b in batches])
+
+
+def test_ctest_unit_tests_pass(build):
+    out = subprocess.run(["ctest", "--test-dir", build, "--output-on-failure"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "100% tests passed" in out.stdout
+
+
+# ---------------------------------------------------------------- examples against a real server
+
+def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server):
+    srv = make_server(rollout_fragment_length=32)
+    summary = _summary(_run(build, "cartpole", "--address", srv.address, "--episodes", 6, "--slots", 2))
+    assert summary["episodes"] == 6 and summary["reconnects"] == 0
+    rows = _transitions(srv.runtime)
+    snap = srv.runtime.snapshot()
+    assert snap["episodes"] == 6 and snap["env_steps"] == summary["steps"] == len(rows)
+    assert snap["episode_return_mean"] == pytest.approx(summary["return_mean"], abs=1e-3)
+    assert rows["rewards"].sum() == summary["steps"]       # each step's reward once, on its own step
+    assert rows["terminateds"].sum() + rows["truncateds"].sum() == 6
+    assert len(set(rows["eps_id"].tolist())) == 6
+    assert snap["open_episodes"] == 0 and snap["sessions"] == 0
+
+
+def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server):
+    srv = make_server(rollout_fragment_length=64)
+    summary = _summary(_run(build, "cartpole_slots", "--address", srv.address, "--steps", 200, "--slots", 4))
+    assert summary["steps"] == 800 and summary["episodes"] > 4
+    rows = _transitions(srv.runtime)
+    snap = srv.runtime.snapshot()
+    assert snap["env_steps"] == len(rows) == 800                  # the final Step's outcome counts too
+    assert snap["episodes"] == summary["episodes"] + summary["cut_short"]   # the final Step ends the rest
+    assert rows["terminateds"].sum() == summary["episodes"]       # random CartPole never reaches 500
+    assert snap["open_episodes"] == 0
+
+
+def test_local_inference_from_a_real_learner_logs_the_actions(build, make_server):
+    from simbridge.trainer.dqn import DQNLearner
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=16),
+                       policy_factory=lambda pid, o, a: DQNLearner(o, a, config={"hidden": [16, 16], "seed": 0},
+                                                                   device="cpu"))
+    srv = make_server(rt)
+    summary = _summary(_run(build, "cartpole", "--address", srv.address, "--episodes", 3, "--inference", "local"))
+    rows = _transitions(rt)
+    assert summary["policy_version"] == 0 and len(rows) == summary["steps"] == rt.snapshot()["env_steps"]
+    assert (rows["policy_version"] == -1).all()                   # log_action: chosen by the simulator
+
+
+def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
+    """Agent "a" (default spaces) and "b" (a Dict observation, a Box action: its own AgentRows)
+    act each step; "b" is done one step early with its final observation; rewards add up per agent."""
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=8),
+                       policy_mapping_fn=lambda aid, episode: "pb" if aid == "b" else "default_policy")
+    srv = make_server(rt)
+    summary = _summary(_run(build, "multiagent_probe", "--address", srv.address, "--episodes", 3, "--steps", 5))
+    assert summary == {"episodes": 3, "agent_steps": 3 * (5 + 4)}
+    rt.flush()
+    per_policy = {}
+    for batch in rt.experience.get_all():
+        for pid, rows in batch.policy_batches.items():
+            per_policy.setdefault(pid, []).append(rows)
+    a = SampleBatch.concat_samples(per_policy["default_policy"])
+    b = SampleBatch.concat_samples(per_policy["pb"])
+    assert (len(a), a["rewards"].sum(), a["terminateds"].sum()) == (15, 15.0, 3)
+    assert (len(b), b["rewards"].sum(), b["terminateds"].sum()) == (12, 24.0, 3)
+    np.testing.assert_allclose(b["new_obs"]["pos"][b["terminateds"]], [[0.3, 0.3]] * 3, rtol=1e-6)
+    snap = rt.snapshot()
+    assert snap["episodes"] == 3 and snap["policy_return_mean"] == {"default_policy": 5.0, "pb": 8.0}
+
+
+# ---------------------------------------------------------------- reconnect
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(pred, timeout=30.0):
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("program,args", [("cartpole", ("--episodes", 150)),
+                                          ("cartpole_slots", ("--steps", 1500, "--slots", 4))])
+def test_server_restart_resumes_the_session_and_applies_every_request_once(build, program, args):
+    """The server goes away mid-run and comes back on the same port with the same runtime: the
+    client reconnects, resumes and resends what was unanswered; the server's counts equal the
+    client's exactly (a request applied twice, or lost, would show)."""
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=64))
+    address = f"127.0.0.1:{_free_port()}"
+    srv = BridgeServer(rt, address).start()
+    proc = subprocess.Popen([os.path.join(build, program), "--address", address, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        _wait_for(lambda: rt.snapshot()["env_steps"] > 300 or proc.poll() is not None)
+        assert proc.poll() is None, "the run ended before the restart"
+        srv.stop(grace=0)
+        time.sleep(0.3)
+        second = BridgeServer(rt, address).start()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.stop(grace=0)
+    try:
+        assert proc.returncode == 0, stdout + stderr
+        summary = json.loads(stdout.strip().splitlines()[-1])
+        assert summary["reconnects"] >= 1 and "resumed session" in stderr
+        rows = _transitions(rt)
+        snap = rt.snapshot()
+        assert snap["env_steps"] == summary["steps"] == len(rows)
+        ended = summary["episodes"] + summary.get("cut_short", 0)
+        assert snap["episodes"] == ended and snap["open_episodes"] == 0
+        assert rows["rewards"].sum() == summary["steps"]
+    finally:
+        second.stop(grace=0)
+
+
+def test_a_server_that_forgot_the_session_raises_session_unknown(build):
+    address = f"127.0.0.1:{_free_port()}"
+    rt = BridgeRuntime(BridgeConfig())
+    srv = BridgeServer(rt, address).start()
+    proc = subprocess.Popen([os.path.join(build, "cartpole"), "--address", address, "--episodes", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fresh = None
+    try:
+        _wait_for(lambda: rt.snapshot()["env_steps"] > 100 or proc.poll() is not None)
+        srv.stop(grace=0)
+        fresh = BridgeServer(BridgeRuntime(BridgeConfig()), address).start()   # a restart: no sessions
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if fresh is not None:
+            fresh.stop(grace=0)
+    assert proc.returncode == 1 and "(SESSION_UNKNOWN)" in stderr and "no longer had session" in stderr
+
+
+# ---------------------------------------------------------------- local inference, equal to Python's
+
+def _compare(build, tmp_path, msg, obs_rows, rtol=1e-5, atol=1e-5):
+    (tmp_path / "policy.bin").write_bytes(msg.SerializeToString())
+    (tmp_path / "obs.txt").write_text("\n".join(" ".join(repr(float(v)) for v in row) for row in obs_rows))
+    out = _run(build, "local_policy_tool", tmp_path / "policy.bin", tmp_path / "obs.txt", tmp_path / "out.json")
+    assert out.returncode == 0, out.stderr
+    cpp = json.loads((tmp_path / "out.json").read_text())
+    py = LocalPolicy(msg, seed=0)
+    flat = py.preprocess(np.asarray(obs_rows, np.float32))
+    np.testing.assert_allclose(np.array(cpp["outputs"]), py.forward(flat), rtol=rtol, atol=atol)
+    actions, logp = py.compute_actions(np.asarray(obs_rows, np.float32))
+    return np.array(cpp["actions"]), np.asarray(actions), cpp["logp"], logp
+
+
+def test_local_q_policy_equals_python_on_a_dqn_learners_export(build, tmp_path):
+    from simbridge.trainer.dqn import DQNLearner
+    learner = DQNLearner(OBS, gym.spaces.Discrete(3), config={"hidden": [32, 32], "seed": 1}, device="cpu")
+    msg = type(learner.portable())()
+    msg.CopyFrom(learner.portable())
+    msg.head.params["epsilon"] = 0.0
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 4)).astype(np.float32)
+    cpp_actions, py_actions, cpp_logp, py_logp = _compare(build, tmp_path, msg, obs)
+    np.testing.assert_array_equal(cpp_actions[:, 0], py_actions)
+    assert len(set(py_actions.tolist())) > 1                      # not one constant action
+    np.testing.assert_allclose(cpp_logp, py_logp, atol=1e-6)
+
+
+def test_local_gaussian_policy_equals_python_on_a_sac_learners_export(build, tmp_path):
+    from simbridge.trainer.sac import SACLearner
+    act = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+    learner = SACLearner(OBS, act, config={"hidden": [32, 32], "seed": 2, "random_warmup": False}, device="cpu")
+    msg = type(learner.portable())()
+    msg.CopyFrom(learner.portable())
+    assert msg.head.kind == "tanh_gaussian"
+    msg.head.params["deterministic"] = 1.0
+    obs = np.random.default_rng(1).uniform(-1, 1, (64, 4)).astype(np.float32)
+    cpp_actions, py_actions, _, _ = _compare(build, tmp_path, msg, obs)
+    np.testing.assert_allclose(cpp_actions, py_actions, rtol=1e-5, atol=1e-5)
+    assert np.ptp(py_actions[:, 0]) > 1e-3                          # the observations matter
