@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
 # The C++ SDK, the Gazebo layer and the MuJoCo simulator build with Debian's packages.
-CPP_DEBS := cmake g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+CPP_DEBS := cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
 
 .PHONY: venv demo test proto bench clean cpp-deps
 
