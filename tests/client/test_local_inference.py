@@ -376,6 +376,7 @@ def test_bad_uploads_are_refused_precisely_and_change_nothing(make_server):
         (_set(c(terminal=True), "rewards", np.array([1, np.nan, 1], np.float32)), INVALID,
          "rewards row 1: nan is not a finite number"),
         (_set(c(terminal=True), "rewards", np.ones(3, np.int32)), INVALID, "rewards: dtype int32, expected float32"),
+        (_set(c(terminal=True), "rewards", np.ones(3, np.float64)), INVALID, "rewards: dtype float64, expected float32"),
         (_set(c(terminal=True), "episode_index", np.array([0, 1, 0], np.int32)), INVALID,
          "episode_index row 1: 1 is not an index into the 1 episode_ids"),
         (_set(c(terminal=True), "policy_versions", np.array([0, 5, 0])), INVALID,
