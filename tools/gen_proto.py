@@ -10,7 +10,6 @@ import sys
 
 import grpc_tools
 from grpc_tools import protoc
-import google.rpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTO_DIR = os.path.join(ROOT, "proto")
@@ -37,12 +36,10 @@ def generate(out_dir: str) -> None:
 
 
 def _protoc(out_dir: str) -> None:
-    includes = [
-        PROTO_DIR,
-        os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"),
-        # google/rpc/status.proto ships with googleapis-common-protos.
-        os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])),
-    ]
+    # proto/ holds everything the contract imports beyond protoc's own well-known types
+    # (google/protobuf/*.proto, which grpc_tools ships as every protoc does): google/rpc/status.proto
+    # is vendored there, so any language's generator needs only proto/ and its protoc.
+    includes = [PROTO_DIR, os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")]
     args = ["protoc"] + [f"-I{p}" for p in includes]
     args += [f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"]
     args += PROTOS

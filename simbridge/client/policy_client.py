@@ -44,6 +44,41 @@ def _struct(info: Optional[dict]) -> struct_pb2.Struct:
     return s
 
 
+def _without_rows_of(queued: pb.RewardRows, done: pb.RewardRows) -> Optional[pb.RewardRows]:
+    """`queued` less its rows for the agents `done` marks done, whose rewards (and last info)
+    are added into `done`'s rows; None when no row is left. Multi-agent rows only (the
+    single-agent service has no done flags); `queued` carries no flags (those are sent at once)."""
+    n_done = len(done.agent_ids)
+    term = list(done.terminated) or [False] * n_done
+    trunc = list(done.truncated) or [False] * n_done
+    done_eids = list(done.episode_ids) if len(done.episode_ids) == n_done else [done.episode_ids[0]] * n_done
+    target = {(done_eids[j], done.agent_ids[j]): j for j in range(n_done) if term[j] or trunc[j]}
+    n = len(queued.agent_ids)
+    eids = list(queued.episode_ids) if len(queued.episode_ids) == n else [queued.episode_ids[0]] * n
+    hits = [(i, target[(e, a)]) for i, (e, a) in enumerate(zip(eids, queued.agent_ids)) if (e, a) in target]
+    if not hits:
+        return queued
+    rewards = tensors.from_tensor(queued.rewards)
+    added = tensors.from_tensor(done.rewards).copy()
+    for i, j in hits:
+        added[j] += rewards[i]
+    tensors.fill_tensor(done.rewards, added)
+    if queued.infos and not done.infos:   # an info the moved row carried stays the agent's last
+        done.infos.extend(struct_pb2.Struct() for _ in range(n_done))
+        for i, j in hits:
+            done.infos[j].CopyFrom(queued.infos[i])
+    keep = sorted(set(range(n)) - {i for i, _ in hits})
+    if not keep:
+        return None
+    rest = pb.RewardRows(agent_ids=[queued.agent_ids[i] for i in keep])
+    rest.episode_ids.extend([eids[i] for i in keep])
+    tensors.fill_tensor(rest.rewards, rewards[keep])
+    if queued.infos:
+        rest.infos.extend(queued.infos[i] for i in keep)
+    # final_observations of rows without done flags are ignored by the server: not carried.
+    return rest
+
+
 class _ClientBase:
     _service = "single"
 
@@ -66,7 +101,13 @@ class _ClientBase:
         self._rewards: List[pb.RewardRows] = []
 
     def _queue_rewards(self, rows: pb.RewardRows) -> None:
-        if rows.terminated or rows.truncated or not self.coalesce_rewards:
+        if rows.terminated or rows.truncated:
+            # The contract lets an agent marked done appear in that row only: rewards queued
+            # for it move into the row that ends it, then everything goes out at once.
+            self._rewards = [q for q in (_without_rows_of(q, rows) for q in self._rewards) if q is not None]
+            self._rewards.append(rows)
+            self._send_rewards()
+        elif not self.coalesce_rewards:
             self._rewards.append(rows)
             self._send_rewards()
         else:

@@ -87,7 +87,7 @@ class SlotTable:
             "reward_acc": np.zeros(capacity, np.float64),   # since the last action
             "reward_total": np.zeros(capacity, np.float64),
             "pending": np.zeros(capacity, bool),            # an action waits for its outcome
-            "t": np.zeros(capacity, np.int64),              # actions taken so far
+            "t": np.zeros(capacity, np.int64),              # the episode's step of the pending action
             "eps_id": np.zeros(capacity, np.int64),
             "agent_index": np.zeros(capacity, np.int64),
         }

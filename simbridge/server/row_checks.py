@@ -5,13 +5,11 @@ changes; what it resolves (episodes, agents, policies, reward plans) is handed
 to transitions.py to apply. Policies an agent maps to are created on first use
 without the runtime's lock (PolicyRegistry.ensure): resolution then starts over.
 """
-import math
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
-from simbridge.wire import tensors
+from simbridge.wire import checks
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import AgentState, Episode
 from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID
@@ -188,13 +186,7 @@ class RowChecks:
             eids, aids, n = self.resolve_ids(s, m.episode_ids, m.agent_ids, what)
             if not m.HasField("rewards"):
                 raise invalid_argument(f"{what}: no rewards tensor")
-            rew = tensors.from_tensor(m.rewards)
-            if rew.shape != (n,) or rew.dtype.kind != "f":
-                raise invalid_argument(f"{what}: expected float32 rewards of shape ({n},), "
-                                       f"got {rew.dtype} {rew.shape}")
-            if not math.isfinite(rew.sum()):  # one reduction on the fast path
-                bad = int((~np.isfinite(rew)).argmax())
-                raise invalid_argument(f"{what}: reward of row {bad} is {rew[bad]}, not a finite number")
+            rew = checks.rewards(m.rewards, n, what, "one per row", what + ": reward of row {}")
             term = flags(m.terminated, n, f"{what}: terminated")
             trunc = flags(m.truncated, n, f"{what}: truncated")
             any_done = any(m.terminated) or any(m.truncated)  # the wire lists: empty when no flags
@@ -226,11 +218,37 @@ class RowChecks:
             plans.append((m, aids, eps, rew, term, trunc, final))
         # An agent marked done may not appear again anywhere in the request: a
         # reward after its end would count in totals but never reach a transition.
-        for pair in done_in(plans):
+        ended = done_in(plans)
+        for pair in ended:
             if seen[pair] > 1:
                 raise invalid_argument(f"agent {pair[1]!r} of episode {pair[0]!r} is marked done and "
-                                       f"appears more than once in one request")
+                                       f"appears more than once in one request: add its other rewards "
+                                       f"into the row that marks it done")
+        if ended:
+            _check_truncated_finals(plans, ended)
         return plans
+
+    @staticmethod
+    def check_end_finals(s: Session, eps: List[Episode], truncated: List[bool], finals: dict,
+                         plans) -> None:
+        """Lock held. An episode ending truncated needs the final observation of every agent whose
+        action is pending: learners bootstrap from it, and the last observation would be stale."""
+        ended = done_in(plans) if plans else ()
+        for ep, tr in zip(eps, truncated):
+            if not tr:
+                continue
+            eid, given = ep.episode_id, finals[ep.episode_id]
+            waiting = [aid for aid, st in ep.agents.items()
+                       if st.pending and not st.done and aid not in given and (eid, aid) not in ended]
+            if not waiting:
+                continue
+            if not s.multi_agent:
+                raise invalid_argument(f"EndEpisode: episode {eid!r} ends truncated without its final "
+                                       f"observation: add a final_observations row for it (learners "
+                                       f"bootstrap from it)")
+            raise invalid_argument(f"EndEpisode: episode {eid!r} ends truncated without the final "
+                                   f"observation of agents {waiting}, whose actions are pending: add a "
+                                   f"final_observations row for each (learners bootstrap from it)")
 
     def check_acting_not_done(self, rows: List[Rows], plans) -> None:
         """An agent the attached rewards end may not also ask for an action."""
@@ -265,3 +283,31 @@ def done_in(plans) -> set:
             if term[j] or trunc[j]:
                 out.add((ep.episode_id, aid))
     return out
+
+
+def _check_truncated_finals(plans, ended: set) -> None:
+    """Lock held. A reward row that truncates an agent whose action is pending must carry its final
+    observation; "__all__" truncated may not cut pending agents short (EndEpisode carries theirs)."""
+    for m, aids, eps, rew, term, trunc, final in plans:
+        if not m.truncated:
+            continue
+        for j, (ep, aid) in enumerate(zip(eps, aids)):
+            if not trunc[j] or term[j]:
+                continue
+            eid = ep.episode_id
+            if aid == ALL_AGENTS:
+                waiting = [a for a, st in ep.agents.items()
+                           if st.pending and not st.done and (eid, a) not in ended]
+                if waiting:
+                    raise invalid_argument(
+                        f"'__all__' of episode {eid!r} is marked truncated while agents {waiting} have "
+                        f"pending actions and no final observation: end the episode with EndEpisode "
+                        f"(truncated) and their final_observations, or mark them truncated with "
+                        f"final_observations in this request")
+            elif final is None:
+                st = ep.agents.get(aid)
+                if st is not None and st.pending:
+                    raise invalid_argument(
+                        f"agent {aid!r} of episode {eid!r} is marked truncated without its final "
+                        f"observation: set final_observations in its rewards row (learners bootstrap "
+                        f"from it)")

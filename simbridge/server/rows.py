@@ -170,9 +170,11 @@ class RowCalls:
             if any(aid == ALL_AGENTS for _, aid in done_in(plans)):
                 raise invalid_argument("EndEpisode: attached rewards may not mark '__all__' done: "
                                        "EndEpisode ends the episode itself")
+            flags = req.truncated
+            truncated = [bool(flags[0 if len(flags) == 1 else k]) if flags else False for k in range(len(eps))]
+            checks.check_end_finals(s, eps, truncated, finals, plans)
             self.transitions.apply_returns(s, plans)
-            for k, ep in enumerate(eps):
-                tr = bool(req.truncated[0 if len(req.truncated) == 1 else k]) if req.truncated else False
+            for ep, tr in zip(eps, truncated):
                 self.transitions.finish_episode(s, ep, finals[ep.episode_id], truncated=tr,
                                                 reason="truncated" if tr else "terminated")
             if starts:

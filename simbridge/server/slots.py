@@ -24,14 +24,13 @@ metrics, summary filing) and nothing else of the runtime.
 """
 import functools
 import logging
-import math
 import threading
 import time
 from typing import Optional
 
 import numpy as np
 
-from simbridge.wire import leaf_codec, tensors, tree
+from simbridge.wire import checks, leaf_codec, tree
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import Episode, episode_summary
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
@@ -43,7 +42,6 @@ log = logging.getLogger("simbridge")
 
 MAX_SLOTS = 65_536
 _OUTCOME_FIELDS = ("rewards", "terminated", "truncated", "final_observations")
-_F32 = np.dtype(np.float32)
 
 
 class SlotBank:
@@ -156,10 +154,7 @@ class SlotCalls:
         else:
             if not req.HasField("rewards"):
                 raise invalid_argument(f"Step needs rewards: float32 ({n},), the outcome of the previous actions")
-            rewards = _vector(req.rewards, n, tensors.FLOAT_DTYPES, "rewards")
-            if not math.isfinite(rewards.sum()):
-                bad = int((~np.isfinite(rewards)).argmax())
-                raise invalid_argument(f"Step rewards: slot {bad} is {rewards[bad]} (rewards must be finite)")
+            rewards = checks.rewards(req.rewards, n, "Step rewards", "one per slot", "Step rewards: slot {}")
             term = _flags(req, "terminated", n)
             trunc = _flags(req, "truncated", n) & ~term   # terminated wins: no bootstrap past a terminal state
             done = term | trunc
@@ -316,20 +311,6 @@ class SlotCalls:
         if len(live):
             self._end_slot_episodes(session, bank, live, np.ones(bank.n, bool), reason)
         return len(live)
-
-
-def _vector(t: pb.Tensor, n: int, dtypes, name: str) -> np.ndarray:
-    view = leaf_codec.vector_view(t, pb.FLOAT32, _F32, n)
-    if view is not None:
-        return view
-    if t.dtype not in dtypes:
-        raise invalid_argument(f"Step {name}: dtype {tensors.dtype_name(t.dtype)}, expected float32")
-    if tuple(t.shape) != (n,):
-        raise invalid_argument(f"Step {name}: shape {tuple(t.shape)}, expected ({n},): one per slot")
-    try:
-        return tensors.from_tensor(t).astype(np.float32, copy=False)
-    except Exception as e:
-        raise invalid_argument(f"Step {name}: {getattr(e, 'message', e)}") from None
 
 
 def _flags(req: pb.StepRequest, name: str, n: int) -> np.ndarray:

@@ -3,7 +3,9 @@
 Runtime lock held throughout. An agent's transition is complete when its next
 observation arrives (its next action), when it is marked done, or when its
 episode ends; the collector then gets it (see episodes.py for the per-agent
-state kept in SlotTables).
+state kept in SlotTables). Its `t` is the episode's env step at which the action
+was taken, as RLlib's SampleBatch has it (one call that gives an episode
+observations is one step; agents acting in it share it).
 """
 from typing import Dict, List, Tuple
 
@@ -56,21 +58,26 @@ class Transitions:
                 if st.policy_id is None:
                     st.policy_id = r.policy_ids[i]
         slots = np.fromiter([st.slot for st in sts], np.int64, n)
+        pend = table.pending[slots]
         if r.unique_episodes and not stepped:  # single-agent rows: one row per episode
             counted = r.episodes
             stepped.update(map(id, counted))
+            for ep in counted:
+                ep.length += 1
+            # One agent per episode: the episode's step is one past its pending action's.
+            step = np.where(pend, table.t[slots] + 1, 0)
         else:
             counted = []
-            for ep in r.episodes:
+            step = np.empty(n, np.int64)
+            for i, ep in enumerate(r.episodes):
                 if id(ep) not in stepped:
                     stepped.add(id(ep))
                     counted.append(ep)
-        for ep in counted:
-            ep.length += 1
+                    ep.length += 1
+                step[i] = ep.length - 1   # agents acting in one call share the env step
         new_steps = len(counted)
         collector = self.ctx.collector
         collector.count_env_steps(counted)
-        pend = table.pending[slots]
         if pend.any():
             idx = np.flatnonzero(pend)
             ps = slots[idx]
@@ -80,7 +87,6 @@ class Transitions:
                     TERMINATEDS: np.zeros(k, bool), TRUNCATEDS: np.zeros(k, bool),
                     EPS_ID: table.eps_id[ps], AGENT_INDEX: table.agent_index[ps], T: table.t[ps],
                     POLICY_VERSION: table.version[ps], ACTION_LOGP: table.logp[ps]}
-            table.t[ps] += 1
             self._collect_chunk(r, idx, cols)
         # Reward before an agent's first action rewards no action: dropped with the rest.
         table.reward_acc[slots] = 0.0
@@ -91,6 +97,7 @@ class Transitions:
         tree.map_structure(put, table.act, actions)
         table.logp[slots] = np.nan if logp is None else logp
         table.version[slots] = versions
+        table.t[slots] = step
         table.pending[slots] = True
         metrics = self.ctx.metrics
         metrics.env_steps += new_steps
@@ -121,7 +128,6 @@ class Transitions:
             })
         tb.reward_acc[sl] = 0.0
         tb.pending[sl] = False
-        tb.t[sl] += 1
 
     def apply_returns(self, s: Session, plans) -> None:
         """Plans validated (RowChecks.check_returns): rewards accrue until each agent's next action."""

@@ -11,8 +11,9 @@ import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors, tree
+from simbridge.wire import checks
 from simbridge.wire.checks import flags
-from simbridge.wire.errors import Reason, invalid_argument
+from simbridge.wire.errors import Reason, invalid_argument, invalid_value
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION, REWARDS,
                                     T, TERMINATEDS, TRUNCATEDS)
@@ -30,15 +31,15 @@ def decode(config, session, req) -> Chunk:
     spec = session.default
     c = Chunk()
     # rewards give N; a chunk with no transitions (only finished episodes) may leave it out
-    rew = _array(req.rewards, "rewards", "f", None) if req.HasField("rewards") else np.zeros(0, np.float32)
-    n = c.n = len(rew)
+    shape = tuple(req.rewards.shape) if req.HasField("rewards") else (0,)
+    if len(shape) != 1:
+        raise invalid_value(f"rewards: shape {shape}, expected (N,): one per transition")
+    n = c.n = shape[0]
     if n > limit:
         raise invalid_argument(f"UploadExperience: {n} transitions exceed the server limit of {limit} per "
                                f"request; send smaller chunks", Reason.MESSAGE_TOO_LARGE)
-    if not math.isfinite(rew.sum()):
-        bad = int((~np.isfinite(rew)).argmax())
-        raise invalid_argument(f"rewards row {bad}: {rew[bad]} is not a finite number")
-    c.rewards = rew.astype(np.float32)
+    c.rewards = (checks.rewards(req.rewards, n, "rewards", "one per transition", "rewards row {}")
+                 if req.HasField("rewards") else np.zeros(0, np.float32))
     c.ids = list(req.episode_ids)
     if len(c.ids) > limit:
         raise invalid_argument(f"UploadExperience: {len(c.ids)} episode ids exceed the limit of {limit}", Reason.MESSAGE_TOO_LARGE)
@@ -74,7 +75,9 @@ def decode(config, session, req) -> Chunk:
         raise invalid_argument(f"policy_versions row {bad}: {c.versions[bad]}; versions are >= 0, or -1 for "
                                f"an action the simulator chose itself")
     if req.HasField("action_logp"):
-        logp = _array(req.action_logp, "action_logp", "f", n).astype(np.float32)
+        logp = _array(req.action_logp, "action_logp", "f", n)
+        if logp.dtype != np.float32:
+            raise invalid_value(f"action_logp: dtype {logp.dtype}, expected a float32 tensor (FLOAT32)")
         if np.isinf(logp).any():
             bad = int(np.isinf(logp).argmax())
             raise invalid_argument(f"action_logp row {bad}: {logp[bad]}; give a finite log-probability, "

@@ -1,5 +1,9 @@
 """Value checks shared by every call that takes them from the wire.
 
+rewards(): the one decoder of rewards (RewardRows, Step, UploadExperience): exactly
+FLOAT32 of shape (n,), every value finite. No other dtype is converted: the contract says
+float32, so a FLOAT64 or integer tensor is the client's mistake to hear about.
+
 flags(): the one decoder of done flags (terminated / truncated). Flags come in
 two wire forms, a repeated bool field (one per row of a RewardRows) and a BOOL
 Tensor (Step, UploadExperience); both follow the same rules:
@@ -9,15 +13,17 @@ Tensor (Step, UploadExperience); both follow the same rules:
 * a tensor must be BOOL of shape (n,) and hold only the bytes 0 and 1 (numpy
   would read any other byte as a "true" that is neither True nor False).
 """
+import math
 from typing import Sequence, Union
 
 import numpy as np
 
 from simbridge.wire import leaf_codec, tensors
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire.errors import invalid_argument, invalid_value
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 _BOOL = np.dtype(bool)
+_F32 = np.dtype("<f4")
 # All-false flags of a repeated field, shared by every call that sends none (the common case).
 _NO_FLAGS = (False,) * 4096
 
@@ -56,4 +62,29 @@ def _tensor_flags(t: pb.Tensor, n: int, what: str, per: str) -> np.ndarray:
         raw = np.frombuffer(data, np.uint8)
         bad = int((raw > 1).argmax())
         raise invalid_argument(f"{what} row {bad}: byte {raw[bad]} is not a bool (0 or 1)")
+    return view
+
+
+def rewards(t: pb.Tensor, n: int, what: str, per: str, row: str) -> np.ndarray:
+    """n rewards from a FLOAT32 tensor of shape (n,), all finite (a read-only view).
+    `what` names the field, `per` what one value stands for ("one per slot") and `row` a
+    format for the offending row ("Step rewards: slot {}"); all INVALID_ARGUMENT / INVALID_VALUE."""
+    view = leaf_codec.vector_view(t, pb.FLOAT32, _F32, n)
+    if view is None:
+        if t.dtype != pb.FLOAT32:
+            raise invalid_value(f"{what}: dtype {tensors.dtype_name(t.dtype)}, expected float32 (FLOAT32; "
+                                f"no other dtype is converted)")
+        if tuple(t.shape) != (n,):
+            raise invalid_value(f"{what}: shape {tuple(t.shape)}, expected ({n},): {per}")
+        try:
+            view = tensors.from_tensor(t)
+        except Exception as e:
+            raise invalid_value(f"{what}: {getattr(e, 'message', e)}") from None
+    with np.errstate(over="ignore", invalid="ignore"):   # one reduction on the hot path
+        total = float(view.sum())
+    if not math.isfinite(total):
+        bad = ~np.isfinite(view)
+        if bad.any():   # else finite values overflowed the sum
+            i = int(bad.argmax())
+            raise invalid_value(f"{row.format(i)}: {view[i]} is not a finite number")
     return view

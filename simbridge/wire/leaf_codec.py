@@ -43,7 +43,7 @@ def batch_decoder(space: gs.Space) -> Decoder:
     code = tensors.pb_dtype(dtype)
     leaf = tuple(space.shape)
     row_bytes = math.prod(leaf) * dtype.itemsize
-    check_nan = code in tensors.FLOAT_DTYPES
+    check_finite = code in tensors.FLOAT_DTYPES
 
     def decode(msg: pb.Value, n: int, what: str) -> Any:
         t = msg.tensor   # a default Tensor (dtype 0) when the value is not one: generic path
@@ -51,8 +51,9 @@ def batch_decoder(space: gs.Space) -> Decoder:
         if t.dtype != code or len(data) != n * row_bytes or tuple(t.shape) != (n, *leaf):
             return generic(msg, n, what)
         arr = np.frombuffer(data, dtype).reshape((n, *leaf))
-        # One reduction: the sum is NaN whenever an element is (or inf - inf: generic decides).
-        if check_nan and arr.size and math.isnan(arr.sum()):
+        # One reduction: the sum is finite unless an element is NaN or +-Inf (or finite
+        # values overflow it): the generic path then decides exactly and words the error.
+        if check_finite and arr.size and not math.isfinite(arr.sum()):
             return generic(msg, n, what)
         return arr
     return decode

@@ -11,7 +11,8 @@ that passes through it.
 
 Dtype rules (what the server accepts and returns):
   * Box: exactly the box's dtype, no casting (a float64 observation for a
-    float32 box is a client bug worth reporting, not something to hide).
+    float32 box is a client bug worth reporting, not something to hide);
+    float values finite (NaN and +-Inf refused, whatever the bounds).
   * Discrete, MultiDiscrete: any integer dtype on the wire, int64 in numpy.
     The bridge always uses int64 for these, so a space declared with another
     integer dtype becomes int64 on the wire (the proto has no dtype field for

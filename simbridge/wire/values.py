@@ -206,8 +206,8 @@ def decode_value(space: gs.Space, msg: pb.Value, n_rows: int | None, what: str) 
     MultiBinary leaves as int8.
 
     Raises INVALID_ARGUMENT, the message starting with `what` and the leaf's
-    path, for a structure, dtype or shape mismatch, a NaN in a float leaf, or
-    a MultiBinary value other than 0/1. Bounds are left to `check_contains`.
+    path, for a structure, dtype or shape mismatch, a NaN or +-Inf in a float
+    leaf (whatever the bounds), or a MultiBinary value other than 0/1. Bounds are left to `check_contains`.
     """
     lead = () if n_rows is None else (n_rows,)
     return _decode(space, msg, lead, what, ())
@@ -284,15 +284,26 @@ def _decode(space: gs.Space, msg: pb.Value, lead: tuple, what: str, path: Path) 
         raise invalid_value(f"{fmt_path(what, path)}: {e.message}") from None
 
     if isinstance(space, gs.Box):
-        # One reduction on the fast path: a sum is NaN whenever any element is.
-        if code in FLOAT_DTYPES and arr.size and math.isnan(arr.sum()) and np.isnan(arr).any():
-            idx = tuple(int(i) for i in np.argwhere(np.isnan(arr))[0])
-            raise invalid_value(f"{fmt_path(what, path)}: contains NaN {_at(idx, lead)}")
+        # One reduction on the fast path: the sum is finite unless an element is NaN or
+        # +-Inf (or finite values overflow it, which the exact test below tells apart).
+        if code in FLOAT_DTYPES and arr.size and not math.isfinite(_sum(arr)):
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                idx = tuple(int(i) for i in np.argwhere(bad)[0])
+                v = arr[idx]
+                shown = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf")
+                raise invalid_value(f"{fmt_path(what, path)}: contains {shown} {_at(idx, lead)} "
+                                    f"(float values must be finite)")
         return arr
     if isinstance(space, gs.MultiBinary):
         return _multi_binary(arr, lead, what, path)
     # Discrete / MultiDiscrete: a view when the wire already has int64.
     return arr.astype(np.int64, copy=False)
+
+
+def _sum(arr: np.ndarray) -> float:
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow or inf - inf: checked exactly after
+        return float(arr.sum())
 
 
 def _multi_binary(arr: np.ndarray, lead: tuple, what: str, path: Path) -> np.ndarray:

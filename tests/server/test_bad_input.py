@@ -551,6 +551,20 @@ SINGLE_AGENT_CASES = {
         ("end_episode", pb.EndEpisodeRequest(episode_ids=["victim"], rewards=[reward_rows(["victim"], [5.0])],
                                              final_observations=[rows(["victim"], NAN_OBS)])),
         SC.INVALID_ARGUMENT, ["final observations of rows 0", "NaN"]),
+    # The contract's value rules: finite floats, FLOAT32 rewards, truncated ends with their final observation
+    "obs-plus-inf": (_get(rows(["victim"], obs(1, np.inf, 3, 4)[None])), SC.INVALID_ARGUMENT,
+                     ["observations of rows 0", "contains +Inf at row 0"]),
+    "final-obs-minus-inf": (_end(["victim"], [rows(["victim"], obs(1, 2, -np.inf, 4)[None])]), SC.INVALID_ARGUMENT,
+                            ["final observations of rows 0", "contains -Inf at row 0"]),
+    "rewards-float64": (_returns(reward_rows(["victim"], tensor(np.array([1.0], np.float64)))),
+                        SC.INVALID_ARGUMENT, ["rewards of rows 0", "float64", "expected float32"]),
+    "end-truncated-without-final-obs": (
+        ("end_episode", pb.EndEpisodeRequest(episode_ids=["victim"], truncated=[True])),
+        SC.INVALID_ARGUMENT, ["episode 'victim' ends truncated without its final observation", "final_observations"]),
+    "end-truncated-final-obs-of-the-other-episode-only": (
+        ("end_episode", pb.EndEpisodeRequest(episode_ids=["victim", "probe"], truncated=[True],
+                                             final_observations=[rows(["probe"], VF[None])])),
+        SC.INVALID_ARGUMENT, ["episode 'victim' ends truncated"]),
     "end-final-obs-of-other-episode": (_end(["victim"], [rows(["victim"], VF[None]), rows(["probe"], VF[None])]),
                                        SC.INVALID_ARGUMENT, ["not among the episodes being ended"]),
 }
@@ -637,6 +651,17 @@ MULTI_AGENT_CASES = {
         ("end_episode", pb.EndEpisodeRequest(episode_ids=["m"], rewards=[
             reward_rows(["m"], [5.0, 0.0], ["a", "__all__"], terminated=[True, True])])),
         SC.INVALID_ARGUMENT, ["may not mark '__all__' done"]),
+    "log-returns-truncated-without-final-obs": (
+        _returns(pb.RewardRows(episode_ids=["m"], agent_ids=["a"], rewards=tensor(np.float32([1.0])), truncated=[True])),
+        SC.INVALID_ARGUMENT, ["agent 'a' of episode 'm' is marked truncated without its final observation"]),
+    "log-returns-all-truncated-with-pending-agents": (
+        _returns(pb.RewardRows(episode_ids=["m"], agent_ids=["__all__"], rewards=tensor(np.float32([0.0])),
+                               truncated=[True])),
+        SC.INVALID_ARGUMENT, ["'__all__'", "['a', 'b']", "EndEpisode"]),
+    "end-truncated-without-one-agents-final-obs": (
+        ("end_episode", pb.EndEpisodeRequest(episode_ids=["m"], truncated=[True],
+                                             final_observations=[rows(["m"], VF[None], ["a"])])),
+        SC.INVALID_ARGUMENT, ["agents ['b']", "final_observations"]),
     "log-returns-rows1-unknown-episode": (
         _returns(reward_rows(["m"], [5.0], ["a"], terminated=[True]), reward_rows(["nope"], [1.0], ["b"])),
         SC.NOT_FOUND, ["unknown episode 'nope'"]),

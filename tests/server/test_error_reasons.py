@@ -79,8 +79,48 @@ def test_unary_errors_carry_error_info_in_the_standard_trailer(server, case, cod
         assert (rebuilt.code, Reason.Name(rebuilt.reason)) == (code, reason)
 
 
-def _bad_value(req: pb.GetActionRequest) -> pb.GetActionRequest:
-    sb_spaces.fill_value(req.rows[0].observations, OBS, np.full((1, 2), np.nan, np.float32))
+@pytest.mark.parametrize("case, reason, words", [
+    ("observation +Inf", "INVALID_VALUE", ["observations of rows 0", "+Inf"]),
+    ("final observation -Inf", "INVALID_VALUE", ["final observations of rows 0", "-Inf"]),
+    ("rewards FLOAT64", "INVALID_VALUE", ["rewards of rows 0", "float64", "expected float32"]),
+    ("truncated end without final observation", "INVALID_REQUEST", ["ends truncated", "final_observations"]),
+])
+def test_the_contracts_value_rules_have_their_reasons(server, case, reason, words):
+    """The proto's rules for finite floats, FLOAT32 rewards and truncated ends, as a client in
+    another language reads them: INVALID_ARGUMENT and the ErrorInfo reason the proto names."""
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.ExternalEnvStub(channel)
+        sid = _create(stub)
+        header = pb.RequestHeader(session_id=sid)
+        stub.StartEpisode(pb.StartEpisodeRequest(header=header, episode_ids=["e1"]))
+        stub.GetAction(_get_action(sid, "e1"))                   # an action is pending
+        inf_obs = pb.AgentRows(episode_ids=["e1"])
+        sb_spaces.fill_value(inf_obs.observations, OBS, np.array([[0.0, -np.inf]], np.float32))
+        call = {
+            "observation +Inf": lambda: stub.GetAction(_bad_value(_get_action(sid, "e1"), np.inf)),
+            "final observation -Inf": lambda: stub.EndEpisode(pb.EndEpisodeRequest(
+                header=header, episode_ids=["e1"], final_observations=[inf_obs])),
+            "rewards FLOAT64": lambda: stub.LogReturns(pb.LogReturnsRequest(header=header, rows=[pb.RewardRows(
+                episode_ids=["e1"], rewards=pb.Tensor(dtype=pb.FLOAT64, shape=[1],
+                                                      data=np.float64([1.0]).tobytes()))])),
+            "truncated end without final observation": lambda: stub.EndEpisode(pb.EndEpisodeRequest(
+                header=header, episode_ids=["e1"], truncated=[True])),
+        }[case]
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert _info(_unary_status(err.value)).reason == reason
+        for w in words:
+            assert w in err.value.details()
+        # Nothing was applied: the episode is still open and ends with its final observation.
+        final = pb.AgentRows(episode_ids=["e1"])
+        sb_spaces.fill_value(final.observations, OBS, np.zeros((1, 2), np.float32))
+        stub.EndEpisode(pb.EndEpisodeRequest(header=header, episode_ids=["e1"], truncated=[True],
+                                             final_observations=[final]))
+
+
+def _bad_value(req: pb.GetActionRequest, value: float = np.nan) -> pb.GetActionRequest:
+    sb_spaces.fill_value(req.rows[0].observations, OBS, np.full((1, 2), value, np.float32))
     return req
 
 

@@ -137,7 +137,8 @@ def test_turn_based_reward_accumulation(make_server, transport):
     c.flush()
     b = collected(srv).policy_batches["default_policy"]
     rows = {(int(ai), int(t)): i for i, (ai, t) in enumerate(zip(b["agent_index"], b["t"]))}
-    p0_first, p1_first, p0_second = rows[(0, 0)], rows[(1, 0)], rows[(0, 1)]
+    # t is the episode's step at which the agent acted: p0 at steps 0 and 2, p1 at step 1.
+    p0_first, p1_first, p0_second = rows[(0, 0)], rows[(1, 1)], rows[(0, 2)]
     assert b["rewards"][p0_first] == pytest.approx(0.4)   # 0.1 + 0.3, until its next action
     np.testing.assert_array_equal(b["new_obs"][p0_first], o(2))  # its next observation
     assert b["rewards"][p1_first] == pytest.approx(-0.8)  # 0.2 - 1.0, credited at episode end
@@ -147,6 +148,28 @@ def test_turn_based_reward_accumulation(make_server, transport):
     s = srv.runtime.metrics.recent[-1]
     assert s["agent_rewards"] == pytest.approx({"p0": 1.4, "p1": -0.8})
     assert s["length"] == 3
+    c.close()
+
+
+def test_t_is_the_episodes_step_as_in_rllib(make_server):
+    """RLlib's SampleBatch t is the env step at which the agent acted, not the agent's own action
+    count: in a turn-based game each player's t has gaps, and agents acting in one call share it."""
+    srv = make_server()
+    c = MultiAgentPolicyClient(srv.address, OBS, ACT)
+    eid = c.start_episode()
+    nim_turns(c, eid)                                   # steps: p0, p1, p0
+    simultaneous = c.start_episode()
+    c.get_action(simultaneous, {"a": o(0), "b": o(0)})  # step 0: both
+    c.get_action(simultaneous, {"b": o(1)})             # step 1: b alone
+    c.get_action(simultaneous, {"a": o(2), "b": o(2)})  # step 2: both
+    c.end_episode(simultaneous, {"a": o(3), "b": o(3)})
+    c.flush()
+    b = collected(srv).policy_batches["default_policy"]
+    t = {}
+    for e, ai, step in zip(b["eps_id"].tolist(), b["agent_index"].tolist(), b["t"].tolist()):
+        t.setdefault((e, ai), []).append(step)
+    nim, sim = sorted(set(b["eps_id"].tolist()))
+    assert t == {(nim, 0): [0, 2], (nim, 1): [1], (sim, 0): [0, 2], (sim, 1): [0, 1, 2]}
     c.close()
 
 
@@ -192,6 +215,26 @@ def test_agents_finish_early_and_all_done(server):
     done = {(int(a), int(t)): bool(d) for a, t, d in zip(b["agent_index"], b["t"], b["terminateds"])}
     assert done == {(0, 0): True, (1, 0): False, (1, 1): True}   # a ended early; b at "__all__"
     np.testing.assert_allclose(sorted(b["rewards"]), [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_reward_then_done_in_a_separate_call(server, transport):
+    """A legal RLlib sequence: log A's reward, then end A in its own log_returns call. The client
+    queues the reward; the done row must carry it, not repeat A in the same request."""
+    c = MultiAgentPolicyClient(server.address, OBS, ACT, transport=transport)
+    eid = c.start_episode()
+    c.get_action(eid, {"a": o(0), "b": o(0)})
+    c.log_returns(eid, {"a": 1.0, "b": 2.0}, info_dict={"a": {"k": 1}, "b": {"k": 2}})
+    c.log_returns(eid, {"a": 0.5})
+    c.log_returns(eid, {}, multiagent_done_dict={"a": True})
+    c.get_action(eid, {"b": o(1)})                 # b's queued reward still rides here
+    c.end_episode(eid, {"b": o(2)})
+    c.flush()
+    b = collected(server).policy_batches["default_policy"]
+    got = sorted(zip(b["agent_index"].tolist(), b["t"].tolist(), b["rewards"].tolist(), b["terminateds"].tolist()))
+    assert got == [(0, 0, 1.5, True), (1, 0, 2.0, False), (1, 1, 0.0, True)]
+    assert server.runtime.metrics.recent[-1]["agent_rewards"] == {"a": 1.5, "b": 2.0}
+    c.close()
 
 
 def test_per_agent_spaces(make_server):

@@ -227,6 +227,10 @@ def _bad_later_steps():
     yield "rewards shape", {"obs": OK_OBS, "rewards": ONES[:2]}, "shape (2,), expected (3,)"
     yield "rewards NaN", {"obs": OK_OBS, "rewards": np.array([1, np.nan, 1], np.float32)}, "slot 1"
     yield "rewards int", {"obs": OK_OBS, "rewards": np.ones(N, np.int32)}, "expected float32"
+    yield "rewards float64", {"obs": OK_OBS, "rewards": np.ones(N, np.float64)}, "dtype float64, expected float32"
+    yield "rewards +Inf", {"obs": OK_OBS, "rewards": np.array([1, 1, np.inf], np.float32)}, "slot 2: inf"
+    yield "observation -Inf", {"obs": np.array([[0, -np.inf], [1, 1], [2, 2]], np.float32), "rewards": ONES}, \
+        "contains -Inf at row 0"
     yield "flags dtype", {"obs": OK_OBS, "rewards": ONES, "terminated": np.ones(N, np.int32)}, "expected BOOL"
     yield "flags shape", {"obs": OK_OBS, "rewards": ONES, "truncated": np.zeros(2, bool)}, "one per slot"
     yield "truncated without finals", {"obs": OK_OBS, "rewards": ONES, "truncated": t}, "slots [1] are truncated"

@@ -492,10 +492,28 @@ def test_decode_error_message_starts_with_what():
     assert str(ei.value).startswith("observations of agent rows 0: expected a dict")
 
 
-def test_decode_allows_infinity():
+@pytest.mark.parametrize("bad, shown", [(np.inf, "+Inf"), (-np.inf, "-Inf"), (np.nan, "NaN")])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_decode_refuses_non_finite_even_with_infinite_bounds(bad, shown, dtype):
+    """The contract: float leaves are finite. Infinite Box bounds mean "unbounded", not that
+    infinity is a value a learner can bootstrap from; the batched fast path agrees."""
+    from simbridge.wire import leaf_codec
+    from simbridge.wire.errors import Reason
+    space = gs.Box(-np.inf, np.inf, (2,), dtype)
+    rows = np.array([[1.0, 2.0], [3.0, bad]], dtype)
+    msg = wire(encode_value(space, rows, batched=True))
+    for decode in (lambda: decode_value(space, msg, 2, "obs"), lambda: leaf_codec.batch_decoder(space)(msg, 2, "obs")):
+        with pytest.raises(BridgeError) as ei:
+            decode()
+        assert_invalid(ei, "obs", f"contains {shown} at row 1")
+        assert ei.value.reason == Reason.INVALID_VALUE
+
+
+def test_decode_accepts_finite_values_whose_sum_overflows():
     space = gs.Box(-np.inf, np.inf, (2,), np.float32)
-    msg = encode_value(space, np.array([[np.inf, -np.inf]], np.float32), batched=True)
-    np.testing.assert_array_equal(decode_value(space, msg, 1, "obs"), [[np.inf, -np.inf]])
+    big = np.finfo(np.float32).max
+    msg = wire(encode_value(space, np.array([[big, big]], np.float32), batched=True))
+    np.testing.assert_array_equal(decode_value(space, msg, 1, "obs"), [[big, big]])
 
 
 # ---------------------------------------------------------------- bounds
