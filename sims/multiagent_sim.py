@@ -130,13 +130,17 @@ def run_turn_based(args, stats: Stats, stop: StopFlag) -> dict:
         eid = client.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training)
         stones = int(rng.integers(NIM_MIN, NIM_MAX + 1))
         first = turn = int(rng.integers(2))
+        acted = set()   # players whose last move waits for its outcome
         while True:
             if stop:
-                client.end_episode(eid, truncated=True)
+                # Cut short: each player that moved gets the position it would now see, so the
+                # learners bootstrap from the real state (a truncated end needs it).
+                client.end_episode(eid, {NIM_PLAYERS[p]: nim_obs(stones, p) for p in acted}, truncated=True)
                 stats.cut += 1
                 break
             me = NIM_PLAYERS[turn]
             action = client.get_action(eid, {me: nim_obs(stones, turn)})[me]
+            acted.add(turn)
             stones -= min(int(action) + 1, stones)
             stats.steps += 1
             if stones == 0:  # `me` took the last stone

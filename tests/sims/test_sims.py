@@ -226,6 +226,32 @@ def test_multiagent_simultaneous_carts_finish_early(server):
     assert s["terminated"] + s["truncated"] == n_eps
 
 
+def test_multiagent_turn_based_sigterm_ends_the_open_game_truncated(server):
+    proc = subprocess.Popen(python_module("simbridge.sims.multiagent_sim", "--address", server.address, "--quiet",
+                                          "--game", "turn_based", "--seed", "5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=str(ROOT))
+    try:
+        deadline = time.monotonic() + 30
+        while server.runtime.snapshot()["episodes"] < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    s = json.loads(out.strip().splitlines()[-1])
+    assert s["cut_at_exit"] == 1 and "error" not in s, s
+    snap = server.runtime.snapshot()
+    assert snap["open_episodes"] == 0 and snap["episodes"] == s["episodes"] + 1
+    b = collected(server)["default_policy"]
+    cut = b["eps_id"] == b["eps_id"][b["truncateds"]][0] if b["truncateds"].any() else None
+    if cut is not None:   # the cut game's pending moves end truncated at the position they left
+        assert not b["terminateds"][cut].any() and b["truncateds"][cut].sum() >= 1
+
+
 @pytest.mark.parametrize("transport", ["stream", "unary"])
 def test_multiagent_turn_based_nim_rewards(server, transport):
     n_eps = 30
