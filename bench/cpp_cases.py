@@ -8,9 +8,9 @@
 
 Each runs its example with --warmup-s and --seconds, so the program measures itself the way the
 Python clients do (a warm-up, then a fixed window, timed inside the client process) and prints the
-window's figures as one JSON line. It prints {"measuring": true} when the window opens; the server's
-CPU time is sampled then and at the final line (which comes after the client's flush and close, a
-few ms more than the window).
+window's figures as one JSON line as soon as the window ends (before its flush and close). It prints
+{"measuring": true} when the window opens; the server's CPU time is sampled on each of the two lines.
+An error in the flush or close still fails the case (exit code 1).
 
 The build (build/cpp, Release) is brought up to date once per run, before any case is timed:
 configured if it has no CMakeCache.txt, then `cmake --build` of the two examples (incremental).
@@ -79,6 +79,25 @@ def _build():
             return None, f"`{' '.join(cmd)}` exited {out.returncode} (its output is in the log)"
     log.info("C++ examples up to date in %s (%.1f s)", BUILD, time.monotonic() - t0)
     return BUILD, None
+
+
+def toolchain():
+    """The C++ side's versions for the run's machine record; None when nothing was built."""
+    if _built is None or _built[0] is None:
+        return None
+
+    def first_line(cmd):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    cache = (BUILD / "CMakeCache.txt").read_text(errors="replace")
+    cxx = next((line.split("=", 1)[1] for line in cache.splitlines() if line.startswith("CMAKE_CXX_COMPILER:")), "c++")
+    return {"grpcpp": first_line(["pkg-config", "--modversion", "grpc++"]),
+            "protobuf_cpp": first_line(["pkg-config", "--modversion", "protobuf"]),
+            "cxx": first_line([cxx, "--version"]), "build": "Release (-O2)"}
 
 
 def _read_lines(stream, into):
@@ -168,7 +187,7 @@ def ratios(result):
 NOTES = ("cpp_*: sims/cpp/examples (cartpole: PolicyClient lockstep on the stream, the reward riding "
          "with the next get_action; cartpole_slots: SlotClient on Step) with their own C++ CartPole-v1 "
          "dynamics, build/cpp Release (-O2), timed inside the C++ process after the same warm-up; "
-         "server CPU sampled from the window's start to the program's last line (incl. flush/close). "
+         "server CPU sampled when the program prints the window's start and its figures. "
          "*_vs_python_* = C++ rate / Python rate of the same run: cpp_lockstep vs stream_lockstep "
          "(same API: PolicyClient on the stream) and vs step_lockstep (Python's one-message-each-way "
          "lockstep: SlotClient, 1 slot); cpp_batchedN vs batchedN (SlotClient, N slots). The "

@@ -867,6 +867,8 @@ def main(argv=None):
             result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
     result.update(cpp_cases.ratios(result))
     result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
+    if cpp_cases.toolchain():
+        result["machine"]["cpp"] = cpp_cases.toolchain()
     result["config"] = {
         "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
         "total_runtime_s": round(time.monotonic() - t_start, 1),

@@ -3,7 +3,8 @@
 // --inference local: the actions come from the downloaded policy (GetPolicy, LocalPolicy) and are
 // reported with log_action instead. Prints one JSON line: episodes, steps, steps_per_s, return_mean.
 // --seconds S (bench/throughput.py's cpp_lockstep): episodes without end for --warmup-s, then S
-// seconds measured; the JSON line has the window's figures only (cartpole::Window).
+// seconds measured; the JSON line has the window's figures only (cartpole::Window), printed as the
+// window ends, before the flush and close (an error there still exits 1).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -77,13 +78,11 @@ int main(int argc, char** argv) {
         window.step_done(call_start, call_end, 1);
       }
     }
+    if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
     client.flush();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     client.close();
-    if (window.timed()) {
-      window.print(client.reconnects());
-      return 0;
-    }
+    if (window.timed()) return 0;
     std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"reconnects\": %d, \"policy_version\": %lld}\n",
                 finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
                 static_cast<long long>(local ? local->version() : client.last_policy_version()));

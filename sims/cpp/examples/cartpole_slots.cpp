@@ -3,7 +3,8 @@
 // --steps Steps, then a final Step with the last outcome. Prints one JSON line: episodes (ended
 // during the run), steps (env steps), steps_per_s, return_mean, cut_short (episodes the final Step
 // ended, truncated). --seconds S (bench/throughput.py's cpp_batched*): Steps for --warmup-s, then S
-// seconds measured, then the final Step; the JSON line has the window's figures (cartpole::Window).
+// seconds measured, then the final Step; the JSON line has the window's figures (cartpole::Window),
+// printed as the window ends, before that final Step (an error there still exits 1).
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
         actions = client.step(obs, rewards, terminated, truncated, finals);
         window.step_done(call_start, cartpole::Clock::now(), n);
       } else {
+        if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
         // The last outcome; every slot's last observation (an ended slot's is its final one).
         simbridge::Floats last_obs = obs;
         for (int i = 0, k = 0; i < n; ++i) {
@@ -75,10 +77,7 @@ int main(int argc, char** argv) {
     }
     if (!window.timed() && num_steps == 0) client.close();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (window.timed()) {
-      window.print(client.reconnects());
-      return 0;
-    }
+    if (window.timed()) return 0;
     std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d}\n",
                 episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
                 client.reconnects());
