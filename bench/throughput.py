@@ -34,12 +34,23 @@ Cases (--cases):
              path (what simbridge's programs choose, simbridge/wire/grpc_tuning.py)
              and on its default EventEngine path, alternating, 3 short runs
              each: medians and iomgr_vs_eventengine_* ratios.
+  cpp_lockstep, cpp_batched64, cpp_batched256  the C++ SDK's CartPole examples (sims/cpp, built
+             into build/cpp when missing or stale) against a fresh server, measured the same way
+             inside the C++ process: lockstep on PolicyClient's stream, and SlotClient with 64/256
+             slots on Step. Reported as ratios to the Python client's figures of the same run:
+             cpp_lockstep_vs_python_stream_lockstep (the same API, PolicyClient on the stream),
+             cpp_lockstep_vs_python_step_lockstep (Python's one-message-each-way lockstep, a
+             1-slot SlotClient), cpp_batchedN_vs_python_batchedN. The C++ simulators step plain
+             C++ CartPoles, the Python ones gymnasium's or numpy's (their *_env_step_us), so a
+             ratio is simulator process against simulator process. Skipped, with the reason, when
+             the build tools are absent (bench/cpp_cases.py).
 
 Latency is the wall time of the get_action / get_actions / step call seen by the
 simulator. One JSON object goes to stdout; logs go to stderr.
 
     .venv/bin/python bench/throughput.py --seconds 3
     .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
+    .venv/bin/python bench/throughput.py --cases stream,step_lockstep,cpp_lockstep,batched64,cpp_batched64
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
@@ -64,13 +75,18 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # spawned workers re-import this file
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "bench"):  # spawned workers re-import this file
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import cpp_cases  # noqa: E402  (bench/cpp_cases.py, found through the path above)
 
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
-CASES = ("floor", "unary", "stream", "step_lockstep", "four_sims", "batched64", "rows64", "batched256",
-         "local", "tcp_paths")
+CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims", "batched64", "cpp_batched64",
+         "rows64", "batched256", "cpp_batched256", "local", "tcp_paths")
+# --cases also takes the lockstep cases by the prefix of their figures
+CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
 
 log = logging.getLogger("bench")
@@ -682,10 +698,26 @@ def syncvector_env_step_us(duration_s=0.3):
         return None
 
 
+def case_cpp(children, seconds, case):
+    """A C++ example (bench/cpp_cases.py) against a fresh server, or `<case>_skipped` and why."""
+    build, why = cpp_cases.ensure_built()
+    if build is None:
+        log.warning("%s skipped: %s", case, why)
+        return {f"{case}_skipped": why}
+    proc, address = start_bridge_server(children)
+    try:
+        summary = cpp_cases.run_example(children, case, address, seconds, WARMUP_S,
+                                        functools.partial(_proc_cpu_s, proc.pid), _die_with_parent)
+    finally:
+        children.stop(proc)
+    return cpp_cases.summarize(case, summary)
+
+
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
               "four_sims": case_four_sims, "batched64": case_batched64, "step_lockstep": case_step_lockstep,
               "rows64": case_rows64, "tcp_paths": case_tcp_paths,
-              "batched256": case_batched256}
+              "batched256": case_batched256,
+              **{case: functools.partial(case_cpp, case=case) for case in cpp_cases.CPP_CASES}}
 
 
 # ---------------------------------------------------------------- local inference
@@ -800,7 +832,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    cases = [CASE_ALIASES.get(c.strip(), c.strip()) for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASE_FUNCS]
     if unknown:
         p.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
@@ -813,6 +845,8 @@ def main(argv=None):
     result = {}
     load_start = _loadavg()
     t_start = time.monotonic()
+    if any(case in cpp_cases.CPP_CASES for case in cases):
+        cpp_cases.ensure_built()  # before anything is timed
     try:
         for case in cases:
             log.info("case %s: %.1f s warm-up + %.1f s measured", case, WARMUP_S, args.seconds)
@@ -831,7 +865,10 @@ def main(argv=None):
         sfloor = result.get("grpc_floor_stream_roundtrips_per_s")
         if sfloor and "stream_lockstep_steps_per_s" in result:
             result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
+    result.update(cpp_cases.ratios(result))
     result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
+    if cpp_cases.toolchain():
+        result["machine"]["cpp"] = cpp_cases.toolchain()
     result["config"] = {
         "seconds_per_case": args.seconds, "warmup_s": WARMUP_S, "cases": cases,
         "total_runtime_s": round(time.monotonic() - t_start, 1),
@@ -851,6 +888,7 @@ def main(argv=None):
                  "*_cpu_cores = CPU seconds per wall second (server from /proc, all its threads); "
                  "*_server_cpu_us_per_call = server CPU per get_action(s) call",
         "local": LOCAL_NOTES,
+        "cpp": cpp_cases.NOTES,
     }
     text = json.dumps(result, indent=2)
     print(text, flush=True)

@@ -2,6 +2,9 @@
 // step's reward. --slots K keeps K CartPoles (K episodes open) stepped in turn on one client.
 // --inference local: the actions come from the downloaded policy (GetPolicy, LocalPolicy) and are
 // reported with log_action instead. Prints one JSON line: episodes, steps, steps_per_s, return_mean.
+// --seconds S (bench/throughput.py's cpp_lockstep): episodes without end for --warmup-s, then S
+// seconds measured; the JSON line has the window's figures only (cartpole::Window), printed as the
+// window ends, before the flush and close (an error there still exits 1).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -11,9 +14,11 @@
 
 int main(int argc, char** argv) {
   auto args = cartpole::parse_args(argc, argv, {{"address", "127.0.0.1:50051"}, {"episodes", "10"},
-                                                {"slots", "1"}, {"seed", "0"}, {"inference", "remote"}});
+                                                {"slots", "1"}, {"seed", "0"}, {"inference", "remote"},
+                                                {"seconds", "0"}, {"warmup-s", "0"}});
   const int episodes = std::stoi(args["episodes"]), slots = std::stoi(args["slots"]);
   const uint64_t seed = std::stoull(args["seed"]);
+  const bool endless = std::stod(args["seconds"]) > 0;  // timed: each ended episode is followed by a new one
   try {
     simbridge::ClientOptions options;
     options.client_name = "cpp-cartpole";
@@ -31,16 +36,18 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < slots; ++i) {
       envs.emplace_back(seed * 1000003 + i);
-      if (started < episodes) {
+      if (endless || started < episodes) {
         obs[i] = envs[i].reset();
         ids[i] = client.start_episode();
         running[i] = true;
         ++started;
       }
     }
-    while (finished < episodes) {
+    cartpole::Window window(std::stod(args["warmup-s"]), std::stod(args["seconds"]));  // warm-up from here
+    while (endless ? !window.over() : finished < episodes) {
       for (int i = 0; i < slots; ++i) {
         if (!running[i]) continue;
+        auto call_start = cartpole::Clock::now();
         int action;
         if (local) {
           action = static_cast<int>(local->act(obs[i])[0]);
@@ -48,28 +55,34 @@ int main(int argc, char** argv) {
         } else {
           action = static_cast<int>(client.get_action(ids[i], obs[i])[0]);
         }
+        auto call_end = cartpole::Clock::now();
         float reward;
         bool terminated, truncated;
         obs[i] = envs[i].step(action, &reward, &terminated, &truncated);
         client.log_returns(ids[i], reward);
         returns[i] += reward;
         ++steps;
-        if (!terminated && !truncated) continue;
-        client.end_episode(ids[i], obs[i], truncated);
-        return_sum += returns[i];
-        returns[i] = 0;
-        ++finished;
-        running[i] = started < episodes;
-        if (running[i]) {
-          obs[i] = envs[i].reset();
-          ids[i] = client.start_episode();
-          ++started;
+        if (terminated || truncated) {
+          client.end_episode(ids[i], obs[i], truncated);
+          window.episode_done(returns[i]);
+          return_sum += returns[i];
+          returns[i] = 0;
+          ++finished;
+          running[i] = endless || started < episodes;
+          if (running[i]) {
+            obs[i] = envs[i].reset();
+            ids[i] = client.start_episode();
+            ++started;
+          }
         }
+        window.step_done(call_start, call_end, 1);
       }
     }
+    if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
     client.flush();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     client.close();
+    if (window.timed()) return 0;
     std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"reconnects\": %d, \"policy_version\": %lld}\n",
                 finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
                 static_cast<long long>(local ? local->version() : client.last_policy_version()));

@@ -1,14 +1,20 @@
 // CartPole-v1 in plain C++: gymnasium's dynamics (Euler), termination and 500-step time limit,
-// for the examples' lockstep and slot benchmarks. Plus their small command-line parser.
+// for the examples' lockstep and slot benchmarks. Plus their small command-line parser and the
+// measured window of bench/throughput.py's cpp_* cases (--warmup-s, --seconds).
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <simbridge/client.hpp>
 
@@ -80,5 +86,86 @@ inline std::map<std::string, std::string> parse_args(int argc, char** argv, std:
   }
   return defaults;
 }
+
+using Clock = std::chrono::steady_clock;
+
+// A warm-up, then a measured window of `seconds`, as bench/throughput.py measures its Python
+// clients: only the steps in the window count. With seconds <= 0 it is off (timed() false) and the
+// examples run their fixed --episodes / --steps. When the window opens it prints
+// {"measuring": true} so the bench can sample the server's CPU time at the same moment.
+class Window {
+ public:
+  Window(double warmup_s, double seconds)
+      : timed_(seconds > 0), begin_(Clock::now() + to_duration(warmup_s)), length_(to_duration(seconds)) {}
+
+  bool timed() const { return timed_; }
+
+  // Before each step: opens the window once the warm-up is over; true once a step ended past its end.
+  bool over() {
+    if (!timed_) return false;
+    if (!measuring_ && Clock::now() >= begin_) {
+      measuring_ = true;
+      t0_ = last_ = Clock::now();
+      end_ = t0_ + length_;
+      cpu0_ = std::clock();
+      std::printf("{\"measuring\": true}\n");
+      std::fflush(stdout);
+    }
+    return measuring_ && last_ >= end_;
+  }
+
+  // After each step (one bridge call, [call_start, call_end], for `agent_steps` agents).
+  void step_done(Clock::time_point call_start, Clock::time_point call_end, long long agent_steps) {
+    if (!measuring_) return;
+    lat_ms_.push_back(std::chrono::duration<double, std::milli>(call_end - call_start).count());
+    agent_steps_ += agent_steps;
+    last_ = Clock::now();
+  }
+
+  void episode_done(double episode_return) {
+    if (!measuring_) return;
+    ++episodes_;
+    return_sum_ += episode_return;
+  }
+
+  // The window's figures, one JSON line: steps are agent steps, calls the bridge calls timed.
+  void print(int reconnects) const {
+    double elapsed = std::chrono::duration<double>(last_ - t0_).count();
+    double cpu_s = static_cast<double>(std::clock() - cpu0_) / CLOCKS_PER_SEC;  // all threads (Linux)
+    size_t calls = lat_ms_.size();
+    double mean = 0;
+    for (double v : lat_ms_) mean += v;
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, "
+                "\"reconnects\": %d, \"seconds\": %.4f, \"calls\": %zu, \"calls_per_s\": %.1f, "
+                "\"p50_ms\": %.4f, \"p99_ms\": %.4f, \"mean_ms\": %.4f, \"cpu_s\": %.4f}\n",
+                episodes_, agent_steps_, elapsed > 0 ? agent_steps_ / elapsed : 0.0,
+                episodes_ ? return_sum_ / episodes_ : 0.0, reconnects, elapsed, calls,
+                elapsed > 0 ? calls / elapsed : 0.0, percentile(0.5), percentile(0.99),
+                calls ? mean / calls : 0.0, cpu_s);
+  }
+
+ private:
+  static Clock::duration to_duration(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(s, 0.0)));
+  }
+  // Linear interpolation between closest ranks, as numpy.percentile's default.
+  double percentile(double q) const {
+    if (lat_ms_.empty()) return 0;
+    std::vector<double> v = lat_ms_;
+    std::sort(v.begin(), v.end());
+    double pos = q * (v.size() - 1);
+    size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+  }
+
+  bool timed_, measuring_ = false;
+  Clock::time_point begin_, t0_, end_, last_;
+  Clock::duration length_;
+  std::clock_t cpu0_ = 0;
+  std::vector<double> lat_ms_;
+  long long agent_steps_ = 0;
+  int episodes_ = 0;
+  double return_sum_ = 0;
+};
 
 }  // namespace cartpole

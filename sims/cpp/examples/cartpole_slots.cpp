@@ -2,7 +2,9 @@
 // reports its last observation in final_observations and already sends its next episode's first).
 // --steps Steps, then a final Step with the last outcome. Prints one JSON line: episodes (ended
 // during the run), steps (env steps), steps_per_s, return_mean, cut_short (episodes the final Step
-// ended, truncated).
+// ended, truncated). --seconds S (bench/throughput.py's cpp_batched*): Steps for --warmup-s, then S
+// seconds measured, then the final Step; the JSON line has the window's figures (cartpole::Window),
+// printed as the window ends, before that final Step (an error there still exits 1).
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -11,7 +13,8 @@
 
 int main(int argc, char** argv) {
   auto args = cartpole::parse_args(argc, argv, {{"address", "127.0.0.1:50051"}, {"steps", "1000"},
-                                                {"slots", "8"}, {"seed", "0"}});
+                                                {"slots", "8"}, {"seed", "0"},
+                                                {"seconds", "0"}, {"warmup-s", "0"}});
   const long long num_steps = std::stoll(args["steps"]);
   const int n = std::stoi(args["slots"]);
   const uint64_t seed = std::stoull(args["seed"]);
@@ -32,7 +35,9 @@ int main(int argc, char** argv) {
     double return_sum = 0;
     auto t0 = std::chrono::steady_clock::now();
     simbridge::Floats actions = client.step(obs);
-    for (long long t = 0; t < num_steps; ++t) {
+    cartpole::Window window(std::stod(args["warmup-s"]), std::stod(args["seconds"]));  // warm-up from here
+    for (long long t = 0; window.timed() || t < num_steps; ++t) {
+      const bool last = window.timed() ? window.over() : t + 1 >= num_steps;
       finals.clear();
       for (int i = 0; i < n; ++i) {
         bool term, trunc;
@@ -43,30 +48,36 @@ int main(int argc, char** argv) {
         if (term || trunc) {
           finals.insert(finals.end(), o.begin(), o.end());
           return_sum += returns[i];
+          window.episode_done(returns[i]);
           returns[i] = 0;
           ++episodes;
           o = envs[i].reset();
         }
         std::copy(o.begin(), o.end(), obs.begin() + 4 * i);
       }
-      if (t + 1 < num_steps) {
+      if (!last) {
+        auto call_start = cartpole::Clock::now();
         actions = client.step(obs, rewards, terminated, truncated, finals);
+        window.step_done(call_start, cartpole::Clock::now(), n);
       } else {
+        if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
         // The last outcome; every slot's last observation (an ended slot's is its final one).
-        simbridge::Floats last = obs;
+        simbridge::Floats last_obs = obs;
         for (int i = 0, k = 0; i < n; ++i) {
           if (terminated[i] || truncated[i]) {
-            std::copy(finals.begin() + 4 * k, finals.begin() + 4 * (k + 1), last.begin() + 4 * i);
+            std::copy(finals.begin() + 4 * k, finals.begin() + 4 * (k + 1), last_obs.begin() + 4 * i);
             ++k;
           } else {
             ++cut_short;
           }
         }
-        client.close(rewards, terminated, truncated, last);
+        client.close(rewards, terminated, truncated, last_obs);
+        break;
       }
     }
-    if (num_steps == 0) client.close();
+    if (!window.timed() && num_steps == 0) client.close();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (window.timed()) return 0;
     std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d}\n",
                 episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
                 client.reconnects());
