@@ -1,4 +1,6 @@
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -30,3 +32,31 @@ def make_server():
 @pytest.fixture
 def server(make_server):
     return make_server()
+
+
+CPP_SOURCE = os.path.join(ROOT, "sims", "cpp")
+CPP_BUILD = os.path.join(ROOT, "build", "cpp")
+
+
+def _missing_cpp_tools():
+    missing = [t for t in ("cmake", "protoc", "grpc_cpp_plugin", "pkg-config") if shutil.which(t) is None]
+    if not os.path.exists("/usr/include/grpcpp/grpcpp.h"):
+        missing.append("grpc++ headers (libgrpc++-dev)")
+    return missing
+
+
+@pytest.fixture(scope="session")
+def cpp_build():
+    """The C++ SDK, its examples and (with mujoco-core installed) the MuJoCo simulator, built into
+    build/cpp: configured each session (seconds; picks up a newly installed MuJoCo), then an
+    incremental build. Skips naming the Debian packages only where the build tools are absent."""
+    missing = _missing_cpp_tools()
+    if missing:
+        pytest.skip(f"C++ SDK build tools absent ({', '.join(missing)}): "
+                    f"apt-get install cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev")
+    configure = subprocess.run(["cmake", "-S", CPP_SOURCE, "-B", CPP_BUILD, "-DCMAKE_BUILD_TYPE=Release"],
+                               capture_output=True, text=True, timeout=300)
+    assert configure.returncode == 0, configure.stdout[-4000:] + configure.stderr[-4000:]
+    out = subprocess.run(["cmake", "--build", CPP_BUILD, "-j2"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return CPP_BUILD

@@ -15,9 +15,11 @@ PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timest
           'tau = 0.005, epsilon_initial = 1.0, epsilon_final = 0.02, epsilon_timesteps = 10000, seed = 0 }')
 
 
-def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0):
-    """Start the daemon (config: top-level keys, then policy tables) and simulators; poll metrics
-    until done(record) or the budget; return the records."""
+def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
+        programs: list = ()):
+    """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
+    in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
+    return the records."""
     address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
@@ -40,6 +42,9 @@ checkpoint_every_env_steps = 1000000
         wait_for_health(address, timeout=120)
         for cmd in sims:
             procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for argv in programs:
+            procs.append(subprocess.Popen([*argv, "--address", address], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + timeout
         recs = []
