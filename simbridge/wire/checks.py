@@ -47,16 +47,7 @@ def flags(source: Union[None, pb.Tensor, Sequence[bool]], n: int, what: str,
 
 def _tensor_flags(t: pb.Tensor, n: int, what: str, per: str) -> np.ndarray:
     data = t.data
-    view = leaf_codec.vector_view(t, pb.BOOL, _BOOL, n)
-    if view is None:
-        if t.dtype != pb.BOOL:
-            raise invalid_argument(f"{what}: dtype {tensors.dtype_name(t.dtype)}, expected BOOL")
-        if tuple(t.shape) != (n,):
-            raise invalid_argument(f"{what}: shape {tuple(t.shape)}, expected ({n},): {per}")
-        try:
-            view = tensors.from_tensor(t)
-        except Exception as e:
-            raise invalid_argument(f"{what}: {getattr(e, 'message', e)}") from None
+    view = _vector(t, pb.BOOL, _BOOL, n, what, per, "BOOL", invalid_argument)
     # Two byte counts (C speed) instead of a max() over the array: this is the Step hot path.
     if data.count(b"\x00") + data.count(b"\x01") != n:
         raw = np.frombuffer(data, np.uint8)
@@ -69,17 +60,8 @@ def rewards(t: pb.Tensor, n: int, what: str, per: str, row: str) -> np.ndarray:
     """n rewards from a FLOAT32 tensor of shape (n,), all finite (a read-only view).
     `what` names the field, `per` what one value stands for ("one per slot") and `row` a
     format for the offending row ("Step rewards: slot {}"); all INVALID_ARGUMENT / INVALID_VALUE."""
-    view = leaf_codec.vector_view(t, pb.FLOAT32, _F32, n)
-    if view is None:
-        if t.dtype != pb.FLOAT32:
-            raise invalid_value(f"{what}: dtype {tensors.dtype_name(t.dtype)}, expected float32 (FLOAT32; "
-                                f"no other dtype is converted)")
-        if tuple(t.shape) != (n,):
-            raise invalid_value(f"{what}: shape {tuple(t.shape)}, expected ({n},): {per}")
-        try:
-            view = tensors.from_tensor(t)
-        except Exception as e:
-            raise invalid_value(f"{what}: {getattr(e, 'message', e)}") from None
+    view = _vector(t, pb.FLOAT32, _F32, n, what, per, "float32 (FLOAT32; no other dtype is converted)",
+                   invalid_value)
     with np.errstate(over="ignore", invalid="ignore"):   # one reduction on the hot path
         total = float(view.sum())
     if not math.isfinite(total):
@@ -88,3 +70,20 @@ def rewards(t: pb.Tensor, n: int, what: str, per: str, row: str) -> np.ndarray:
             i = int(bad.argmax())
             raise invalid_value(f"{row.format(i)}: {view[i]} is not a finite number")
     return view
+
+
+def _vector(t: pb.Tensor, code: int, dtype: np.dtype, n: int, what: str, per: str, expected: str,
+            error) -> np.ndarray:
+    """A (n,) tensor of one dtype as a read-only view: a few field comparisons when it is right,
+    else `error` naming what is wrong with it."""
+    view = leaf_codec.vector_view(t, code, dtype, n)
+    if view is not None:
+        return view
+    if t.dtype != code:
+        raise error(f"{what}: dtype {tensors.dtype_name(t.dtype)}, expected {expected}")
+    if tuple(t.shape) != (n,):
+        raise error(f"{what}: shape {tuple(t.shape)}, expected ({n},): {per}")
+    try:
+        return tensors.from_tensor(t)
+    except Exception as e:
+        raise error(f"{what}: {getattr(e, 'message', e)}") from None

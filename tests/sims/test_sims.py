@@ -170,13 +170,15 @@ def test_gym_sim_server_unreachable():
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_gym_sim_sigterm_ends_open_episodes(server):
-    proc = subprocess.Popen(python_module("simbridge.sims.gym_sim", "--address", server.address, "--quiet", "--slots", "2"),
+def sigterm_after(server, module, *args, episodes=5):
+    """Run a reference simulator until the server has seen `episodes` episodes end, then SIGTERM
+    it; returns its JSON summary (it must exit 0)."""
+    proc = subprocess.Popen(python_module(module, "--address", server.address, "--quiet", *args),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                             cwd=str(ROOT))
     try:
         deadline = time.monotonic() + 30
-        while server.runtime.snapshot()["episodes"] < 5:
+        while server.runtime.snapshot()["episodes"] < episodes:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
@@ -185,7 +187,11 @@ def test_gym_sim_sigterm_ends_open_episodes(server):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    s = json.loads(out.strip().splitlines()[-1])
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_gym_sim_sigterm_ends_open_episodes(server):
+    s = sigterm_after(server, "simbridge.sims.gym_sim", "--slots", "2")
     assert 1 <= s["cut_at_exit"] <= 2  # a slot whose episode had just ended is not restarted
     snap = server.runtime.snapshot()
     assert snap["open_episodes"] == 0 and snap["sessions"] == 0
@@ -227,22 +233,7 @@ def test_multiagent_simultaneous_carts_finish_early(server):
 
 
 def test_multiagent_turn_based_sigterm_ends_the_open_game_truncated(server):
-    proc = subprocess.Popen(python_module("simbridge.sims.multiagent_sim", "--address", server.address, "--quiet",
-                                          "--game", "turn_based", "--seed", "5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                            cwd=str(ROOT))
-    try:
-        deadline = time.monotonic() + 30
-        while server.runtime.snapshot()["episodes"] < 5:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    s = json.loads(out.strip().splitlines()[-1])
+    s = sigterm_after(server, "simbridge.sims.multiagent_sim", "--game", "turn_based", "--seed", "5")
     assert s["cut_at_exit"] == 1 and "error" not in s, s
     snap = server.runtime.snapshot()
     assert snap["open_episodes"] == 0 and snap["episodes"] == s["episodes"] + 1
