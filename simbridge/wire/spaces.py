@@ -33,7 +33,8 @@ from simbridge.wire.tensors import INTEGER_DTYPES, dtype_name, fill_tensor, from
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.values import Path, fmt_path
 # The value codecs, re-exported: callers treat a space and its values as one codec.
-from simbridge.wire.values import check_contains, decode_value, encode_value, fill_value  # noqa: F401
+from simbridge.wire.bounds import check_contains  # noqa: F401
+from simbridge.wire.values import decode_value, encode_value, fill_value  # noqa: F401
 
 
 # ---------------------------------------------------------------- spaces
