@@ -4,8 +4,10 @@ against `simbridge-trainer` (SAC, sims/cpp/mujoco/pendulum_sac.toml's learner), 
 processes on loopback.
 
 A random policy holds the pole about 5 steps (return ~5 of 1000); the test asks for a mean
-return of 200 over the last 10 episodes within 15k env steps (in-process, this learner reached
-500 at 6.6k-12.3k steps over three seeds: sims/cpp/mujoco/pendulum_sac.toml).
+return of 200 over the last 10 episodes within 20k env steps. Through the bridge (fragments of
+32, intake and learning interleaved, so runs differ) it took 4.4k-13.5k steps in five runs;
+in-process this learner reached 500 at 6.6k-12.3k steps over three seeds
+(sims/cpp/mujoco/pendulum_sac.toml).
 """
 import os
 import tomllib
@@ -17,7 +19,7 @@ from test_learning_e2e import r10, run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "sims" / "cpp" / "mujoco" / "pendulum_sac.toml"
-THRESHOLD, BUDGET = 200, 15_000
+THRESHOLD, BUDGET = 200, 20_000
 
 
 def _policy_tables() -> str:
@@ -26,11 +28,12 @@ def _policy_tables() -> str:
     return f'[policies.default_policy]\nalgorithm = "{cfg["algorithm"]}"\nconfig = {{ {body}, seed = 0 }}'
 
 
+@pytest.mark.timeout(600)   # a learning run: about 1-2.5 minutes here
 def test_sac_learns_the_cpp_mujoco_pendulum_through_the_bridge(tmp_path, cpp_build):
     sim = os.path.join(cpp_build, "mujoco", "mujoco_pendulum_sim")
     if not os.path.exists(sim):
         pytest.skip("mujoco_pendulum_sim was not built: install the mujoco extra (mujoco-core) and reconfigure")
-    recs = run(tmp_path, "", _policy_tables(), [], budget=BUDGET, timeout=420,
+    recs = run(tmp_path, "", _policy_tables(), [], budget=BUDGET, timeout=540,
                done=lambda rec: r10(rec, "default_policy") >= THRESHOLD,
                programs=[[sim, "--seed", "0"]])
     assert recs, "no metrics were written"
