@@ -16,7 +16,7 @@ PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timest
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
-        programs: list = ()):
+        programs: list = (), fragment: int = 32):
     """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
     in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
     return the records."""
@@ -26,7 +26,7 @@ def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout:
     cfg.write_text(f"""{top}
 [server]
 address = "{address}"
-rollout_fragment_length = 32
+rollout_fragment_length = {fragment}
 experience_queue_size = 4
 [run]
 logdir = "{logdir}"
