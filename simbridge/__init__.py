@@ -1,13 +1,14 @@
 """simbridge: train RL policies for simulators that run their own loop.
 
-The package is four rooms, each importing only the rooms below it:
+The package is five rooms, each importing only the rooms below it (tools/lint_imports.py):
 
-- ``simbridge.wire``: the contract (generated code, tensor and space codecs, errors).
+- ``simbridge.wire``: the contract (generated code, tensor, space and value codecs, errors).
 - ``simbridge.client``: the simulator SDK (imports ``wire`` only; no torch).
-- ``simbridge.server``: the bridge service, sessions, episodes and experience.
+- ``simbridge.server``: the bridge service, sessions, episodes and experience (imports ``wire``).
 - ``simbridge.trainer`` (folder ``trainer/``): learners and the trainer daemon (torch).
+- ``simbridge.sims`` (folder ``sims/``): the reference simulators and the Unity connector,
+  built on the client.
 
-``simbridge.sims`` (folder ``sims/``) holds the reference simulators and the Unity connector,
-built on the client.
+``simbridge.extras`` lets the console scripts name an optional extra that is not installed.
 """
 __version__ = "0.1.0"
