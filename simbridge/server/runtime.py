@@ -204,13 +204,6 @@ class BridgeRuntime:
             self.ctx.settle(s)
         self.ctx.wait_settled(timeout)
 
-    def file_summary(self, summary: dict) -> None:
-        """Lock held. An ended episode's summary into the metrics and to the episode-end hooks."""
-        self.ctx.file_summary(summary)
-
-    def file_summaries(self, summaries) -> None:
-        self.ctx.file_summaries(summaries)
-
     # ------------------------------------------------------------ introspection
 
     def flush(self) -> None:

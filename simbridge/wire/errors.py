@@ -82,7 +82,8 @@ class BridgeError(Exception):
         code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
         details = e.details() if callable(getattr(e, "details", None)) else None
         reason = None
-        for key, value in (e.trailing_metadata() or ()) if callable(getattr(e, "trailing_metadata", None)) else ():
+        trailer = e.trailing_metadata() if callable(getattr(e, "trailing_metadata", None)) else None
+        for key, value in trailer or ():
             if key == STATUS_DETAILS_KEY:
                 status = status_pb2.Status()
                 try:
