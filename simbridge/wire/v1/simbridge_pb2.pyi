@@ -45,6 +45,15 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SERVER_UNAVAILABLE: _ClassVar[ErrorReason]
     SERVER_FAILURE: _ClassVar[ErrorReason]
     POLICY_NOT_PORTABLE: _ClassVar[ErrorReason]
+    AUTH_FAILED: _ClassVar[ErrorReason]
+    NOT_SESSION_OWNER: _ClassVar[ErrorReason]
+    TOO_MANY_CALLS: _ClassVar[ErrorReason]
+    TOO_MANY_SESSIONS: _ClassVar[ErrorReason]
+    ID_TOO_LONG: _ClassVar[ErrorReason]
+    SPACE_TOO_LARGE: _ClassVar[ErrorReason]
+    SEQ_REUSED: _ClassVar[ErrorReason]
+    SEQ_OUT_OF_ORDER: _ClassVar[ErrorReason]
+    UNDECODABLE: _ClassVar[ErrorReason]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -76,6 +85,15 @@ SPACE_MISMATCH: ErrorReason
 SERVER_UNAVAILABLE: ErrorReason
 SERVER_FAILURE: ErrorReason
 POLICY_NOT_PORTABLE: ErrorReason
+AUTH_FAILED: ErrorReason
+NOT_SESSION_OWNER: ErrorReason
+TOO_MANY_CALLS: ErrorReason
+TOO_MANY_SESSIONS: ErrorReason
+ID_TOO_LONG: ErrorReason
+SPACE_TOO_LARGE: ErrorReason
+SEQ_REUSED: ErrorReason
+SEQ_OUT_OF_ORDER: ErrorReason
+UNDECODABLE: ErrorReason
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
@@ -219,18 +237,30 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s")
+    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_OPEN_EPISODES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RECONNECT_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CALLS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SPACE_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_rows_per_request: int
     max_open_episodes_per_session: int
     session_timeout_s: float
     reconnect_grace_s: float
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ...) -> None: ...
+    max_concurrent_calls: int
+    max_calls_per_client: int
+    max_sessions_per_client: int
+    max_id_bytes: int
+    max_space_elements: int
+    step_timeout_s: float
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ..., max_concurrent_calls: _Optional[int] = ..., max_calls_per_client: _Optional[int] = ..., max_sessions_per_client: _Optional[int] = ..., max_id_bytes: _Optional[int] = ..., max_space_elements: _Optional[int] = ..., step_timeout_s: _Optional[float] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session_id", "limits", "server_version", "resumed", "last_seq")
