@@ -17,11 +17,18 @@ class Metrics:
         self.episodes = 0
         self.recent = collections.deque(maxlen=100)   # episode summaries
         self.errors = collections.Counter()           # status code name -> count
+        self.refused = collections.Counter()          # ErrorReason name -> count
         # UploadExperience (clients acting locally): accepted steps, and chunks refused because
         # the experience queue stayed full (the client keeps and resends them: no drop).
         self.uploaded_steps = 0
         self.upload_refused_chunks = 0
         self.upload_refused_steps = 0
+
+    def note_error(self, err) -> None:
+        """A call answered with a BridgeError: counted by status code and by reason."""
+        self.errors[err.code.name] += 1
+        if err.reason:
+            self.refused[err.reason_name] += 1
 
     def policy_return_means(self, last: int = 100) -> Dict[str, float]:
         """Mean return of one agent's episode, per policy, over its last `last` agent-episodes

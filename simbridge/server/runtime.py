@@ -52,6 +52,14 @@ class BridgeConfig:
     finished_ids_kept: int = 10_000            # for precise "already ended" errors
     upload_queue_wait_s: float = 0.2           # UploadExperience: wait this long for room in the
                                                # experience queue, then refuse (RESOURCE_EXHAUSTED)
+    # Limits no client can break (ServerLimits in the proto says what each refuses with).
+    max_concurrent_calls: int = 512            # open calls, streams included, server-wide
+    max_calls_per_client: int = 256            # ... from one client (credential, or host)
+    max_calls_per_connection: int = 64         # ... on one HTTP/2 connection
+    max_sessions_per_client: int = 1024
+    max_id_bytes: int = 256                    # episode ids, agent ids, client names
+    max_space_elements: int = 1 << 20          # elements of one observation or action
+    step_timeout_s: float = 0.0                # open episodes, no call this long: closed (0: never)
 
 
 class BridgeRuntime:
@@ -129,7 +137,14 @@ class BridgeRuntime:
                                    max_rows_per_request=c.max_rows_per_request,
                                    max_open_episodes_per_session=c.max_open_episodes_per_session,
                                    session_timeout_s=c.session_timeout_s,
-                                   reconnect_grace_s=c.reconnect_grace_s))
+                                   reconnect_grace_s=c.reconnect_grace_s,
+                                   max_concurrent_calls=c.max_concurrent_calls,
+                                   max_calls_per_client=c.max_calls_per_client,
+                                   max_calls_per_connection=c.max_calls_per_connection,
+                                   max_sessions_per_client=c.max_sessions_per_client,
+                                   max_id_bytes=c.max_id_bytes,
+                                   max_space_elements=c.max_space_elements,
+                                   step_timeout_s=c.step_timeout_s))
 
     def session(self, session_id: str, multi_agent: Optional[bool] = None) -> Session:
         """The live session (NOT_FOUND when it is not); multi_agent: the service asking, which

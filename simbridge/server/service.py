@@ -45,7 +45,7 @@ class _Servicer:
                 return self.runtime.create_session(request, self.multi_agent)
             return self.runtime.handle(method, request, self.multi_agent)
         except BridgeError as e:
-            self.runtime.metrics.errors[e.code.name] += 1
+            self.runtime.metrics.note_error(e)
             e.abort(context)
         except Exception as e:  # keep serving everyone else
             log.exception("internal error in %s", method)
@@ -105,7 +105,7 @@ class _Servicer:
                         raise invalid_argument("empty stream request")
                     getattr(resp, kind).CopyFrom(out)
                 except BridgeError as e:
-                    self.runtime.metrics.errors[e.code.name] += 1
+                    self.runtime.metrics.note_error(e)
                     resp.error.CopyFrom(e.to_status())
                 except Exception as e:
                     log.exception("internal error in stream %s", kind)

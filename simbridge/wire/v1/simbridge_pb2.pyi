@@ -237,7 +237,7 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s")
+    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_calls_per_connection", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_OPEN_EPISODES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,7 @@ class ServerLimits(_message.Message):
     RECONNECT_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_CALLS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CALLS_PER_CONNECTION_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     MAX_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_SPACE_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -256,11 +257,12 @@ class ServerLimits(_message.Message):
     reconnect_grace_s: float
     max_concurrent_calls: int
     max_calls_per_client: int
+    max_calls_per_connection: int
     max_sessions_per_client: int
     max_id_bytes: int
     max_space_elements: int
     step_timeout_s: float
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ..., max_concurrent_calls: _Optional[int] = ..., max_calls_per_client: _Optional[int] = ..., max_sessions_per_client: _Optional[int] = ..., max_id_bytes: _Optional[int] = ..., max_space_elements: _Optional[int] = ..., step_timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ..., max_concurrent_calls: _Optional[int] = ..., max_calls_per_client: _Optional[int] = ..., max_calls_per_connection: _Optional[int] = ..., max_sessions_per_client: _Optional[int] = ..., max_id_bytes: _Optional[int] = ..., max_space_elements: _Optional[int] = ..., step_timeout_s: _Optional[float] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session_id", "limits", "server_version", "resumed", "last_seq")
