@@ -60,6 +60,9 @@ class BridgeConfig:
     max_id_bytes: int = 256                    # episode ids, agent ids, client names
     max_space_elements: int = 1 << 20          # elements of one observation or action
     step_timeout_s: float = 0.0                # open episodes, no call this long: closed (0: never)
+    # Streamed GetAction/Step are answered before their bookkeeping is applied (settle()), while
+    # the simulator steps; False applies it first (a journal then holds every answered step).
+    answer_before_commit: bool = True
 
 
 class BridgeRuntime:
@@ -202,7 +205,7 @@ class BridgeRuntime:
         cached = self.sessions.answered(s, seq)
         if cached is not None:
             return cached
-        resp = call(s, req, bound is not None)
+        resp = call(s, req, bound is not None and self.config.answer_before_commit)
         if seq:
             self.sessions.remember(s, seq, resp)
         return resp
