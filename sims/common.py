@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client.policy_client import SessionLost
+from simbridge.client.security import ClientSecurity, SecuritySettingError
 from simbridge.wire.errors import BridgeError
 
 
@@ -30,6 +31,21 @@ def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
                    help="a progress line every N episodes (default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
                    help="seconds to wait for the server at startup (default: %(default)s)")
+    g = p.add_argument_group("security (docs/security.md)")
+    g.add_argument("--tls-ca", metavar="PEM", default="",
+                   help="connect with TLS, verifying the server with these root certificates")
+    g.add_argument("--tls-cert", metavar="PEM", default="", help="client certificate, for mutual TLS")
+    g.add_argument("--tls-key", metavar="PEM", default="", help="the private key of --tls-cert")
+    g.add_argument("--tls-server-name", metavar="NAME", default="",
+                   help="the name to expect in the server's certificate (default: the host of --address)")
+    g.add_argument("--auth-token-file", metavar="FILE", default="",
+                   help="send this token on every call (default: $SIMBRIDGE_AUTH_TOKEN, if set)")
+
+
+def client_security(args) -> ClientSecurity:
+    """The TLS and token settings of add_common_args' flags."""
+    return ClientSecurity.from_files(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                                     tls_server_name=args.tls_server_name, auth_token_file=args.auth_token_file)
 
 
 class StopFlag:
@@ -146,6 +162,9 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
                     extra = {}
                     break
                 print(f"{prog}: {e.message}; going on with new episodes", file=sys.stderr, flush=True)
+    except SecuritySettingError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
     except BridgeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         if stats.connected:

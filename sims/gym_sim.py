@@ -36,7 +36,7 @@ import numpy as np
 from simbridge.wire import tree
 from simbridge.client.policy_client import PolicyClient
 from simbridge.client.external_env import ExternalEnv
-from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
+from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, client_security, run_cli
 
 PROG = "simbridge-sim"
 
@@ -73,7 +73,7 @@ class _Budget:
 
 def _client_kwargs(args, slots: int) -> dict:
     return dict(transport=args.transport, connect_timeout_s=args.connect_timeout,
-                client_name=f"{PROG}[{args.env}]x{slots}")
+                client_name=f"{PROG}[{args.env}]x{slots}", security=client_security(args))
 
 
 class GymExternalEnv(ExternalEnv):
@@ -133,7 +133,8 @@ class LocalGymExternalEnv(GymExternalEnv):
         return LocalPolicyClient(self.address, self.observation_space, self.action_space,
                                  update_interval_s=a.update_interval, chunk_steps=a.chunk_steps,
                                  max_buffered_steps=a.max_buffered_steps, connect_timeout_s=a.connect_timeout,
-                                 client_name=f"{PROG}[{a.env}]local", seed=a.seed)
+                                 client_name=f"{PROG}[{a.env}]local", seed=a.seed,
+                                 security=client_security(a))
 
     def close(self) -> None:
         if self._client is not None:

@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client.policy_client import MultiAgentPolicyClient
-from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, run_cli
+from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, client_security, run_cli
 
 PROG = "simbridge-multiagent-sim"
 
@@ -45,7 +45,8 @@ NIM_ACT_SPACE = gym.spaces.Discrete(3)
 
 def _client(args, obs_space, act_space, name: str) -> MultiAgentPolicyClient:
     return MultiAgentPolicyClient(args.address, obs_space, act_space, transport=args.transport,
-                                  connect_timeout_s=args.connect_timeout, client_name=f"{PROG}[{name}]")
+                                  connect_timeout_s=args.connect_timeout, client_name=f"{PROG}[{name}]",
+                                  security=client_security(args))
 
 
 def _may_start(args, stop: StopFlag, started: int) -> bool:

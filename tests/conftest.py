@@ -18,9 +18,9 @@ def make_server():
     """Start real BridgeServers on loopback; all are stopped at teardown."""
     servers = []
 
-    def _make(runtime=None, **config):
+    def _make(runtime=None, security=None, **config):
         rt = runtime or BridgeRuntime(BridgeConfig(**config))
-        srv = BridgeServer(rt, "127.0.0.1:0").start()
+        srv = BridgeServer(rt, "127.0.0.1:0", security=security).start()
         servers.append(srv)
         return srv
 

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from simbridge.extras import run_needing_extra
+from simbridge.server.cli import add_security_args
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
 from simbridge.trainer.reporting import plot
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
     r.add_argument("--log-level", default="INFO")
+    add_security_args(r)
     pl = sub.add_parser("plot", help="draw learning curves from RUN_DIR/metrics.jsonl")
     pl.add_argument("run_dir", metavar="RUN_DIR")
     pl.add_argument("--out", help="PNG to write (default: RUN_DIR/learning_curves.png)")
@@ -75,6 +77,12 @@ def config_for(args) -> TrainerConfig:
         cfg.run.total_env_steps = args.total_env_steps
     if args.logdir:
         cfg.run.logdir = args.logdir
+    s = cfg.server
+    s.tls_cert = args.tls_cert or s.tls_cert
+    s.tls_key = args.tls_key or s.tls_key
+    s.tls_client_ca = args.tls_client_ca or s.tls_client_ca
+    s.auth_token_file = args.auth_token_file or s.auth_token_file
+    s.insecure = s.insecure if args.insecure is None else args.insecure
     return cfg
 
 

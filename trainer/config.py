@@ -6,6 +6,11 @@
     batch_mode = "truncate_episodes"   # or "complete_episodes"
     max_wait_ms = 0.0
     experience_queue_size = 4          # small: a slow learner slows the simulators down
+    tls_cert = ""                      # security (docs/security.md): TLS certificate chain and key,
+    tls_key = ""                       #   client roots for mutual TLS, accepted tokens (one per
+    tls_client_ca = ""                 #   line); paths relative to the working directory
+    auth_token_file = ""
+    insecure = false                   # a non-loopback address without TLS and authentication
 
     [run]
     logdir = "runs/cartpole_dqn"
@@ -79,6 +84,11 @@ class ServerSection:
     count_steps_by: str = "env_steps"
     max_wait_ms: float = 0.0
     experience_queue_size: int = 4
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token_file: str = ""
+    insecure: bool = False
 
 
 @dataclass

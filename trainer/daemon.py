@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.security import SecurityConfigError, ServerSecurity
 from simbridge.server.service import BridgeServer
 from simbridge.trainer import checkpoint
 from simbridge.trainer.config import ConfigError, TrainerConfig
@@ -117,8 +118,15 @@ class TrainerDaemon:
             (self.logdir / SAVED_CONFIG).write_text(self.cfg.text)
         self.reporter.open(purge_step=self.resumed_env_steps if self.resume else None)
         self._t0 = time.monotonic()
+        s = self.cfg.server
         try:
-            server = BridgeServer(self.runtime, self.cfg.server.address).start()
+            server = BridgeServer(self.runtime, s.address, security=ServerSecurity(
+                tls_cert=s.tls_cert, tls_key=s.tls_key, tls_client_ca=s.tls_client_ca,
+                auth_token_file=s.auth_token_file, insecure=s.insecure)).start()
+        except SecurityConfigError as e:
+            print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+            self.reporter.close()
+            return 2
         except RuntimeError as e:
             print(f"simbridge-trainer: {e}; pick another with --address HOST:PORT", file=sys.stderr)
             self.reporter.close()

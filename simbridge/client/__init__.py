@@ -2,6 +2,7 @@
 no server module).
 
     connection.py     the connection engine: channel, session, seq, reconnect, resend, retry policy
+    security.py       ClientSecurity: TLS, mutual TLS and the bearer token every client takes
     policy_client.py  PolicyClient, MultiAgentPolicyClient (remote inference)
     slot_client.py    SlotClient (a batched simulator: N slots, one Step per step)
     external_env.py   ExternalEnv, ExternalMultiAgentEnv (RLlib's simulator-side classes)
@@ -15,6 +16,7 @@ import importlib
 
 from simbridge.client.connection import EarlierCallFailed, SessionLost, open_channel
 from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
+from simbridge.client.security import ClientSecurity
 
 _LAZY = {
     "SlotClient": "simbridge.client.slot_client",
@@ -25,8 +27,8 @@ _LAZY = {
     "LocalPolicy": "simbridge.client.local_policy",
 }
 
-__all__ = ["PolicyClient", "MultiAgentPolicyClient", "SessionLost", "EarlierCallFailed", "open_channel",
-           *_LAZY]
+__all__ = ["PolicyClient", "MultiAgentPolicyClient", "ClientSecurity", "SessionLost", "EarlierCallFailed",
+           "open_channel", *_LAZY]
 
 
 def __getattr__(name: str):

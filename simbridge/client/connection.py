@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import grpc
 
+from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -84,10 +85,13 @@ class Backoff:
         return True
 
 
-def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None) -> grpc.Channel:
+def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None,
+                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
     """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
-    (`fix`: what the caller's user should do instead, if not starting simbridge-server)."""
-    channel = grpc.insecure_channel(address, options=[
+    (`fix`: what the caller's user should do instead, if not starting simbridge-server).
+    `security`: TLS and token (default: ClientSecurity.from_env())."""
+    security = security or ClientSecurity.from_env()
+    channel = security.channel(address, options=[
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 10_000),
@@ -98,10 +102,13 @@ def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = No
     except grpc.FutureTimeoutError:
         channel.close()
         fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
+        if security.uses_tls:
+            fix += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
+                    "verify or whose name does not match, fails the same way; see --tls-server-name)")
         raise BridgeError(grpc.StatusCode.UNAVAILABLE,
                           f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
                           f"{fix}") from None
-    return channel
+    return security.wrap(channel)
 
 
 def call_unary(method, request, timeout_s: Optional[float] = None):
@@ -121,7 +128,8 @@ class Connection:
 
     def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
                  connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool,
-                 on_failed: Optional[Callable[[str, object], None]] = None):
+                 on_failed: Optional[Callable[[str, object], None]] = None,
+                 security: Optional[ClientSecurity] = None):
         if transport not in ("stream", "unary"):
             raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
         self.address = address
@@ -136,7 +144,7 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        self._channel = open_channel(address, connect_timeout_s)
+        self._channel = open_channel(address, connect_timeout_s, security=security)
         self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
             self._channel)
         self._stream_q: Optional[queue.SimpleQueue] = None

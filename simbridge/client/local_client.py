@@ -55,6 +55,7 @@ from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invali
 from simbridge.client.local_layers import has_nan
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.client.local_uploader import ServerSync
+from simbridge.client.security import ClientSecurity
 from simbridge.client.policy_client import PolicyClient
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError
@@ -83,7 +84,7 @@ class LocalPolicyClient(ServerSync):
                  update_interval_s: float = 1.0, chunk_steps: int = 128, max_buffered_steps: int = 1024,
                  include_onnx: bool = False, flush_interval_s: float = 1.0, client_name: str = "python-local-client",
                  connect_timeout_s: float = 30.0, reconnect_timeout_s: float = 60.0, rpc_timeout_s: float = 30.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, security: Optional[ClientSecurity] = None):
         if chunk_steps < 1 or max_buffered_steps < chunk_steps:
             raise ValueError(f"need 1 <= chunk_steps <= max_buffered_steps, got {chunk_steps} and "
                              f"{max_buffered_steps}")
@@ -106,7 +107,7 @@ class LocalPolicyClient(ServerSync):
         self._put_act = row_writer(action_space)
         self._copy_action = not isinstance(action_space, gym.spaces.Discrete)
 
-        self._channel = open_channel(address, connect_timeout_s)
+        self._channel = open_channel(address, connect_timeout_s, security=security)
         self._stub = pb_grpc.ExternalEnvStub(self._channel)
         try:
             created = call_unary(self._stub.CreateSession, pb.CreateSessionRequest(

@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf import struct_pb2
 
 from simbridge.client.connection import Connection, EarlierCallFailed, SessionLost, open_channel
+from simbridge.client.security import ClientSecurity
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors, tree
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -85,7 +86,8 @@ class _ClientBase:
     def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space,
                  agents: Optional[Dict[str, tuple]] = None, transport: str = "stream",
                  client_name: str = "python-client", connect_timeout_s: float = 30.0,
-                 reconnect_timeout_s: float = 60.0, pipeline: bool = True, coalesce_rewards: bool = True):
+                 reconnect_timeout_s: float = 60.0, pipeline: bool = True, coalesce_rewards: bool = True,
+                 security: Optional[ClientSecurity] = None):
         self.observation_space = observation_space
         self.action_space = action_space
         self.agent_spaces = dict(agents or {})
@@ -96,7 +98,7 @@ class _ClientBase:
             create.agents.add(agent_id=aid, observation_space=sb_spaces.space_to_proto(obs_sp),
                               action_space=sb_spaces.space_to_proto(act_sp))
         self._conn = Connection(address, self._service, create, transport, connect_timeout_s,
-                                reconnect_timeout_s, pipeline, on_failed=self._resend_rewards)
+                                reconnect_timeout_s, pipeline, on_failed=self._resend_rewards, security=security)
         self.coalesce_rewards = coalesce_rewards
         self._rewards: List[pb.RewardRows] = []
 

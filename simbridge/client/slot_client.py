@@ -22,13 +22,15 @@ import numpy as np
 from simbridge.wire import leaf_codec, tensors
 from simbridge.wire import spaces as sb_spaces
 from simbridge.client.connection import Connection
+from simbridge.client.security import ClientSecurity
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
 class SlotClient:
     def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space, num_slots: int,
                  training_enabled: bool = True, transport: str = "stream", client_name: str = "slot-client",
-                 connect_timeout_s: float = 30.0, reconnect_timeout_s: float = 60.0):
+                 connect_timeout_s: float = 30.0, reconnect_timeout_s: float = 60.0,
+                 security: Optional[ClientSecurity] = None):
         self.observation_space = observation_space
         self.action_space = action_space
         self.num_slots = num_slots
@@ -40,7 +42,7 @@ class SlotClient:
         if not training_enabled:
             create.slots_training_enabled = False
         self._conn = Connection(address, "single", create, transport, connect_timeout_s,
-                                reconnect_timeout_s, pipeline=False)
+                                reconnect_timeout_s, pipeline=False, security=security)
         self.policy_versions: Optional[np.ndarray] = None
         self.policy_id = ""
 

@@ -16,6 +16,7 @@ import time
 
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.security import SecurityConfigError, ServerSecurity
 from simbridge.server.service import BridgeServer
 
 
@@ -33,6 +34,29 @@ def progress_line(snap: dict, steps_per_s: float) -> str:
             f"experience batches {snap['experience_queue']}")
 
 
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    """The server's TLS and token flags (also the trainer's; docs/security.md)."""
+    g = p.add_argument_group("security (docs/security.md)")
+    g.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (needs --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    g.add_argument("--tls-client-ca", metavar="PEM",
+                   help="mutual TLS: require client certificates signed by these roots")
+    g.add_argument("--auth-token-file", metavar="FILE",
+                   help="require a token on every call (one accepted token per line); clients send it "
+                        "as 'authorization: Bearer <token>'")
+    g.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a non-loopback --address without TLS and authentication (a network you trust)")
+
+
+def security_from_args(args, base: ServerSecurity = None) -> ServerSecurity:
+    """`base` (e.g. a config file's settings) with the flags given on the command line over it."""
+    base = base or ServerSecurity()
+    return ServerSecurity(tls_cert=args.tls_cert or base.tls_cert, tls_key=args.tls_key or base.tls_key,
+                          tls_client_ca=args.tls_client_ca or base.tls_client_ca,
+                          auth_token_file=args.auth_token_file or base.auth_token_file,
+                          insecure=base.insecure if args.insecure is None else args.insecure)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="simbridge-server", description=__doc__)
     p.add_argument("--address", default="127.0.0.1:50051",
@@ -44,6 +68,7 @@ def main(argv=None) -> int:
                    help="map agent ids matching a glob to a policy, e.g. 'player_*=nim' (repeatable; "
                         "first match wins; others use default_policy). Agents with different spaces "
                         "need different policies.")
+    add_security_args(p)
     p.add_argument("--print-every", type=float, default=2.0, help="seconds between progress lines (0: quiet)")
     p.add_argument("--json", action="store_true", help="print progress as JSON lines")
     p.add_argument("--log-level", default="INFO")
@@ -58,7 +83,10 @@ def main(argv=None) -> int:
                        max_wait_ms=args.max_wait_ms)
     runtime = BridgeRuntime(cfg, policy_mapping_fn=mapping)
     try:
-        server = BridgeServer(runtime, args.address).start()
+        server = BridgeServer(runtime, args.address, security=security_from_args(args)).start()
+    except SecurityConfigError as e:
+        print(f"simbridge-server: error: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         print(f"simbridge-server: {e}; pick another with --address HOST:PORT", file=sys.stderr)
         return 2

@@ -124,7 +124,8 @@ class BridgeRuntime:
 
     # ------------------------------------------------------------ sessions
 
-    def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool) -> pb.CreateSessionResponse:
+    def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool,
+                       client: str = "") -> pb.CreateSessionResponse:
         if req.resume_session_id:
             s = self.sessions.resume(req.resume_session_id, multi_agent)
             if s is not None:
@@ -185,7 +186,7 @@ class BridgeRuntime:
 
     # ------------------------------------------------------------ dispatch
 
-    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None):
+    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None, client: str = ""):
         """Run one call: session lookup, resend detection, the call, delivery."""
         call = self._calls.get(method)
         if call is None:

@@ -4,6 +4,14 @@ Both services share one runtime. Unary calls map a BridgeError to the call's
 status; the Stream answers each request with one response, in order, with the
 error in the response's google.rpc.Status and the stream left open (as in
 dm_env_rpc). Unexpected exceptions become INTERNAL for that request only.
+
+Before a call reaches the runtime: the token check (security.TokenInterceptor),
+the caller's identity (security.py: whose sessions, whose limits), admission
+(admission.CallGate: RESOURCE_EXHAUSTED beyond the caps, never a queue), and
+decoding: the handlers are built here from the proto's service descriptors with
+a deserializer that never raises, so bytes that are not the call's message are
+an INVALID_ARGUMENT / UNDECODABLE answer (counted, and logged once a minute per
+client) instead of gRPC's own INTERNAL and a traceback each.
 """
 import logging
 import threading
@@ -13,104 +21,141 @@ from typing import Optional
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from simbridge.wire.errors import BridgeError, Reason, failed_precondition, invalid_argument
+from simbridge.server.admission import CallGate, NoticeLog
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.security import LoadedSecurity, ServerSecurity, auth_failed, peer_host
+from simbridge.wire.errors import BridgeError, Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
-from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
 log = logging.getLogger("simbridge")
 
-# StreamRequest payload field -> (runtime method, StreamResponse field)
-_STREAM_CALLS = {
-    "start_episode": "start_episode",
-    "get_action": "get_action",
-    "log_action": "log_action",
-    "log_returns": "log_returns",
-    "end_episode": "end_episode",
-    "close_session": "close_session",
-    "step": "step",
+# RPC name -> the runtime's name for the call (the Stream carries the same names in its oneof)
+_UNARY_CALLS = {
+    "CreateSession": "create_session",
+    "StartEpisode": "start_episode",
+    "GetAction": "get_action",
+    "LogAction": "log_action",
+    "LogReturns": "log_returns",
+    "EndEpisode": "end_episode",
+    "CloseSession": "close_session",
+    "Step": "step",
+    "GetPolicy": "get_policy",
+    "UploadExperience": "upload_experience",
 }
+_STREAM_CALLS = frozenset(_UNARY_CALLS.values()) - {"create_session", "get_policy", "upload_experience"}
+
+
+class Undecodable:
+    """What the deserializer hands over for bytes that are not the call's message."""
+    __slots__ = ("size", "error")
+
+    def __init__(self, size: int, error: str):
+        self.size = size
+        self.error = error
+
+
+def _tolerant(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as e:   # DecodeError, and whatever else the parser says of hostile bytes
+            return Undecodable(len(data), str(e) or type(e).__name__)
+    return deserialize
 
 
 class _Servicer:
-    """Shared implementation of both services; `multi_agent` selects the semantics."""
+    """Both services' calls; `multi_agent` selects the semantics."""
 
-    def __init__(self, runtime: BridgeRuntime, multi_agent: bool):
+    def __init__(self, runtime: BridgeRuntime, multi_agent: bool, security: LoadedSecurity,
+                 gate: CallGate, notices: NoticeLog):
         self.runtime = runtime
         self.multi_agent = multi_agent
+        self.security = security
+        self.gate = gate
+        self.notices = notices
 
-    def _unary(self, method, request, context):
+    def _identity(self, context) -> str:
+        return self.security.identity(context)
+
+    def _refuse(self, e: BridgeError) -> None:
+        self.runtime.metrics.note_error(e)
+
+    def _undecodable(self, client: str, method: str, req: Undecodable) -> BridgeError:
+        self.notices.note(client, "undecodable requests", f"{req.size} bytes on {method} ({req.error})")
+        return invalid_argument(f"the request is not a valid {method} message ({req.error}): check that the "
+                                f"client's generated code matches proto/simbridge/v1/simbridge.proto",
+                                Reason.UNDECODABLE)
+
+    def unary(self, method: str):
+        def behavior(request, context):
+            client = self._identity(context)
+            try:
+                self.gate.enter(client)
+            except BridgeError as e:
+                self._refuse(e)
+                e.abort(context)
+            try:
+                if isinstance(request, Undecodable):
+                    raise self._undecodable(client, method, request)
+                if method == "create_session":
+                    return self.runtime.create_session(request, self.multi_agent, client=client)
+                return self.runtime.handle(method, request, self.multi_agent, client=client)
+            except BridgeError as e:
+                self._refuse(e)
+                e.abort(context)
+            except Exception as e:  # keep serving everyone else
+                log.exception("internal error in %s", method)
+                self.runtime.metrics.errors["INTERNAL"] += 1
+                _internal(method, e).abort(context)
+            finally:
+                self.gate.leave(client)
+        return behavior
+
+    def stream(self, request_iterator, context):
+        client = self._identity(context)
         try:
-            if method == "create_session":
-                return self.runtime.create_session(request, self.multi_agent)
-            return self.runtime.handle(method, request, self.multi_agent)
+            self.gate.enter(client)
         except BridgeError as e:
-            self.runtime.metrics.note_error(e)
+            self._refuse(e)
             e.abort(context)
-        except Exception as e:  # keep serving everyone else
-            log.exception("internal error in %s", method)
-            self.runtime.metrics.errors["INTERNAL"] += 1
-            _internal(method, e).abort(context)
+        try:
+            yield from self._serve_stream(request_iterator, client)
+        finally:
+            self.gate.leave(client)
 
-    def CreateSession(self, request, context):
-        return self._unary("create_session", request, context)
-
-    def StartEpisode(self, request, context):
-        return self._unary("start_episode", request, context)
-
-    def GetAction(self, request, context):
-        return self._unary("get_action", request, context)
-
-    def LogAction(self, request, context):
-        return self._unary("log_action", request, context)
-
-    def LogReturns(self, request, context):
-        return self._unary("log_returns", request, context)
-
-    def EndEpisode(self, request, context):
-        return self._unary("end_episode", request, context)
-
-    def CloseSession(self, request, context):
-        return self._unary("close_session", request, context)
-
-    def Step(self, request, context):
-        return self._unary("step", request, context)
-
-    def GetPolicy(self, request, context):
-        return self._unary("get_policy", request, context)
-
-    def UploadExperience(self, request, context):
-        return self._unary("upload_experience", request, context)
-
-    def Stream(self, request_iterator, context):
+    def _serve_stream(self, request_iterator, client: str):
         session = None
         try:
             for req in request_iterator:
-                kind = req.WhichOneof("payload")
                 resp = pb.StreamResponse()
+                kind = None
                 try:
+                    if isinstance(req, Undecodable):
+                        raise self._undecodable(client, "stream", req)
+                    kind = req.WhichOneof("payload")
                     if kind == "create_session":
                         if session is not None:
                             raise failed_precondition("this stream already has a session: open a new stream",
-                                                  Reason.WRONG_SESSION_KIND)
-                        out = self.runtime.create_session(req.create_session, self.multi_agent)
+                                                      Reason.WRONG_SESSION_KIND)
+                        out = self.runtime.create_session(req.create_session, self.multi_agent, client=client)
                         session = self.runtime.session(out.session_id, self.multi_agent)
                         self.runtime.attach_stream(session)
                     elif kind in _STREAM_CALLS:
                         if session is None:
                             raise failed_precondition("send create_session first on this stream",
-                                                  Reason.WRONG_SESSION_KIND)
-                        out = self.runtime.handle(kind, getattr(req, kind), self.multi_agent, bound=session)
+                                                      Reason.WRONG_SESSION_KIND)
+                        out = self.runtime.handle(kind, getattr(req, kind), self.multi_agent, bound=session,
+                                                  client=client)
                     else:
                         raise invalid_argument("empty stream request")
                     getattr(resp, kind).CopyFrom(out)
                 except BridgeError as e:
-                    self.runtime.metrics.note_error(e)
+                    self._refuse(e)
                     resp.error.CopyFrom(e.to_status())
                 except Exception as e:
                     log.exception("internal error in stream %s", kind)
                     self.runtime.metrics.errors["INTERNAL"] += 1
-                    resp.error.CopyFrom(_internal(kind, e).to_status())
+                    resp.error.CopyFrom(_internal(kind or "stream", e).to_status())
                 yield resp
                 if session is not None and session.pending is not None:
                     # The answer is on its way: apply the call's bookkeeping while the simulator
@@ -131,34 +176,56 @@ class _Servicer:
             log.exception("applying an answered call's bookkeeping failed inside the server")
             self.runtime.metrics.errors["INTERNAL"] += 1
 
+    def handler(self, service: str) -> grpc.GenericRpcHandler:
+        """The service's method handlers, built from its descriptor."""
+        methods = {}
+        for m in pb.DESCRIPTOR.services_by_name[service].methods:
+            parse = _tolerant(getattr(pb, m.input_type.name).FromString)
+            serialize = getattr(pb, m.output_type.name).SerializeToString
+            if m.name == "Stream":
+                methods[m.name] = grpc.stream_stream_rpc_method_handler(
+                    self.stream, request_deserializer=parse, response_serializer=serialize)
+            else:
+                methods[m.name] = grpc.unary_unary_rpc_method_handler(
+                    self.unary(_UNARY_CALLS[m.name]), request_deserializer=parse,
+                    response_serializer=serialize)
+        return grpc.method_handlers_generic_handler(f"{pb.DESCRIPTOR.package}.{service}", methods)
+
 
 def _internal(method: str, e: Exception) -> BridgeError:
     return BridgeError(grpc.StatusCode.INTERNAL, f"{method} failed inside the server: {e!r}",
                        Reason.SERVER_FAILURE)
 
 
-class _ExternalEnv(_Servicer, pb_grpc.ExternalEnvServicer):
-    pass
-
-
-class _ExternalMultiAgentEnv(_Servicer, pb_grpc.ExternalMultiAgentEnvServicer):
-    pass
-
-
 class BridgeServer:
     """A running bridge: gRPC server + runtime + session reaper.
 
-    Binds to loopback unless told otherwise: exposing it is the user's choice.
+    Binds to loopback unless told otherwise: exposing it is the user's choice, and beyond
+    loopback it takes TLS and authentication, or `ServerSecurity(insecure=True)`
+    (security.py). Raises SecurityConfigError for settings that cannot work, RuntimeError
+    when the address cannot be bound.
     """
 
     def __init__(self, runtime: Optional[BridgeRuntime] = None, address: str = "127.0.0.1:0",
-                 max_workers: int = 256, reap_interval_s: float = 1.0):
+                 reap_interval_s: float = 1.0, security: Optional[ServerSecurity] = None):
         self.runtime = runtime or BridgeRuntime(BridgeConfig())
-        limit = self.runtime.config.max_message_bytes
+        c = self.runtime.config
+        self.security = (security or ServerSecurity()).load(address)
+        self.notices = NoticeLog(log)
+        gate = CallGate(c.max_concurrent_calls, c.max_calls_per_client)
+        self.gate = gate
+        interceptors = self.security.interceptors()
+        for i in interceptors:
+            i.on_refused = self._token_refused
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="simbridge-rpc"),
-            options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit),
+            # More threads than admitted calls: an admitted call never waits for a thread.
+            futures.ThreadPoolExecutor(max_workers=c.max_concurrent_calls + 32, thread_name_prefix="simbridge-rpc"),
+            interceptors=interceptors,
+            # gRPC's own backstop above the gate (health checks and refusals take threads too).
+            maximum_concurrent_rpcs=c.max_concurrent_calls + 16,
+            options=[("grpc.max_receive_message_length", c.max_message_bytes),
+                     ("grpc.max_send_message_length", c.max_message_bytes),
+                     ("grpc.max_concurrent_streams", c.max_calls_per_connection),
                      # gRPC binds with SO_REUSEPORT by default: a second server on a busy port
                      # would start and silently share it. Refuse the port instead.
                      ("grpc.so_reuseport", 0),
@@ -167,13 +234,16 @@ class BridgeServer:
                      ("grpc.keepalive_timeout_ms", 5_000),
                      ("grpc.keepalive_permit_without_calls", 1),
                      ("grpc.http2.min_ping_interval_without_data_ms", 5_000)])
-        pb_grpc.add_ExternalEnvServicer_to_server(_ExternalEnv(self.runtime, False), self._server)
-        pb_grpc.add_ExternalMultiAgentEnvServicer_to_server(_ExternalMultiAgentEnv(self.runtime, True),
-                                                              self._server)
+        for service, multi_agent in (("ExternalEnv", False), ("ExternalMultiAgentEnv", True)):
+            servicer = _Servicer(self.runtime, multi_agent, self.security, gate, self.notices)
+            self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         try:
-            self.port = self._server.add_insecure_port(address)
+            if self.security.tls:
+                self.port = self._server.add_secure_port(address, self.security.credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
         except RuntimeError:   # grpcio raises on a port in use (no SO_REUSEPORT, see above)
             self.port = 0
         if self.port == 0:
@@ -184,9 +254,13 @@ class BridgeServer:
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
                                         name="simbridge-reaper", daemon=True)
 
+    def _token_refused(self, context) -> None:
+        self.runtime.metrics.note_error(auth_failed())
+        self.notices.note("host:" + peer_host(context.peer()), "calls without a valid token", context.peer())
+
     def start(self) -> "BridgeServer":
         self._server.start()
-        for svc in ("", "simbridge.wire.v1.ExternalEnv", "simbridge.wire.v1.ExternalMultiAgentEnv"):
+        for svc in ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv"):
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
         log.info("simbridge serving on %s", self.address)

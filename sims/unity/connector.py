@@ -45,7 +45,7 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel  # no
 
 from simbridge.client.policy_client import MultiAgentPolicyClient, open_channel  # noqa: E402
 from simbridge.wire.errors import BridgeError  # noqa: E402
-from simbridge.sims.common import Stats, StopFlag, add_common_args, run_cli  # noqa: E402
+from simbridge.sims.common import Stats, StopFlag, add_common_args, client_security, run_cli  # noqa: E402
 from simbridge.sims.unity.behavior import BehaviorBridge  # noqa: E402
 from simbridge.sims.unity.environment import BridgeUnityEnvironment, UnityPackageRefused  # noqa: E402
 from simbridge.sims.unity.spaces import behavior_spaces  # noqa: E402
@@ -143,7 +143,7 @@ def _side_channels(args):
 
 def _check_server(args) -> None:
     """Fail before starting Unity when no simbridge server answers."""
-    open_channel(args.address, args.connect_timeout,
+    open_channel(args.address, args.connect_timeout, security=client_security(args),
                  fix=f"start the trainer (`simbridge-trainer run --address {args.address}`) or pass the "
                      f"right --address").close()
 
@@ -205,7 +205,8 @@ class Instance:
         spaces = behavior_spaces(spec, with_mask)
         client = MultiAgentPolicyClient(self.args.address, spaces.observation_space, spaces.action_space,
                                         transport=self.args.transport, connect_timeout_s=self.args.connect_timeout,
-                                        client_name=f"{PROG}[{name}]#{self.worker_id}")
+                                        client_name=f"{PROG}[{name}]#{self.worker_id}",
+                                        security=client_security(self.args))
         if not self.args.quiet:
             print(f"{PROG}#{self.worker_id}: behavior {name!r}: observation {spaces.observation_space}, "
                   f"action {spaces.action_space}", file=sys.stderr, flush=True)

@@ -353,7 +353,7 @@ def test_batcher_max_wait_collects_rows(make_server):
 def test_health_service(server):
     ch = grpc.insecure_channel(server.address)
     stub = health_pb2_grpc.HealthStub(ch)
-    for svc in ("", "simbridge.wire.v1.ExternalEnv", "simbridge.wire.v1.ExternalMultiAgentEnv"):
+    for svc in ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv"):
         assert stub.Check(health_pb2.HealthCheckRequest(service=svc)).status == \
             health_pb2.HealthCheckResponse.SERVING
     ch.close()

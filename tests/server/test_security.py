@@ -1,0 +1,238 @@
+"""TLS, mutual TLS and bearer tokens, end to end over loopback with certificates made here
+(trustme): what passes, what is refused, and that a refused caller learns nothing."""
+import logging
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+import trustme
+
+from simbridge.client import ClientSecurity, PolicyClient
+from simbridge.client.security import SecuritySettingError
+from simbridge.server.security import SecurityConfigError, ServerSecurity, is_loopback, peer_host
+from simbridge.server.service import BridgeServer
+from simbridge.wire.errors import BridgeError, Reason
+from simbridge.wire.v1 import simbridge_pb2 as pb
+from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+
+OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+ACT = gym.spaces.Discrete(2)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for localhost/127.0.0.1, a client certificate (CN sim-7),
+    a second unrelated CA, and a token file with two tokens."""
+    d = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("sim-7.example", common_name="sim-7")
+    files = {}
+    for name, blob in (("ca", ca.cert_pem), ("other_ca", other.cert_pem), ("server_key", server.private_key_pem),
+                       ("client_key", client.private_key_pem)):
+        files[name] = str(d / f"{name}.pem")
+        blob.write_to_path(files[name])
+    for name, cert in (("server_cert", server), ("client_cert", client)):
+        files[name] = str(d / f"{name}.pem")
+        with open(files[name], "wb") as f:
+            for pem in cert.cert_chain_pems:
+                f.write(pem.bytes())
+    files["tokens"] = str(d / "tokens")
+    with open(files["tokens"], "w") as f:
+        f.write("# fleet A\nalpha-token-1234\n\nbravo-token-5678\n")
+    for name, token in (("token_a", "alpha-token-1234"), ("token_b", "bravo-token-5678"), ("token_bad", "nope")):
+        files[name] = str(d / name)
+        with open(files[name], "w") as f:
+            f.write(token + "\n")
+    return files
+
+
+def _serve(make_server, pki, tls=True, mtls=False, tokens=True, **config):
+    return make_server(security=ServerSecurity(
+        tls_cert=pki["server_cert"] if tls else "", tls_key=pki["server_key"] if tls else "",
+        tls_client_ca=pki["ca"] if mtls else "", auth_token_file=pki["tokens"] if tokens else ""), **config)
+
+
+def _act(address, security, **kw):
+    with PolicyClient(address, OBS, ACT, connect_timeout_s=kw.pop("timeout", 5), security=security, **kw) as c:
+        eid = c.start_episode()
+        a = c.get_action(eid, np.zeros(3, np.float32))
+        c.log_returns(eid, 1.0)
+        c.end_episode(eid, np.zeros(3, np.float32))
+        return a, c._conn.session_id
+
+
+def _port(srv):
+    return srv.address.rsplit(":", 1)[1]
+
+
+def test_tls_and_token_end_to_end(make_server, pki):
+    srv = _serve(make_server, pki)
+    sec = ClientSecurity.from_files(tls_ca=pki["ca"], auth_token_file=pki["token_a"])
+    action, _ = _act(f"localhost:{_port(srv)}", sec)
+    assert action in (0, 1)
+    snap = srv.runtime.snapshot()
+    assert snap["episodes"] == 1 and snap["env_steps"] == 1
+
+
+def test_tls_server_name_override(make_server, pki):
+    srv = _serve(make_server, pki, tokens=False)
+    # 127.0.0.1 is in the certificate too; the override checks a name the address does not say.
+    sec = ClientSecurity.from_files(tls_ca=pki["ca"], tls_server_name="localhost")
+    assert _act(f"127.0.0.1:{_port(srv)}", sec)[0] in (0, 1)
+
+
+def test_wrong_ca_fails_fast_and_names_tls(make_server, pki):
+    srv = _serve(make_server, pki, tokens=False)
+    sec = ClientSecurity.from_files(tls_ca=pki["other_ca"])
+    with pytest.raises(BridgeError) as e:
+        _act(f"localhost:{_port(srv)}", sec, timeout=2)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "TLS" in e.value.message and "--tls-ca" in e.value.message
+    assert srv.runtime.snapshot()["sessions"] == 0
+
+
+def test_plaintext_client_cannot_reach_a_tls_server(make_server, pki):
+    srv = _serve(make_server, pki, tokens=False)
+    with pytest.raises(BridgeError) as e:
+        _act(srv.address, ClientSecurity(), timeout=2)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert srv.runtime.snapshot()["sessions"] == 0
+
+
+@pytest.mark.parametrize("token", ["token_bad", None])
+def test_unauthenticated_caller_learns_nothing(make_server, pki, token, caplog):
+    srv = _serve(make_server, pki)
+    # A legitimate session is open meanwhile: the refused caller must learn nothing of it.
+    legit = PolicyClient(f"localhost:{_port(srv)}", OBS, ACT, connect_timeout_s=5,
+                         security=ClientSecurity.from_files(tls_ca=pki["ca"], auth_token_file=pki["token_a"]))
+    sid = legit._conn.session_id
+    eid = legit.start_episode()
+    legit.get_action(eid, np.zeros(3, np.float32))
+    creds = grpc.ssl_channel_credentials(open(pki["ca"], "rb").read())
+    md = () if token is None else (("authorization", "Bearer " + open(pki[token]).read().strip()),)
+    with grpc.secure_channel(f"localhost:{_port(srv)}", creds) as ch:
+        stub = pb_grpc.ExternalEnvStub(ch)
+        calls = [
+            lambda: stub.CreateSession(pb.CreateSessionRequest(), metadata=md, timeout=5),
+            lambda: stub.GetAction(pb.GetActionRequest(header=pb.RequestHeader(session_id=sid)), metadata=md,
+                                   timeout=5),
+            lambda: stub.GetPolicy(pb.GetPolicyRequest(header=pb.RequestHeader(session_id=sid)), metadata=md,
+                                   timeout=5),
+            lambda: stub.CloseSession(pb.CloseSessionRequest(header=pb.RequestHeader(session_id=sid)),
+                                      metadata=md, timeout=5),
+            lambda: next(stub.Stream(iter([pb.StreamRequest(create_session=pb.CreateSessionRequest(
+                resume_session_id=sid))]), metadata=md, timeout=5)),
+        ]
+        with caplog.at_level(logging.WARNING, logger="simbridge"):
+            for call in calls * 4:
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                err = BridgeError.from_rpc_error(e.value)
+                assert err.code == grpc.StatusCode.UNAUTHENTICATED and err.reason == Reason.AUTH_FAILED
+                assert sid not in err.message and "policy" not in err.message
+    legit.log_returns(eid, 1.0)
+    legit.end_episode(eid, np.zeros(3, np.float32))   # the session was neither closed nor touched
+    legit.get_action(legit.start_episode(), np.zeros(3, np.float32))   # answered in order: all applied
+    snap = srv.runtime.snapshot()
+    assert snap["sessions"] == 1 and snap["episodes"] == 1 and snap["env_steps"] == 2
+    legit.close()
+    assert srv.runtime.metrics.refused["AUTH_FAILED"] == 20
+    notices = [r for r in caplog.records if "without a valid token" in r.getMessage()]
+    assert len(notices) == 1, "one notice per client and minute, not one per call"
+    assert "alpha-token" not in caplog.text and "nope" not in caplog.text   # tokens are never logged
+
+
+def test_token_on_plaintext_loopback(make_server, pki):
+    srv = _serve(make_server, pki, tls=False)
+    assert _act(srv.address, ClientSecurity.from_files(auth_token_file=pki["token_b"]))[0] in (0, 1)
+    with pytest.raises(BridgeError) as e:
+        _act(srv.address, ClientSecurity())
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_token_from_environment(make_server, pki, monkeypatch):
+    srv = _serve(make_server, pki, tls=False)
+    monkeypatch.setenv("SIMBRIDGE_AUTH_TOKEN", "bravo-token-5678")
+    assert _act(srv.address, None)[0] in (0, 1)
+
+
+def test_mutual_tls(make_server, pki):
+    srv = _serve(make_server, pki, mtls=True, tokens=False)
+    with_cert = ClientSecurity.from_files(tls_ca=pki["ca"], tls_cert=pki["client_cert"], tls_key=pki["client_key"])
+    _, sid = _act(f"localhost:{_port(srv)}", with_cert)
+    with pytest.raises(BridgeError) as e:
+        _act(f"localhost:{_port(srv)}", ClientSecurity.from_files(tls_ca=pki["ca"]), timeout=2)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE   # the handshake itself fails
+    assert srv.runtime.snapshot()["episodes"] == 1
+
+
+def test_identity_names_the_credential_never_the_token(pki):
+    class Ctx:
+        def __init__(self, md, cn=None):
+            self._md, self._cn = md, cn
+
+        def invocation_metadata(self):
+            return self._md
+
+        def auth_context(self):
+            return {"x509_common_name": [self._cn.encode()]} if self._cn else {}
+
+        def peer(self):
+            return "ipv4:10.1.2.3:5555"
+
+    sec = ServerSecurity(tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_client_ca=pki["ca"],
+                         auth_token_file=pki["tokens"]).load("127.0.0.1:0")
+    a = sec.identity(Ctx((("authorization", "Bearer alpha-token-1234"),), "sim-7"))
+    b = sec.identity(Ctx((("authorization", "Bearer bravo-token-5678"),)))
+    assert a.startswith("cert:sim-7+token:") and b.startswith("token:") and a.split("+")[1] != b
+    assert "alpha" not in a and "bravo" not in b
+    plain = ServerSecurity().load("127.0.0.1:0")
+    assert plain.identity(Ctx(())) == "host:10.1.2.3"
+
+
+def test_non_loopback_needs_tls_and_authentication(pki):
+    for address in ("0.0.0.0:0", "[::]:0", "192.0.2.1:0", "trainer.lan:50051"):
+        assert not is_loopback(address)
+        with pytest.raises(SecurityConfigError, match="--insecure"):
+            BridgeServer(address=address)
+        with pytest.raises(SecurityConfigError):   # TLS alone authenticates nobody
+            BridgeServer(address=address, security=ServerSecurity(tls_cert=pki["server_cert"],
+                                                                  tls_key=pki["server_key"]))
+    for address in ("127.0.0.1:0", "localhost:0", "[::1]:0", "127.0.0.5:1", "unix:/tmp/x.sock"):
+        assert is_loopback(address)
+    # With TLS and tokens, or told --insecure, the check passes (nothing is bound here).
+    ServerSecurity(tls_cert=pki["server_cert"], tls_key=pki["server_key"],
+                   auth_token_file=pki["tokens"]).load("0.0.0.0:0")
+    ServerSecurity(insecure=True).load("0.0.0.0:0")
+    assert peer_host("ipv6:[::1]:4000") == "::1" and peer_host("ipv4:127.0.0.1:9") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tls_cert="x"), "both --tls-cert and --tls-key"),
+    (dict(tls_client_ca="x"), "needs server TLS"),
+    (dict(tls_cert="/nonexistent/c.pem", tls_key="/nonexistent/k.pem"), "cannot read --tls-key file"),
+    (dict(auth_token_file="/nonexistent/t"), "cannot read --auth-token-file"),
+])
+def test_server_settings_that_cannot_work(kw, match):
+    with pytest.raises(SecurityConfigError, match=match):
+        ServerSecurity(**kw).load("127.0.0.1:0")
+
+
+def test_empty_token_files_are_refused(tmp_path):
+    empty = tmp_path / "t"
+    empty.write_text("# no token here\n\n")
+    with pytest.raises(SecurityConfigError, match="holds no token"):
+        ServerSecurity(auth_token_file=str(empty)).load("127.0.0.1:0")
+    with pytest.raises(SecuritySettingError, match="is empty"):
+        ClientSecurity.from_files(auth_token_file=str(empty.with_name("u")) if False else _blank(tmp_path))
+    with pytest.raises(SecuritySettingError, match="--tls-cert and --tls-key"):
+        ClientSecurity.from_files(tls_cert="c.pem")
+    assert "token" not in repr(ClientSecurity(auth_token="secret")).replace("token=set", "")
+
+
+def _blank(tmp_path):
+    p = tmp_path / "blank"
+    p.write_text("  \n")
+    return str(p)
