@@ -55,7 +55,8 @@ class BridgeConfig:
     # Limits no client can break (ServerLimits in the proto says what each refuses with).
     max_concurrent_calls: int = 512            # open calls, streams included, server-wide
     max_calls_per_client: int = 256            # ... from one client (credential, or host)
-    max_calls_per_connection: int = 64         # ... on one HTTP/2 connection
+    max_calls_per_connection: int = 256        # ... on one HTTP/2 connection (clients of one process
+                                               # share one: grpc pools connections by target)
     max_sessions_per_client: int = 1024
     max_id_bytes: int = 256                    # episode ids, agent ids, client names
     max_space_elements: int = 1 << 20          # elements of one observation or action
