@@ -40,5 +40,6 @@ HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 \
 # SIGTERM writes a checkpoint before exit: give `docker stop` time (compose: stop_grace_period).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["simbridge-trainer"]
-# 0.0.0.0 inside the container: the simulators reach it over the compose network.
-CMD ["run", "--address", "0.0.0.0:50051", "--logdir", "/data/runs/cartpole_dqn"]
+# 0.0.0.0 inside the container: the simulators reach it over the compose network, a private
+# one, hence --insecure (plain text beyond loopback); publish it wider only with TLS and a token.
+CMD ["run", "--address", "0.0.0.0:50051", "--insecure", "--logdir", "/data/runs/cartpole_dqn"]

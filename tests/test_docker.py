@@ -130,6 +130,7 @@ def test_compose_passes_the_trainers_address_by_environment():
     bind = command[command.index("--address") + 1]
     host, port = bind.rsplit(":", 1)
     assert host == "0.0.0.0", "inside its container the trainer must listen beyond its own loopback"
+    assert "--insecure" in command, "beyond loopback the trainer refuses plain text unless told --insecure"
     for name in ("sim", "gazebo"):
         assert services[name]["environment"]["SIMBRIDGE_ADDRESS"] == f"trainer:{port}"
         assert "--address" not in services[name].get("command", [])
