@@ -37,6 +37,7 @@ os.environ["no_proxy"] = os.environ["no_grpc_proxy"] = "127.0.0.1,localhost"
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp  # noqa: E402
 
 prefer_iomgr_tcp()   # before grpc loads, as simbridge's programs do
+import grpc  # noqa: E402
 import fuzzrig  # noqa: E402
 from fuzzing import RandomDraw, rpcs  # noqa: E402
 
@@ -49,6 +50,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", help="fuzz this server instead of starting one (crashes and RSS unknown)")
     p.add_argument("--raw-fraction", type=float, default=0.25)
+    p.add_argument("--idle-streams", type=int, default=0,
+                   help="first open this many streams that bind a session and then stay silent")
+    p.add_argument("--max-hangs", type=int, default=20, help="stop fuzzing after this many hangs")
     p.add_argument("--deadline-s", type=float, default=10.0, help="a unary call past this is a hang (streams: 2x)")
     args = p.parse_args(argv)
 
@@ -57,16 +61,25 @@ def main(argv=None) -> int:
     address = args.address or server.address
     judge = fuzzrig.Judge(server, address, args.deadline_s, 2 * args.deadline_s)
     witness = fuzzrig.Witness(address, seed=args.seed).start()
+    idle = fuzzrig.IdleStreams(address, args.idle_streams) if args.idle_streams else None
     time.sleep(0.5)   # the witness binds default_policy to the CartPole spaces first
     rss_before = server.rss_mb() if server else None
-    pool = fuzzrig.Pool(judge.channel)
+    stopped_early = None
+    try:
+        pool = fuzzrig.Pool(judge.channel)
+    except grpc.RpcError as e:   # e.g. every worker held by idle streams
+        judge._status("pool.CreateSession", "the fuzzer's own sessions", e.code(), e.details() or "")
+        pool, stopped_early = None, f"could not create the fuzzer's sessions: {e.code().name}: {e.details()}"
     targets = rpcs()
     t0 = time.monotonic()
     next_refresh = POOL_REFRESH_EVERY
     total = 0
     i = 0
     try:
-        while total < args.messages and not judge.crashed:
+        while pool is not None and total < args.messages and not judge.crashed:
+            if judge.hangs >= args.max_hangs:
+                stopped_early = f"{judge.hangs} hangs (--max-hangs)"
+                break
             svc, method = targets[i % len(targets)]
             i += 1
             fuzzrig.fuzz_one(judge, pool, draw, svc, method, raw=draw.boolean(args.raw_fraction))
@@ -77,6 +90,8 @@ def main(argv=None) -> int:
                 pool.refresh()
     finally:
         elapsed = time.monotonic() - t0
+        if idle is not None:
+            idle.close()
         witness_report = witness.finish()
         rss_after = server.rss_mb() if server else None
         log = server.log_stats() if server else None
@@ -87,7 +102,7 @@ def main(argv=None) -> int:
         stop_s = time.monotonic() - t_stop
     out = judge.summary()
     out.update({
-        "seed": args.seed, "seconds": round(elapsed, 1), "messages_per_s": round(out["messages"] / elapsed, 1),
+        "seed": args.seed, "idle_streams": args.idle_streams, "stopped_early": stopped_early, "seconds": round(elapsed, 1), "messages_per_s": round(out["messages"] / elapsed, 1),
         "server_alive_at_end": alive, "server_rss_mb_before": rss_before, "server_rss_mb_after": rss_after,
         "server_log": log, "witness": witness_report,
         "server_stop": {"seconds": round(stop_s, 2), "exit_code": server.proc.returncode} if server else None,

@@ -383,3 +383,32 @@ def fuzz_one(judge: Judge, pool: Pool, draw, svc: str, method: str, raw: bool) -
     else:
         msg = typed_request(g, method)
         judge.unary(svc, method, msg.SerializeToString(), describe(msg))
+
+
+class IdleStreams:
+    """`count` Streams that bind a session and then send nothing, held open (a careless or hostile
+    client); each on its own channel, as separate simulators would be. close() cancels them."""
+
+    def __init__(self, address: str, count: int, multi: bool = False):
+        import queue
+        from fuzzcases import create_session
+        from fuzzing import Gen
+        self.channels, self.calls, self._queues = [], [], []
+        first = pb.StreamRequest(create_session=create_session(Gen(_NoDraw(), Ctx("", multi)))).SerializeToString()
+        for _ in range(count):
+            ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            q = queue.SimpleQueue()
+            q.put(first)
+            fn = ch.stream_stream(f"/{SERVICES['multi' if multi else 'single']}/Stream", request_serializer=None,
+                                  response_deserializer=None)
+            self.channels.append(ch)
+            self._queues.append(q)
+            self.calls.append(fn(iter(q.get, None)))
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for c in self.calls:
+            c.cancel()
+        for ch in self.channels:
+            ch.close()

@@ -22,6 +22,7 @@ sends a mixed batch and checks the server's RSS, its log and the witness's
 completed episodes.
 """
 import importlib
+import threading
 import sys
 import time
 from pathlib import Path
@@ -151,3 +152,56 @@ def test_a_mixed_batch_leaves_the_server_small_quiet_and_serving(rig):
     assert not witness.errors
     log_grown = server.log_stats()["log_bytes"] - log0
     assert log_grown < LOG_BYTES, f"{log_grown} bytes of server log for {i + 1} fuzzed calls"
+
+
+def test_the_judge_catches_internal_hangs_wrong_answers_and_crashes():
+    """The invariants above hold only if the judge sees breaches: a stand-in server that answers
+    INTERNAL, stalls, answers with another message, or with too few stream answers, is caught."""
+    from concurrent import futures
+
+    import grpc
+    from simbridge.wire.v1 import simbridge_pb2 as pb
+
+    release = threading.Event()
+
+    def stall(req, ctx):
+        release.wait(5)
+        return b""
+
+    def stream(requests, ctx):
+        for i, _ in enumerate(requests):
+            if i == 0:
+                yield pb.StreamResponse(error={"code": grpc.StatusCode.INTERNAL.value[0], "message": "boom"}).SerializeToString()
+            else:   # an answer of another kind, then the third request is never answered
+                yield pb.StreamResponse(get_action=pb.GetActionResponse()).SerializeToString()
+                return
+
+    handlers = {
+        "CreateSession": grpc.unary_unary_rpc_method_handler(lambda req, ctx: ctx.abort(grpc.StatusCode.INTERNAL, "bug")),
+        "GetAction": grpc.unary_unary_rpc_method_handler(stall),
+        "StartEpisode": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"\xff\xff"),
+        "CloseSession": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b""),
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(fuzzing.SERVICES["single"], handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    dead = type("Dead", (), {"alive": lambda self: False, "proc": type("P", (), {"returncode": -9})()})()
+    judge = fuzzrig.Judge(dead, f"127.0.0.1:{port}", unary_deadline_s=0.5, stream_deadline_s=2.0)
+    try:
+        judge.unary("single", "CreateSession", b"", "c")
+        judge.unary("single", "GetAction", b"", "g")
+        judge.unary("single", "StartEpisode", b"", "s")
+        judge.unary("single", "CloseSession", b"", "ok")
+        judge.stream("single", ["create_session", "start_episode", "get_action"], [b"", b"", b""], "st")
+        # bad answers: StartEpisode's bytes, the stream's get_action for a start_episode, its missing third
+        assert (judge.internal, judge.hangs, judge.bad_answers) == (2, 1, 3), judge.violations
+        assert judge.codes["OK"] == 3 and not judge.crashed
+        server.stop(0).wait()
+        judge.unary("single", "CloseSession", b"", "after")   # UNAVAILABLE, and the process is gone
+        assert judge.crashed, judge.codes
+    finally:
+        release.set()
+        judge.close()
+        server.stop(0)
