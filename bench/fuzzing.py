@@ -1,18 +1,18 @@
-"""Fuzzed simbridge requests: random bytes, typed messages and stream sequences.
+"""Fuzzed simbridge inputs, the generic half: hostile values for every field of every message.
 
 One set of generators serves tests/server/test_fuzz.py (hypothesis draws the
 choices, so failures shrink) and bench/fuzz.py (a seeded random.Random draws
 them, no shrinking, thousands of messages). Every choice goes through a `Draw`
 (integer, boolean, choice, raw) so both drive exactly the same code.
 
-Typed messages come in two flavours, so the fuzz reaches deep code instead of
-bouncing off the first check:
-  * `generic`: every field filled from the message's descriptor with hostile
-    values (ids of every length, seqs near 2**64, enum values out of range,
-    tensors of random dtype, shape and byte length, random space trees);
-  * `near_valid`: the request a correct client would send for one of the
-    fuzzer's real sessions (a real CreateSession id, episodes it started), with
-    one to three fields replaced by generic values.
+`Gen.message(cls)` fills every field of a message from its descriptor with
+hostile values (ids of every length, seqs near 2**64, enum values out of range,
+tensors of random dtype, shape and byte length, up to 70 dimensions, random
+space trees); `Gen.mutate` replaces a few fields of a message anywhere in it.
+bench/fuzzcases.py builds on these: near-valid requests for the fuzzer's real
+sessions (a correct request with a few fields replaced, so the fuzz reaches
+deep code instead of bouncing off the first check), stream sequences, and
+random or damaged bytes.
 """
 from __future__ import annotations
 
