@@ -102,7 +102,8 @@ def main(argv=None) -> int:
         stop_s = time.monotonic() - t_stop
     out = judge.summary()
     out.update({
-        "seed": args.seed, "idle_streams": args.idle_streams, "stopped_early": stopped_early, "seconds": round(elapsed, 1), "messages_per_s": round(out["messages"] / elapsed, 1),
+        "seed": args.seed, "idle_streams": args.idle_streams, "stopped_early": stopped_early,
+        "seconds": round(elapsed, 1), "messages_per_s": round(out["messages"] / max(elapsed, 1e-9), 1),
         "server_alive_at_end": alive, "server_rss_mb_before": rss_before, "server_rss_mb_after": rss_after,
         "server_log": log, "witness": witness_report,
         "server_stop": {"seconds": round(stop_s, 2), "exit_code": server.proc.returncode} if server else None,

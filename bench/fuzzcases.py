@@ -47,7 +47,7 @@ def _rows(g: Gen):
     return eids[:n], [], n
 
 
-def create_session(g: Gen, stream: bool = False) -> pb.CreateSessionRequest:
+def create_session(g: Gen) -> pb.CreateSessionRequest:
     c = g.ctx
     req = pb.CreateSessionRequest(client_name="fuzz", observation_space=sb_spaces.space_to_proto(OBS_SPACE),
                                   action_space=sb_spaces.space_to_proto(ACT_SPACE))
@@ -67,7 +67,7 @@ def valid_request(g: Gen, method: str, stream: bool = False):
     d = g.d
     h = _header(g, stream)
     if method == "CreateSession":
-        return create_session(g, stream)
+        return create_session(g)
     if method == "StartEpisode":
         if d.boolean(0.3):
             return pb.StartEpisodeRequest(header=h, count=d.integer(1, 3))
@@ -161,7 +161,7 @@ def stream_requests(g: Gen, max_len: int = 8):
 
     if d.boolean(0.9):
         add("create_session", typed_request(g, "CreateSession", stream=True) if d.boolean(0.3)
-            else create_session(g, stream=True))
+            else create_session(g))
     if d.boolean(0.7):
         add("start_episode", pb.StartEpisodeRequest(episode_ids=g.ctx.episodes))
     for _ in range(d.integer(1, max_len)):
@@ -173,7 +173,7 @@ def stream_requests(g: Gen, max_len: int = 8):
     return [k for k, _ in out], [sr for _, sr in out]
 
 
-def raw_bytes(g: Gen, method: str, ctx_multi: bool = False) -> bytes:
+def raw_bytes(g: Gen, method: str) -> bytes:
     """Bytes for `method` that are not (quite) its message: random, or a valid one damaged."""
     d = g.d
     k = d.integer(0, 4)

@@ -29,11 +29,10 @@ from typing import Dict, List, Optional
 
 import grpc
 import gymnasium as gym
-import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
-from fuzzcases import ACT_SPACE, OBS_SPACE, valid_request  # noqa: F401
+from fuzzcases import ACT_SPACE, OBS_SPACE
 from fuzzing import N_SLOTS, SERVICES, UNARY, Ctx
 from simbridge.wire.v1 import simbridge_pb2 as pb
 

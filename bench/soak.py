@@ -42,7 +42,8 @@ MAX_ERRORS_KEPT = 10
 
 
 def _client_thread(address, seed, stop, totals, lock, errors):
-    from fuzzrig import ACT_SPACE, OBS_SPACE, run_cartpole
+    from fuzzcases import ACT_SPACE, OBS_SPACE
+    from fuzzrig import run_cartpole
     from simbridge.client.policy_client import PolicyClient
     counters = {"steps": 0, "episodes": 0, "last_step_t": 0.0}
     try:

@@ -171,13 +171,15 @@ def test_the_judge_catches_internal_hangs_wrong_answers_and_crashes():
     def stream(requests, ctx):
         for i, _ in enumerate(requests):
             if i == 0:
-                yield pb.StreamResponse(error={"code": grpc.StatusCode.INTERNAL.value[0], "message": "boom"}).SerializeToString()
+                error = {"code": grpc.StatusCode.INTERNAL.value[0], "message": "boom"}
+                yield pb.StreamResponse(error=error).SerializeToString()
             else:   # an answer of another kind, then the third request is never answered
                 yield pb.StreamResponse(get_action=pb.GetActionResponse()).SerializeToString()
                 return
 
     handlers = {
-        "CreateSession": grpc.unary_unary_rpc_method_handler(lambda req, ctx: ctx.abort(grpc.StatusCode.INTERNAL, "bug")),
+        "CreateSession": grpc.unary_unary_rpc_method_handler(
+            lambda req, ctx: ctx.abort(grpc.StatusCode.INTERNAL, "bug")),
         "GetAction": grpc.unary_unary_rpc_method_handler(stall),
         "StartEpisode": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"\xff\xff"),
         "CloseSession": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b""),
