@@ -48,14 +48,9 @@ FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False
 
 # Defects of issue 13 that these tests find on the code they were written against, fixed in other
 # parts of that work. strict: once fixed, the test passes, XPASS fails, and the marker must go.
-KNOWN_UNDECODABLE = pytest.mark.xfail(strict=True, reason=(
-    "issue 13: an undecodable request gets INTERNAL 'Exception deserializing request!' from grpcio's "
-    "deserializer (a single b'\\x00' to CreateSession) instead of INVALID_ARGUMENT / UNDECODABLE"))
 KNOWN_65_DIMS = pytest.mark.xfail(strict=True, reason=(
     "issue 13 #6: a Box bound of 65 dimensions in create_session gives INTERNAL (numpy's ValueError "
     "'maximum supported dimension for an ndarray is currently 64')"))
-KNOWN_LOG_PER_REQUEST = pytest.mark.xfail(strict=True, reason=(
-    "issue 13 #7: every undecodable request writes an ERROR traceback (~430 bytes) to the server log"))
 
 UNARY_RPCS = [r for r in fuzzing.rpcs() if r[1] != "Stream"]
 STREAM_RPCS = [r for r in fuzzing.rpcs() if r[1] == "Stream"]
@@ -108,7 +103,6 @@ def _fuzz(rig, data, targets, raw):
     assert witness.gap_s() < WITNESS_MAX_GAP_S, f"the well-behaved client got no action for {witness.gap_s():.1f}s"
 
 
-@KNOWN_UNDECODABLE
 @settings(FUZZ, max_examples=150)
 @given(data=st.data())
 def test_random_bytes_on_every_rpc_get_a_precise_status(rig, data):
@@ -128,7 +122,6 @@ def test_streams_of_random_requests_answer_each_in_order(rig, data):
     _fuzz(rig, data, STREAM_RPCS, raw=False)
 
 
-@KNOWN_LOG_PER_REQUEST
 def test_a_mixed_batch_leaves_the_server_small_quiet_and_serving(rig):
     """400 calls of every kind (seeded, as bench/fuzz.py sends them): the server's RSS and log
     stay bounded and the witness completes episodes throughout."""
