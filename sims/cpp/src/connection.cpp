@@ -48,7 +48,7 @@ const char* kind_of(const pb::StreamRequest& req) {
 
 Connection::Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
                        const ClientOptions& options, bool pipeline, OnFailed on_failed)
-    : address_(address), service_(service), create_(std::move(create)),
+    : address_(address), service_(service), create_(std::move(create)), creds_(options),
       reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
@@ -59,15 +59,11 @@ Connection::Connection(const std::string& address, Service service, pb::CreateSe
   args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
   args.SetInt("grpc.min_reconnect_backoff_ms", 100);
   args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  creds_.configure(args);
+  channel_ = grpc::CreateCustomChannel(address, creds_.channel(), args);
   auto deadline = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
-  if (!channel_->WaitForConnected(deadline)) {
-    throw Error(grpc::StatusCode::UNAVAILABLE,
-                "no simbridge server answered at " + address + " within " + fmt_s(options.connect_timeout_s) +
-                    ": start one with `simbridge-server --address " + address + "` or pass the right address",
-                "SERVER_UNAVAILABLE");
-  }
+  wait_connected(channel_, creds_, address, deadline, options.connect_timeout_s);
   single_ = pb::ExternalEnv::NewStub(channel_);
   multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
   session_ = open_session("");
@@ -98,6 +94,7 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
   *req.mutable_create_session() = create_;
   if (!resume.empty()) req.mutable_create_session()->set_resume_session_id(resume);
   ctx_ = std::make_unique<grpc::ClientContext>();
+  creds_.authorize(*ctx_);
   stream_ = service_ == Service::Single ? single_->Stream(ctx_.get()) : multi_->Stream(ctx_.get());
   stream_open_ = true;
   pb::StreamResponse resp;
