@@ -26,6 +26,7 @@ class Credentials {
   void configure(grpc::ChannelArguments& args) const;  // the server-name override, if any
   void authorize(grpc::ClientContext& ctx) const;       // the token, if any
   bool tls() const { return tls_; }
+  const std::string& authorization() const { return authorization_; }  // "Bearer <token>", or ""
   // For messages: how the server's certificate is checked ("the CA in FILE" or the system roots).
   std::string trust() const;
 
