@@ -250,6 +250,30 @@ def test_token_on_plaintext_loopback_and_from_the_environment(cpp_build, serve, 
                               env={"SIMBRIDGE_AUTH_TOKEN": "wrong"}))["episodes"] == 2
 
 
+def test_a_token_refused_on_reconnect_is_auth_failed_not_a_lost_server(cpp_build, serve, pki):
+    """The server restarts (same runtime, same port) with another token: the client's resume is
+    refused, and it says so with AUTH_FAILED instead of retrying or calling the server lost."""
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=16))
+    first = serve(token=TOKEN, runtime=rt)
+    proc = subprocess.Popen([os.path.join(cpp_build, "cartpole"), "--address", first.address, "--episodes", "100000",
+                             "--auth-token-file", pki["token"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while rt.snapshot()["env_steps"] < 50 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and rt.snapshot()["env_steps"] >= 50
+        first.stop()
+        serve(token="rotated-token", runtime=rt, address=first.address)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert "refused to resume session" in stderr and f"(AUTH_FAILED) [gRPC status {UNAUTHENTICATED}]" in stderr
+
+
 def test_get_policy_carries_the_token_too(cpp_build, serve, pki):
     """--inference local downloads the policy with the unary GetPolicy: refused without the token."""
     from simbridge.trainer.dqn import DQNLearner

@@ -119,7 +119,12 @@ void Connection::reconnect(const std::string& cause) {
       resp = open_session(session_id_);
       break;
     } catch (const Error& e) {
-      if (!retryable(e.code()) || !backoff.wait())
+      // A refusal (a token no longer accepted, a session owned by another credential) keeps its
+      // code and reason: retrying would not change it, and the caller branches on the reason.
+      if (!retryable(e.code()))
+        throw Error(e.code(), "reconnecting to " + address_ + ", the server refused to resume session " + session_id_ + ": " + e.what(),
+                    e.reason());
+      if (!backoff.wait())
         throw Error(grpc::StatusCode::UNAVAILABLE,
                     "lost the simbridge server at " + address_ + " and could not reconnect within " +
                         fmt_s(reconnect_timeout_s_) + ": " + e.what(),
