@@ -10,8 +10,6 @@ namespace simbridge {
 
 namespace {
 constexpr size_t kFramingBytes = 1024;  // request header + stream envelope, generously
-
-std::string fmt_s(double s) { return std::to_string(static_cast<long long>(s + 0.5)) + "s"; }
 }  // namespace
 
 bool retryable(grpc::StatusCode code) {
@@ -61,9 +59,7 @@ Connection::Connection(const std::string& address, Service service, pb::CreateSe
   args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
   creds_.configure(args);
   channel_ = grpc::CreateCustomChannel(address, creds_.channel(), args);
-  auto deadline = std::chrono::system_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
-  wait_connected(channel_, creds_, address, deadline, options.connect_timeout_s);
+  wait_connected(channel_, creds_, address, options.connect_timeout_s);
   single_ = pb::ExternalEnv::NewStub(channel_);
   multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
   session_ = open_session("");

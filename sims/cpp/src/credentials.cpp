@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <sstream>
 
 #include <grpcpp/generic/generic_stub.h>
+
+#include "backoff.hpp"
 
 namespace simbridge {
 
@@ -103,8 +106,6 @@ bool closed_by_peer(const std::string& why) {
   return w.find("socket closed") != std::string::npos || w.find("connection reset") != std::string::npos;
 }
 
-std::string fmt_s(double s) { return std::to_string(static_cast<long long>(s + 0.5)) + "s"; }
-
 }  // namespace
 
 const char* const kClientFlagsUsage =
@@ -169,7 +170,9 @@ std::string Credentials::trust() const {
 }
 
 void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credentials& creds, const std::string& address,
-                    std::chrono::system_clock::time_point deadline, double timeout_s) {
+                    double timeout_s) {
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   std::string last_failure;
   int hung_up = 0;  // connection attempts in a row that the server accepted, then closed in the handshake
   for (auto state = channel->GetState(true); state != GRPC_CHANNEL_READY; state = channel->GetState(true)) {

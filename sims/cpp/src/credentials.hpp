@@ -6,7 +6,6 @@
 // (as the Python clients do). On a non-loopback address use TLS, or the token travels in clear.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <string>
 
@@ -36,11 +35,11 @@ class Credentials {
   std::shared_ptr<grpc::ChannelCredentials> channel_;
 };
 
-// Waits until the channel is connected, within deadline (a server still starting is waited for).
+// Waits until the channel is connected, for timeout_s at most (a server still starting is waited for).
 // A failed TLS handshake (an untrusted or misnamed server certificate) and a server that hangs up in
 // every handshake (TLS against plaintext, a refused client certificate) are final: raised at once
 // as UNAVAILABLE saying which and naming the CA, rather than retried until the deadline.
 void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credentials& creds, const std::string& address,
-                    std::chrono::system_clock::time_point deadline, double timeout_s);
+                    double timeout_s);
 
 }  // namespace simbridge
