@@ -77,7 +77,8 @@ const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "address", "client_name", "observe_joints", "actuate_joints", "effort_limits", "position_limits",
       "action", "max_episode_steps", "steps_per_action", "reward_per_step", "init_noise", "reset",
-      "reset_timeout_steps", "seed", "training"};
+      "reset_timeout_steps", "seed", "training", "tls_ca", "tls_cert", "tls_key", "tls_server_name",
+      "auth_token_file"};
   return keys;
 }
 
@@ -96,6 +97,17 @@ Config parse_config(const std::map<std::string, std::string>& params, const char
   if (address_from_env && *address_from_env) c.address = trimmed(address_from_env);
   if (auto v = get("client_name")) c.client_name = trimmed(*v);
   if (c.address.empty() || split(c.address).size() != 1) bad("address", "expected host:port");
+  // Paths and a name: read by the SDK when the plugin connects (it names a missing file then).
+  const std::pair<const char*, std::string*> passed_to_sdk[] = {
+      {"tls_ca", &c.tls_ca}, {"tls_cert", &c.tls_cert}, {"tls_key", &c.tls_key},
+      {"tls_server_name", &c.tls_server_name}, {"auth_token_file", &c.auth_token_file}};
+  for (const auto& [key, field] : passed_to_sdk) {
+    if (auto v = get(key)) {
+      if (split(*v).empty()) bad(key, "empty: leave the parameter out instead");
+      *field = trimmed(*v);
+    }
+  }
+  if (c.tls_cert.empty() != c.tls_key.empty()) bad(c.tls_cert.empty() ? "tls_cert" : "tls_key", "tls_cert and tls_key go together");
 
   if (auto v = get("observe_joints")) c.observe_joints = split(*v);
   if (c.observe_joints.empty()) bad("observe_joints", "name at least one joint");

@@ -29,6 +29,9 @@ enum class ResetMode {
 struct Config {
   std::string address = "127.0.0.1:50051";
   std::string client_name = "gazebo";
+  // TLS and the token, handed to the C++ SDK's ClientOptions as they are (tls_ca_file, tls_cert_file,
+  // tls_key_file, tls_server_name, auth_token_file; $SIMBRIDGE_AUTH_TOKEN is read by the SDK).
+  std::string tls_ca, tls_cert, tls_key, tls_server_name, auth_token_file;
   // The observation is (position, velocity) of each of these joints, in this order.
   std::vector<std::string> observe_joints;
   // The action drives these joints with efforts (N for prismatic joints, N·m for revolute ones).

@@ -76,6 +76,11 @@ class SimbridgeSystem : public gz::sim::System,
 
       simbridge::ClientOptions options;
       options.client_name = config.client_name;
+      options.tls_ca_file = config.tls_ca;
+      options.tls_cert_file = config.tls_cert;
+      options.tls_key_file = config.tls_key;
+      options.tls_server_name = config.tls_server_name;
+      options.auth_token_file = config.auth_token_file;
       gzmsg << "simbridge: connecting to " << config.address << " for model [" << model.Name(ecm) << "]"
             << std::endl;
       client_ = std::make_unique<simbridge::PolicyClient>(config.address, to_space(simbridge_gz::observation_space(config)),

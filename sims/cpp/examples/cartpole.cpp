@@ -20,8 +20,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::stoull(args["seed"]);
   const bool endless = std::stod(args["seconds"]) > 0;  // timed: each ended episode is followed by a new one
   try {
-    simbridge::ClientOptions options;
-    options.client_name = "cpp-cartpole";
+    simbridge::ClientOptions options = cartpole::client_options(args, "cpp-cartpole");
     simbridge::PolicyClient client(args["address"], cartpole::observation_space(), simbridge::Space::Discrete(2), options);
     std::unique_ptr<simbridge::LocalPolicy> local;
     if (args["inference"] == "local") local = std::make_unique<simbridge::LocalPolicy>(client.get_policy(), seed);
@@ -87,7 +86,7 @@ int main(int argc, char** argv) {
                 finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
                 static_cast<long long>(local ? local->version() : client.last_policy_version()));
   } catch (const simbridge::Error& e) {
-    std::fprintf(stderr, "cartpole: %s (%s)\n", e.what(), e.reason().c_str());
+    cartpole::print_error("cartpole", e);
     return 1;
   }
   return 0;

@@ -72,8 +72,10 @@ class Env {
   int steps_ = 0;
 };
 
-// --name value pairs; unknown names are an error (exit 2).
+// --name value pairs; unknown names are an error (exit 2). The SDK's TLS and token flags
+// (simbridge::set_client_flag) are taken too, empty by default: see client_options.
 inline std::map<std::string, std::string> parse_args(int argc, char** argv, std::map<std::string, std::string> defaults) {
+  for (const char* flag : {"tls-ca", "tls-cert", "tls-key", "tls-server-name", "auth-token-file"}) defaults[flag] = "";
   for (int i = 1; i < argc; i += 2) {
     std::string name = argv[i];
     if (name.rfind("--", 0) != 0 || !defaults.count(name.substr(2)) || i + 1 >= argc) {
@@ -85,6 +87,20 @@ inline std::map<std::string, std::string> parse_args(int argc, char** argv, std:
     defaults[name.substr(2)] = argv[i + 1];
   }
   return defaults;
+}
+
+// The client's options: its name, and the TLS and token flags that were given.
+inline simbridge::ClientOptions client_options(const std::map<std::string, std::string>& args, const std::string& name) {
+  simbridge::ClientOptions options;
+  options.client_name = name;
+  for (const auto& kv : args)
+    if (!kv.second.empty()) simbridge::set_client_flag(options, "--" + kv.first, kv.second);
+  return options;
+}
+
+// A failed run's last words on stderr: the message, the reason, the gRPC status code's number.
+inline void print_error(const char* program, const simbridge::Error& e) {
+  std::fprintf(stderr, "%s: %s (%s) [gRPC status %d]\n", program, e.what(), e.reason().c_str(), static_cast<int>(e.code()));
 }
 
 using Clock = std::chrono::steady_clock;

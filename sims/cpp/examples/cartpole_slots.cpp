@@ -19,8 +19,7 @@ int main(int argc, char** argv) {
   const int n = std::stoi(args["slots"]);
   const uint64_t seed = std::stoull(args["seed"]);
   try {
-    simbridge::ClientOptions options;
-    options.client_name = "cpp-cartpole-slots";
+    simbridge::ClientOptions options = cartpole::client_options(args, "cpp-cartpole-slots");
     simbridge::SlotClient client(args["address"], cartpole::observation_space(), simbridge::Space::Discrete(2), n, options);
     std::vector<cartpole::Env> envs;
     simbridge::Floats obs, rewards(n), finals;
@@ -82,7 +81,7 @@ int main(int argc, char** argv) {
                 episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
                 client.reconnects());
   } catch (const simbridge::Error& e) {
-    std::fprintf(stderr, "cartpole_slots: %s (%s)\n", e.what(), e.reason().c_str());
+    cartpole::print_error("cartpole_slots", e);
     return 1;
   }
   return 0;

@@ -38,17 +38,20 @@ struct Options {
   uint64_t seed = 0;
   long long max_steps = 0;  // 0: until a signal
   std::string model;
+  simbridge::ClientOptions client;  // the TLS and token flags
 };
 
 const char* kUsage =
     "usage: mujoco_pendulum_sim [--address HOST:PORT] [--seed N] [--max-steps N] [--model PATH]\n"
+    "                           [--tls-ca PEM [--tls-cert PEM --tls-key PEM] [--tls-server-name NAME]]\n"
+    "                           [--auth-token-file FILE]\n"
     "  --address    the trainer's bridge (default 127.0.0.1:50051)\n"
     "  --seed       seeds the reset noise (default 0)\n"
     "  --max-steps  stop after this many env steps (default 0: until SIGTERM/SIGINT)\n"
     "  --model      gymnasium's inverted_pendulum.xml (default: the one CMake found)\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
-  std::fprintf(stderr, "mujoco_pendulum_sim: %s\n%s", why.c_str(), kUsage);
+  std::fprintf(stderr, "mujoco_pendulum_sim: %s\n%s%s", why.c_str(), kUsage, simbridge::kClientFlagsUsage);
   std::exit(2);
 }
 
@@ -71,6 +74,7 @@ Options parse_options(int argc, char** argv) {
     std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
+      std::fputs(simbridge::kClientFlagsUsage, stdout);
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("unknown option or missing value: " + flag);
@@ -79,7 +83,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--seed") o.seed = static_cast<uint64_t>(parse_count(flag, value));
     else if (flag == "--max-steps") o.max_steps = parse_count(flag, value);
     else if (flag == "--model") o.model = value;
-    else usage_error("unknown option: " + flag);
+    else if (!simbridge::set_client_flag(o.client, flag, value)) usage_error("unknown option: " + flag);
   }
   if (o.model.empty()) usage_error("--model is required (CMake found no gymnasium inverted_pendulum.xml)");
   return o;
@@ -123,7 +127,7 @@ struct Summary {
 void run(const Options& o, Summary& summary) {
   InvertedPendulum pendulum(o.model, o.seed);
   const float inf = std::numeric_limits<float>::infinity();
-  simbridge::ClientOptions client_options;
+  simbridge::ClientOptions client_options = o.client;
   client_options.client_name = "mujoco-pendulum";
   simbridge::PolicyClient client(
       o.address, simbridge::Space::Box(simbridge::Floats(InvertedPendulum::kObservationSize, -inf),
@@ -172,7 +176,8 @@ int main(int argc, char** argv) {
     run(options, summary);
   } catch (const simbridge::Error& e) {
     summary.stopped = "error";
-    summary.error = std::string(e.what()) + " (reason " + e.reason() + ")";
+    summary.error = std::string(e.what()) + " (reason " + e.reason() + ", gRPC status " +
+                    std::to_string(static_cast<int>(e.code())) + ")";
     rc = 1;
   } catch (const std::exception& e) {
     summary.stopped = "error";

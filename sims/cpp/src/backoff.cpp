@@ -6,6 +6,8 @@
 
 namespace simbridge {
 
+std::string fmt_s(double s) { return std::to_string(static_cast<long long>(s + 0.5)) + "s"; }
+
 double monotonic_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

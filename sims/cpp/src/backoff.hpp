@@ -3,10 +3,13 @@
 
 #include <functional>
 #include <limits>
+#include <string>
 
 namespace simbridge {
 
 double monotonic_s();
+// A patience for messages, in whole seconds: "30s".
+std::string fmt_s(double s);
 
 // `first_s`, doubling up to `max_s`, for at most `patience_s` since the first failure.
 class Backoff {

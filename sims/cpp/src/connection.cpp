@@ -10,8 +10,6 @@ namespace simbridge {
 
 namespace {
 constexpr size_t kFramingBytes = 1024;  // request header + stream envelope, generously
-
-std::string fmt_s(double s) { return std::to_string(static_cast<long long>(s + 0.5)) + "s"; }
 }  // namespace
 
 bool retryable(grpc::StatusCode code) {
@@ -48,7 +46,7 @@ const char* kind_of(const pb::StreamRequest& req) {
 
 Connection::Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
                        const ClientOptions& options, bool pipeline, OnFailed on_failed)
-    : address_(address), service_(service), create_(std::move(create)),
+    : address_(address), service_(service), create_(std::move(create)), creds_(options),
       reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
@@ -59,15 +57,9 @@ Connection::Connection(const std::string& address, Service service, pb::CreateSe
   args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
   args.SetInt("grpc.min_reconnect_backoff_ms", 100);
   args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  auto deadline = std::chrono::system_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
-  if (!channel_->WaitForConnected(deadline)) {
-    throw Error(grpc::StatusCode::UNAVAILABLE,
-                "no simbridge server answered at " + address + " within " + fmt_s(options.connect_timeout_s) +
-                    ": start one with `simbridge-server --address " + address + "` or pass the right address",
-                "SERVER_UNAVAILABLE");
-  }
+  creds_.configure(args);
+  channel_ = grpc::CreateCustomChannel(address, creds_.channel(), args);
+  wait_connected(channel_, creds_, address, options.connect_timeout_s);
   single_ = pb::ExternalEnv::NewStub(channel_);
   multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
   session_ = open_session("");
@@ -98,6 +90,7 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
   *req.mutable_create_session() = create_;
   if (!resume.empty()) req.mutable_create_session()->set_resume_session_id(resume);
   ctx_ = std::make_unique<grpc::ClientContext>();
+  creds_.authorize(*ctx_);
   stream_ = service_ == Service::Single ? single_->Stream(ctx_.get()) : multi_->Stream(ctx_.get());
   stream_open_ = true;
   pb::StreamResponse resp;
@@ -122,7 +115,12 @@ void Connection::reconnect(const std::string& cause) {
       resp = open_session(session_id_);
       break;
     } catch (const Error& e) {
-      if (!retryable(e.code()) || !backoff.wait())
+      // A refusal (a token no longer accepted, a session owned by another credential) keeps its
+      // code and reason: retrying would not change it, and the caller branches on the reason.
+      if (!retryable(e.code()))
+        throw Error(e.code(), "reconnecting to " + address_ + ", the server refused to resume session " + session_id_ + ": " + e.what(),
+                    e.reason());
+      if (!backoff.wait())
         throw Error(grpc::StatusCode::UNAVAILABLE,
                     "lost the simbridge server at " + address_ + " and could not reconnect within " +
                         fmt_s(reconnect_timeout_s_) + ": " + e.what(),

@@ -17,6 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "credentials.hpp"
 #include "simbridge/v1/simbridge.grpc.pb.h"
 #include "wire.hpp"
 
@@ -46,6 +47,8 @@ class Connection {
   void close();
 
   pb::ExternalEnv::Stub& unary_stub() { return *single_; }
+  // Every call's context carries the client's token (if any): the unary calls' too.
+  void authorize(grpc::ClientContext& ctx) const { creds_.authorize(ctx); }
   std::string session_id() const { return session_id_; }
   const pb::ServerLimits& limits() const { return session_.limits(); }
   int reconnects() const { return reconnects_; }
@@ -65,6 +68,7 @@ class Connection {
   std::string address_;
   Service service_;
   pb::CreateSessionRequest create_;
+  Credentials creds_;
   double reconnect_timeout_s_;
   bool pipeline_;
   OnFailed on_failed_;

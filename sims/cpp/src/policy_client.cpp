@@ -167,6 +167,7 @@ std::string PolicyClient::get_policy(int64_t known_version) {
   req.set_known_version(known_version);
   pb::GetPolicyResponse resp;
   grpc::ClientContext ctx;
+  rows_->connection().authorize(ctx);
   grpc::Status st = rows_->connection().unary_stub().GetPolicy(&ctx, req, &resp);
   if (!st.ok()) throw error_from_grpc(st);
   return resp.unchanged() ? std::string() : resp.policy().SerializeAsString();

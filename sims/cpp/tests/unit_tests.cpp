@@ -1,7 +1,10 @@
 // Unit tests of the SDK's pieces that need no server: tensor encoding, space messages, rows of
-// values, the flatten rule, error reasons, backoff, and LocalPolicy on hand-built PortablePolicies.
+// values, the flatten rule, error reasons, backoff, LocalPolicy on hand-built PortablePolicies, and
+// the client's credentials (which token, which files, which flags).
 // A tiny harness (no test framework in Debian's build deps): each TEST runs, failures are counted.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -9,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "backoff.hpp"
 #include "connection.hpp"
+#include "credentials.hpp"
 #include "wire.hpp"
 
 using namespace simbridge;
@@ -315,6 +321,79 @@ TEST(malformed_portable_policies_are_refused) {
   msg = q_policy(0.0);
   (*msg.mutable_head()->mutable_params())["epsilon"] = 1.5;
   CHECK_THROWS_REASON(LocalPolicy(msg.SerializeAsString()), "INVALID_VALUE");
+}
+
+// ---------------------------------------------------------------- credentials
+
+std::string temp_file(const std::string& text) {
+  char path[] = "/tmp/simbridge_unit_XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  close(fd);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(the_token_comes_from_the_option_then_its_file_then_the_environment) {
+  std::string file = temp_file("  from-file\n");
+  ::setenv("SIMBRIDGE_AUTH_TOKEN", "from-env", 1);
+  ClientOptions o;
+  CHECK(Credentials(o).authorization() == "Bearer from-env");
+  o.auth_token_file = file;
+  CHECK(Credentials(o).authorization() == "Bearer from-file");  // surrounding whitespace stripped
+  o.auth_token = "from-option";
+  CHECK(Credentials(o).authorization() == "Bearer from-option");
+  ::unsetenv("SIMBRIDGE_AUTH_TOKEN");
+  CHECK(Credentials(ClientOptions{}).authorization().empty());
+  CHECK(!Credentials(ClientOptions{}).tls());
+  std::remove(file.c_str());
+}
+
+TEST(bad_token_and_pem_files_are_named_before_connecting) {
+  ClientOptions o;
+  o.auth_token_file = "/nonexistent/token";
+  CHECK(error_message([&] { Credentials c(o); }).find("auth_token_file '/nonexistent/token': cannot read it") !=
+        std::string::npos);
+  std::string empty = temp_file(" \n"), two_lines = temp_file("tok\nen\n"), not_pem = temp_file("tok");
+  o.auth_token_file = empty;
+  CHECK_THROWS_REASON(Credentials c(o), "INVALID_REQUEST");
+  CHECK(error_message([&] { Credentials c(o); }).find("holds no token") != std::string::npos);
+  o.auth_token_file = two_lines;  // a newline inside would break every call's metadata
+  CHECK(error_message([&] { Credentials c(o); }).find("not printable ASCII") != std::string::npos);
+  ClientOptions t;
+  t.tls_ca_file = not_pem;
+  CHECK(error_message([&] { Credentials c(t); }).find("not a PEM file") != std::string::npos);
+  ClientOptions half;
+  half.tls_cert_file = not_pem;  // a certificate without its key
+  CHECK(error_message([&] { Credentials c(half); }).find("go together") != std::string::npos);
+  for (const auto& f : {empty, two_lines, not_pem}) std::remove(f.c_str());
+}
+
+TEST(tls_is_on_when_any_tls_option_is_set) {
+  ClientOptions o;
+  o.tls_server_name = "bridge.example";  // the system's roots then
+  Credentials c(o);
+  CHECK(c.tls() && c.trust() == "the system's root certificates");
+}
+
+TEST(client_flags_set_their_options_and_only_theirs) {
+  ClientOptions o;
+  CHECK(set_client_flag(o, "--tls-ca", "ca.pem") && o.tls_ca_file == "ca.pem");
+  CHECK(set_client_flag(o, "--tls-cert", "c.pem") && o.tls_cert_file == "c.pem");
+  CHECK(set_client_flag(o, "--tls-key", "k.pem") && o.tls_key_file == "k.pem");
+  CHECK(set_client_flag(o, "--tls-server-name", "n") && o.tls_server_name == "n");
+  CHECK(set_client_flag(o, "--auth-token-file", "t") && o.auth_token_file == "t");
+  CHECK(!set_client_flag(o, "--address", "x") && !set_client_flag(o, "--auth-token", "secret"));
+  CHECK(o.auth_token.empty());
 }
 
 }  // namespace

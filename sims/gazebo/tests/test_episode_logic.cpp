@@ -144,6 +144,25 @@ void the_environment_address_wins() {
   CHECK(error_of([] { parse_config(cartpole_params(), "a b"); }).find("<address>") != std::string::npos);
 }
 
+void tls_and_token_parameters_pass_through() {
+  Config c = cartpole([](auto& p) {
+    p["tls_ca"] = " /etc/simbridge/ca.pem ";
+    p["tls_cert"] = "/etc/simbridge/sim.pem";
+    p["tls_key"] = "/etc/simbridge/sim.key";
+    p["tls_server_name"] = "trainer.lan";
+    p["auth_token_file"] = "/etc/simbridge/token";
+  });
+  CHECK_EQ(c.tls_ca, std::string("/etc/simbridge/ca.pem"));
+  CHECK_EQ(c.tls_cert, std::string("/etc/simbridge/sim.pem"));
+  CHECK_EQ(c.tls_key, std::string("/etc/simbridge/sim.key"));
+  CHECK_EQ(c.tls_server_name, std::string("trainer.lan"));
+  CHECK_EQ(c.auth_token_file, std::string("/etc/simbridge/token"));
+  const Config plain = parse_config(cartpole_params());
+  CHECK(plain.tls_ca.empty() && plain.auth_token_file.empty());
+  CHECK(error_of([] { cartpole([](auto& p) { p["tls_cert"] = "sim.pem"; }); }).find("<tls_key>") != std::string::npos);
+  CHECK(error_of([] { cartpole([](auto& p) { p["tls_ca"] = " "; }); }).find("<tls_ca>") != std::string::npos);
+}
+
 void parse_defaults() {
   const Config c = parse_config({{"observe_joints", "hinge"}, {"actuate_joints", "hinge"}, {"effort_limits", "2"}});
   CHECK_EQ(c.address, std::string("127.0.0.1:50051"));
@@ -355,6 +374,7 @@ void readings_must_match_the_observed_joints() {
 const std::vector<std::pair<std::string, void (*)()>> kCases = {
     {"parse_cartpole_params", parse_cartpole_params},
     {"the_environment_address_wins", the_environment_address_wins},
+    {"tls_and_token_parameters_pass_through", tls_and_token_parameters_pass_through},
     {"parse_defaults", parse_defaults},
     {"parse_rejects_bad_parameters", parse_rejects_bad_parameters},
     {"spaces_box_and_discrete", spaces_box_and_discrete},

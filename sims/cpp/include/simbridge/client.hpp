@@ -74,7 +74,33 @@ struct ClientOptions {
   std::string client_name = "cpp-client";
   double connect_timeout_s = 30, reconnect_timeout_s = 60;
   bool slots_training_enabled = true;  // SlotClient: false keeps its episodes out of training
+
+  // TLS (the flags --tls-ca, --tls-cert, --tls-key, --tls-server-name of every simbridge client).
+  // Setting any of these four turns TLS on; all empty: a plaintext channel.
+  std::string tls_ca_file;      // PEM root certificates that sign the server's; empty: the system's roots
+  std::string tls_cert_file;    // PEM client certificate chain, for a server that requires one (mutual TLS)
+  std::string tls_key_file;     // its PEM private key (set both or neither)
+  std::string tls_server_name;  // the name checked against the server's certificate instead of the host dialed
+
+  // A token for a server started with --auth-token-file, sent on every call as gRPC metadata
+  // "authorization: Bearer <token>" (with or without TLS; without it the token crosses the network
+  // in clear, so keep plaintext to loopback). The first one set is used: auth_token, the one line
+  // of auth_token_file (--auth-token-file; surrounding whitespace stripped), the environment
+  // variable SIMBRIDGE_AUTH_TOKEN. A wrong or missing token: Error UNAUTHENTICATED, "AUTH_FAILED".
+  std::string auth_token;
+  std::string auth_token_file;
 };
+// The files are read when a client is constructed: one that is missing, unreadable, empty or (for
+// the PEM ones) not PEM is an Error INVALID_ARGUMENT naming the option and the file. A failed TLS
+// handshake is an Error UNAVAILABLE naming TLS and the CA, raised as soon as the handshake fails
+// (not at the end of connect_timeout_s).
+
+// The flags every simbridge client takes for TLS and the token, as the Python clients do:
+// --tls-ca, --tls-cert, --tls-key, --tls-server-name, --auth-token-file. If `flag` is one of them,
+// sets its option to `value` and returns true; otherwise returns false and changes nothing.
+bool set_client_flag(ClientOptions& options, const std::string& flag, const std::string& value);
+// Their usage lines, for an engine's --help.
+extern const char* const kClientFlagsUsage;
 
 class Connection;
 class RowCalls;
