@@ -8,20 +8,19 @@ message naming TLS and the CA file; a client without an accepted certificate is 
 TLS server; a wrong or missing token is UNAUTHENTICATED / AUTH_FAILED and the session is never
 created; the token travels on the unary calls (GetPolicy) as on the stream; a missing token or PEM
 file is named in the error before any connection is tried."""
-import hmac
 import json
 import os
 import socket
 import subprocess
 import time
-from concurrent import futures
 
 import grpc
 import pytest
 import trustme
 
-from simbridge.server import service
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+from simbridge.server.security import ServerSecurity
+from simbridge.server.service import BridgeServer
 from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
@@ -30,66 +29,39 @@ UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 TOKEN = "s3cret-token-for-tests"
 
 
-# ---------------------------------------------------------------- stand-in for simbridge-server's flags
-# Until `simbridge-server --tls-cert --tls-key [--tls-client-ca] --auth-token-file` lands, the bridge's
-# own servicers are served here behind grpc's ssl_server_credentials and a token interceptor. Replace
-# _serve with those flags (BridgeServer's TLS and token options) once they exist.
-
-class _TokenCheck(grpc.ServerInterceptor):
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
-
-    def intercept_service(self, continuation, details):
-        handler = continuation(details)
-        got = dict(details.invocation_metadata).get("authorization", "").encode()
-        if handler is None or hmac.compare_digest(got, self._expected):
-            return handler
-
-        def refuse(request, context):
-            BridgeError(grpc.StatusCode.UNAUTHENTICATED, "authentication failed", Reason.AUTH_FAILED).abort(context)
-
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-
-class _Served:
-    def __init__(self, runtime, credentials, token, address="127.0.0.1:0"):
-        self.runtime = runtime
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16),
-                                   interceptors=[_TokenCheck(token)] if token else [])
-        pb_grpc.add_ExternalEnvServicer_to_server(service._ExternalEnv(runtime, False), self._server)
-        pb_grpc.add_ExternalMultiAgentEnvServicer_to_server(service._ExternalMultiAgentEnv(runtime, True),
-                                                              self._server)
-        port = (self._server.add_secure_port(address, credentials) if credentials
-                else self._server.add_insecure_port(address))
-        self.address = f"127.0.0.1:{port}"
-        self._server.start()
-
-    def stop(self):
-        self._server.stop(0).wait()
-
+# ---------------------------------------------------------------- the bridge with TLS and tokens
 
 @pytest.fixture
-def serve():
+def serve(tmp_path):
+    """Real BridgeServers with ServerSecurity (the settings of simbridge-server's --tls-cert, --tls-key,
+    --tls-client-ca and --auth-token-file), stopped at teardown."""
     served = []
 
     def _serve(tls=None, token=None, runtime=None, address="127.0.0.1:0"):
         """tls: (server LeafCert, client CA or None): with a client CA the server requires client certificates."""
-        creds = None
+        d = tmp_path / f"server{len(served)}"
+        d.mkdir()
+        security = ServerSecurity()
         if tls:
             cert, client_ca = tls
-            creds = grpc.ssl_server_credentials(
-                [(cert.private_key_pem.bytes(), b"".join(p.bytes() for p in cert.cert_chain_pems))],
-                root_certificates=client_ca.cert_pem.bytes() if client_ca else None,
-                require_client_auth=client_ca is not None)
-        s = _Served(runtime or BridgeRuntime(BridgeConfig(rollout_fragment_length=16)), creds, token, address)
+            (d / "cert.pem").write_bytes(b"".join(p.bytes() for p in cert.cert_chain_pems))
+            cert.private_key_pem.write_to_path(str(d / "key.pem"))
+            security.tls_cert, security.tls_key = str(d / "cert.pem"), str(d / "key.pem")
+            if client_ca is not None:
+                client_ca.cert_pem.write_to_path(str(d / "client_ca.pem"))
+                security.tls_client_ca = str(d / "client_ca.pem")
+        if token:
+            (d / "tokens").write_text(token + "\n")
+            security.auth_token_file = str(d / "tokens")
+        s = BridgeServer(runtime or BridgeRuntime(BridgeConfig(rollout_fragment_length=16)), address,
+                         security=security).start()
+        s.address = f"127.0.0.1:{s.port}"
         served.append(s)
         return s
 
     yield _serve
     for s in served:
-        s.stop()
+        s.stop(grace=0)
 
 
 # ---------------------------------------------------------------- certificates, files, runs
