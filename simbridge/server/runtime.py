@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+import grpc
 import numpy as np
 
 from simbridge.server.batcher import DynamicBatcher
@@ -22,10 +23,11 @@ from simbridge.server.experience import ExperienceQueue
 from simbridge.server.mapping import DEFAULT_POLICY
 from simbridge.server.policies import Policy, PolicyRegistry, random_policy_factory
 from simbridge.server.rows import RowCalls
-from simbridge.server.sessions import Session, SessionTable, space_key
+from simbridge.server.sessions import Session, SessionTable, request_digest, space_key
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire import checks
+from simbridge.wire.errors import BridgeError, Reason, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
@@ -33,6 +35,12 @@ log = logging.getLogger("simbridge")
 SERVER_VERSION = "simbridge 0.1.0"
 
 PolicyFactory = Callable[[str, object, object], Policy]
+
+# Refusals that leave nothing applied and ask for the same request again later: they do not
+# take up their seq. Every other failure does (its error is kept: a resend gets it again), so
+# the client's next request, under the next seq, is not a gap.
+_RETRY_SAME_SEQ = frozenset({Reason.QUEUE_FULL, Reason.CALL_IN_PROGRESS, Reason.TOO_MANY_CALLS,
+                             Reason.SERVER_UNAVAILABLE})
 
 
 @dataclass
@@ -124,12 +132,15 @@ class BridgeRuntime:
 
     # ------------------------------------------------------------ sessions
 
-    def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool) -> pb.CreateSessionResponse:
+    def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool,
+                       client: str = "") -> pb.CreateSessionResponse:
+        """client: the caller's identity from the transport (credential, or host), which owns the
+        session; "" for in-process callers."""
         if req.resume_session_id:
-            s = self.sessions.resume(req.resume_session_id, multi_agent)
+            s = self.sessions.resume(req.resume_session_id, multi_agent, client)
             if s is not None:
                 return self._session_response(s, resumed=True)
-        s = self.sessions.create(req, multi_agent, self.slots.create_bank)
+        s = self.sessions.create(req, multi_agent, self.slots.create_bank, client)
         return self._session_response(s, resumed=False)
 
     def _session_response(self, s: Session, resumed: bool) -> pb.CreateSessionResponse:
@@ -175,39 +186,66 @@ class BridgeRuntime:
         return pb.CloseSessionResponse(truncated_episode_ids=ended)
 
     def reap(self, now: Optional[float] = None) -> List[str]:
-        """Close sessions whose client is gone; returns their ids."""
-        dead = self.sessions.gone(time.monotonic() if now is None else now)
+        """Close sessions whose client is gone, or stuck past step_timeout_s; returns their ids."""
+        now = time.monotonic() if now is None else now
+        dead = self.sessions.gone(now)
         for s in dead:
             log.warning("session %s (%s) is gone: ending its %d open episodes as truncated",
                         s.session_id, s.client_name, len(s.episodes))
             self.close_session(s, reason="client_lost")
-        return [s.session_id for s in dead]
+        stuck = [s for s in self.sessions.stuck(now) if not s.closed]
+        for s in stuck:
+            log.warning("session %s (%s) made no call for %.1fs (step_timeout_s %.1fs) with %d open "
+                        "episodes: closing it, its episodes end as truncated", s.session_id, s.client_name,
+                        now - s.last_active, self.config.step_timeout_s, len(s.episodes))
+            self.close_session(s, reason="step_timeout")
+            with self.ctx.lock:
+                self.metrics.sessions_timed_out += 1
+        return [s.session_id for s in dead + stuck]
 
     # ------------------------------------------------------------ dispatch
 
-    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None):
-        """Run one call: session lookup, resend detection, the call, delivery."""
+    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None,
+               client: str = ""):
+        """Run one call: session lookup (the caller must own it, unless the call comes on the
+        session's own stream), resend detection, the call, delivery."""
         call = self._calls.get(method)
         if call is None:
             raise invalid_argument(f"unknown call {method!r}")
         header = req.header
         if bound is not None:
             if header.session_id and header.session_id != bound.session_id:
+                checks.ids((header.session_id,), self.config.max_id_bytes, "session_id")
                 raise invalid_argument(f"this stream is bound to session {bound.session_id!r}, "
                                        f"the request names {header.session_id!r}")
             s = bound
         else:
             if not header.session_id:
                 raise invalid_argument("request header has no session_id: call CreateSession first")
-            s = self.sessions.get(header.session_id, multi_agent)
+            s = self.sessions.get(header.session_id, multi_agent, client)
         seq = header.seq
         self.settle(s)   # the previous call's bookkeeping, if its stream has not applied it yet
-        cached = self.sessions.answered(s, seq)
-        if cached is not None:
-            return cached
-        resp = call(s, req, bound is not None and self.config.answer_before_commit)
-        if seq:
-            self.sessions.remember(s, seq, resp)
+        if not seq:
+            return call(s, req, bound is not None and self.config.answer_before_commit)
+        digest = request_digest(method, req)
+        kept = self.sessions.answered(s, seq, digest)
+        if kept is not None:
+            if isinstance(kept, BridgeError):
+                raise kept
+            return kept
+        try:
+            resp = call(s, req, bound is not None and self.config.answer_before_commit)
+        except BridgeError as e:
+            if e.reason in _RETRY_SAME_SEQ:
+                self.sessions.forget(s, seq)
+            else:
+                self.sessions.remember(s, seq, digest, e)
+            raise
+        except Exception:   # a bug: the seq is spent (the session goes on), a resend hears of it
+            self.sessions.remember(s, seq, digest, BridgeError(
+                grpc.StatusCode.INTERNAL, f"{method} seq {seq} failed inside the server", Reason.SERVER_FAILURE))
+            raise
+        self.sessions.remember(s, seq, digest, resp)
         return resp
 
     def settle(self, s: Session) -> None:
@@ -253,6 +291,11 @@ class BridgeRuntime:
                 "policy_versions": self.policies.versions(),
                 "experience_queue": self.experience.qsize(),
                 "experience_blocked_puts": self.experience.blocked_puts,
+                "experience_blocked_s": self.experience.blocked_s,
+                "empty_episodes": self.metrics.empty_episodes,
+                "sessions_timed_out": self.metrics.sessions_timed_out,
+                "errors": dict(self.metrics.errors),
+                "refused": dict(self.metrics.refused),
                 "uploaded_steps": self.metrics.uploaded_steps,
                 "upload_refused_chunks": self.metrics.upload_refused_chunks,
                 "upload_refused_steps": self.metrics.upload_refused_steps,
