@@ -46,6 +46,7 @@ class RowChecks:
     def open_episode(self, s: Session, eid: str) -> Episode:
         ep = s.episodes.get(eid)
         if ep is None:
+            checks.ids((eid,), self.ctx.config.max_id_bytes, "episode id")   # overlong: that, not "unknown"
             reason = s.finished.get(eid)
             if reason is not None:
                 raise failed_precondition(f"episode {eid!r} already ended ({reason})", Reason.EPISODE_ENDED)
@@ -123,7 +124,9 @@ class RowChecks:
                 seen.add((eid, aid))
                 ep = self.open_episode(s, eid)
                 st = ep.agents.get(aid)
-                if st is not None and st.done:
+                if st is None:   # the agent's first appearance: it will be kept
+                    checks.ids((aid,), self.ctx.config.max_id_bytes, "agent id")
+                elif st.done:
                     raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}", Reason.EPISODE_ENDED)
                 r.episodes.append(ep)
                 r.states.append(st)
@@ -162,6 +165,7 @@ class RowChecks:
     # ---- new episodes
     def check_new_ids(self, s: Session, ids: List[str], ending: int = 0) -> None:
         """Lock held. New episode ids must be unused; `ending` episodes close first."""
+        checks.ids(ids, self.ctx.config.max_id_bytes, "episode id")
         if len(set(ids)) != len(ids):
             raise invalid_argument("episode ids to start repeat within the request")
         for eid in ids:
@@ -211,7 +215,9 @@ class RowChecks:
             for eid, aid in zip(eids, aids):
                 ep = self.open_episode(s, eid)
                 st = ep.agents.get(aid)
-                if st is not None and st.done:
+                if st is None:   # the agent's first appearance: it will be kept
+                    checks.ids((aid,), self.ctx.config.max_id_bytes, "agent id")
+                elif st.done:
                     raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}", Reason.EPISODE_ENDED)
                 seen[(eid, aid)] = seen.get((eid, aid), 0) + 1
                 eps.append(ep)
