@@ -95,16 +95,18 @@ class Session:
 
 
 def request_digest(method: str, req) -> bytes:
-    """What identifies a request for resends: the call and its deterministic bytes without the
-    header (a stream may leave session_id out where a unary call sets it)."""
-    header = req.header
-    saved = header.SerializeToString()
-    req.ClearField("header")
-    try:
-        body = req.SerializeToString(deterministic=True)
-    finally:
-        req.header.ParseFromString(saved)
-    return hashlib.blake2b(body, digest_size=16, person=method.encode()[:16]).digest()
+    """What identifies a request for resends: the call and the request's deterministic bytes
+    without its header (a stream may leave session_id out where a unary call sets it). The
+    header is field 1, serialized first: its tag, length and bytes are skipped, not re-encoded."""
+    data = req.SerializeToString(deterministic=True)
+    skip = 0
+    if req.HasField("header"):
+        n = req.header.ByteSize()
+        skip = 1 + max(1, (n.bit_length() + 6) // 7) + n
+        assert data[:1] == b"\n", "RequestHeader is field 1 of every request"
+    h = hashlib.sha256(method.encode())
+    h.update(memoryview(data)[skip:])
+    return h.digest()[:16]
 
 
 def not_owner() -> BridgeError:
