@@ -27,7 +27,7 @@ from simbridge.server.sessions import Session, SessionTable, request_digest, spa
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
 from simbridge.wire import checks
-from simbridge.wire.errors import BridgeError, Reason, invalid_argument
+from simbridge.wire.errors import BridgeError, Reason, invalid_argument, not_found
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
@@ -218,6 +218,10 @@ class BridgeRuntime:
                 checks.ids((header.session_id,), self.config.max_id_bytes, "session_id")
                 raise invalid_argument(f"this stream is bound to session {bound.session_id!r}, "
                                        f"the request names {header.session_id!r}")
+            if bound.closed:   # closed under the stream: timed out (step_timeout_s) or reaped
+                raise not_found(f"session {bound.session_id!r} was closed by the server (no call for "
+                                f"step_timeout_s, or closed by another call); its open episodes ended "
+                                f"as truncated: create a new session", Reason.SESSION_UNKNOWN)
             s = bound
         else:
             if not header.session_id:
