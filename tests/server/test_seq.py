@@ -18,7 +18,6 @@ import pytest
 from simbridge.server.experience import ExperienceQueue
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
-from simbridge.server.sessions import request_digest
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.errors import BridgeError, Reason
@@ -107,6 +106,10 @@ def test_a_refused_request_spends_its_seq_and_a_resend_hears_the_same_error(serv
     assert first.reason == Reason.INVALID_VALUE
     resent = raw.refused("GetAction", bad)
     assert (resent.code, resent.reason, resent.message) == (first.code, first.reason, first.message)
+    # Its seq is spent: a corrected request under it is another request, not a resend.
+    fixed = raw.refused("GetAction", pb.GetActionRequest(header=header(sid, 2), rows=[obs_rows("e", 0)]))
+    assert fixed.reason == Reason.SEQ_REUSED
+    assert server.runtime.snapshot()["agent_steps"] == 0
     # The client's next request takes the next seq: no gap.
     assert raw("GetAction", pb.GetActionRequest(header=header(sid, 3), rows=[obs_rows("e", 0)]))
     # Seq 0 is applied as received and spends nothing.
@@ -147,6 +150,7 @@ def test_a_full_queue_does_not_spend_the_seq(make_server):
 
 
 def test_digest_ignores_the_header_and_costs_little_on_a_256_slot_step():
+    from simbridge.server.sessions import request_digest
     obs = np.random.default_rng(0).standard_normal((256, 4)).astype(np.float32)
     a = pb.StepRequest(header=pb.RequestHeader(session_id="s", seq=7))
     a.observations.tensor.CopyFrom(tensors.to_tensor(obs))
