@@ -57,15 +57,19 @@ class BridgeConfig:
     max_wait_ms: float = 0.0
     experience_queue_size: int = 64
     response_cache_size: int = 256             # answers kept for resent requests
-    finished_ids_kept: int = 10_000            # for precise "already ended" errors
+    finished_ids_kept: int = 1_000             # for precise "already ended" errors, per session
     upload_queue_wait_s: float = 0.2           # UploadExperience: wait this long for room in the
                                                # experience queue, then refuse (RESOURCE_EXHAUSTED)
     # Limits no client can break (ServerLimits in the proto says what each refuses with).
     max_concurrent_calls: int = 512            # open calls, streams included, server-wide
     max_calls_per_client: int = 256            # ... from one client (credential, or host)
     max_calls_per_connection: int = 64         # ... on one HTTP/2 connection
-    max_sessions_per_client: int = 1024
+    max_sessions_per_client: int = 256
     max_id_bytes: int = 256                    # episode ids, agent ids, client names
+    # What one client's sessions make the server keep: their spaces, slots and open episodes
+    # (each by its spaces' size, SpaceSpec.row_bytes), docs/limits.md.
+    max_client_state_bytes: int = 2 << 30
+    response_cache_bytes: int = 4 << 20        # answers kept for resends, per session
     max_space_elements: int = 1 << 20          # elements of one observation or action
     step_timeout_s: float = 0.0                # open episodes, no call this long: closed (0: never)
     # Streamed GetAction/Step are answered before their bookkeeping is applied (settle()), while
@@ -158,7 +162,9 @@ class BridgeRuntime:
                                    max_sessions_per_client=c.max_sessions_per_client,
                                    max_id_bytes=c.max_id_bytes,
                                    max_space_elements=c.max_space_elements,
-                                   step_timeout_s=c.step_timeout_s))
+                                   step_timeout_s=c.step_timeout_s,
+                                   max_client_state_bytes=c.max_client_state_bytes,
+                                   response_cache_bytes=c.response_cache_bytes))
 
     def session(self, session_id: str, multi_agent: Optional[bool] = None) -> Session:
         """The live session (NOT_FOUND when it is not); multi_agent: the service asking, which

@@ -43,6 +43,28 @@ class SpaceSpec:
         self.obs_space = obs_space
         self.act_space = act_space
         self.key = space_key(obs_space, act_space)
+        # What one open episode (one agent) of these spaces makes the server keep, at most: its
+        # observation and action at 8 bytes an element, twice (slot tables grow by doubling),
+        # and the episode's own objects.
+        self.row_bytes = 16 * (sb_spaces.space_elements(obs_space) + sb_spaces.space_elements(act_space)) \
+            + EPISODE_OVERHEAD_BYTES
+        # The spaces themselves (Box bounds): the wire form, and gymnasium's arrays.
+        self.space_bytes = 3 * (len(self.key[0]) + len(self.key[1]))
+
+
+# An open episode's Python objects (Episode, AgentState, dicts) and its id, measured ~1.5 KB.
+EPISODE_OVERHEAD_BYTES = 2048
+
+
+class ClientState:
+    """What one client (a session owner) holds on the server: its live sessions, and the bytes
+    its sessions' spaces, open episodes and slots make the server keep (runtime lock held for
+    every change). Bounded by max_sessions_per_client and max_client_state_bytes."""
+    __slots__ = ("sessions", "state_bytes")
+
+    def __init__(self):
+        self.sessions = 0
+        self.state_bytes = 0
 
 
 def space_key(obs_space, act_space) -> tuple:
@@ -64,10 +86,13 @@ class Session:
         self.streams = 0
         self.detached_since: Optional[float] = None
         self.owner = ""
+        self.client: Optional[ClientState] = None   # shared by the owner's sessions
+        self.fixed_bytes = 0                        # its spaces and slots, charged to the client
         self.last_seq = 0
         self.serving_seq = 0    # the seq being applied now (0: none)
-        # seq -> (request digest, its answer: a response, or the BridgeError it failed with)
+        # seq -> (request digest, its answer: a response, or the BridgeError it failed with, its size)
         self.responses: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
+        self.responses_bytes = 0
         self.closed = False
         self.episodes_ended = 0
         self.slots = None   # slots.SlotBank of a batched simulator (CreateSession.num_slots)
@@ -109,6 +134,15 @@ def request_digest(method: str, req) -> bytes:
     return h.digest()[:16]
 
 
+def check_state(client: "ClientState", more: int, limit: int, what: str) -> None:
+    """Lock held. RESOURCE_EXHAUSTED / TOO_MANY_EPISODES unless the client may keep `more` bytes."""
+    if client.state_bytes + more > limit:
+        raise resource_exhausted(
+            f"{what} would take the server's memory for this client past its limit of {limit:,} bytes "
+            f"(ServerLimits.max_client_state_bytes; it holds {client.state_bytes:,}, open episodes count "
+            f"by their spaces' size): end episodes or close sessions first", Reason.TOO_MANY_EPISODES)
+
+
 def not_owner() -> BridgeError:
     return BridgeError(grpc.StatusCode.PERMISSION_DENIED, "this session belongs to another credential",
                        Reason.NOT_SESSION_OWNER)
@@ -123,7 +157,7 @@ class SessionTable:
         self.config = config
         self._lock = lock           # the runtime's lock
         self._sessions: Dict[str, Session] = {}
-        self._owned: "collections.Counter[str]" = collections.Counter()   # owner -> live sessions
+        self._clients: Dict[str, ClientState] = {}   # owner -> what it holds
 
     def resume(self, session_id: str, multi_agent: bool, client: str = "") -> Optional[Session]:
         """The live session to resume, or None (gone: the caller creates a new one)."""
@@ -165,15 +199,20 @@ class SessionTable:
             act = self._space(a.action_space, f"{where} action_space") \
                 if a.HasField("action_space") else default.act_space
             agent_specs[a.agent_id] = SpaceSpec(obs, act)
+        fixed = default.space_bytes + sum(spec.space_bytes for spec in agent_specs.values()) \
+            + max(0, req.num_slots) * default.row_bytes
         with self._lock:
-            self._check_room(client)   # before the bank: it may build a policy
+            self._check_room(client, fixed)   # before the bank: it may build a policy
         s = Session(uuid.uuid4().hex, multi_agent, default, agent_specs, req.client_name)
         s.owner = client
         s.slots = make_bank(s, req)
         with self._lock:
-            self._check_room(client)   # others may have been created meanwhile
+            self._check_room(client, fixed)   # others may have been created meanwhile
             self._sessions[s.session_id] = s
-            self._owned[client] += 1
+            s.client = self._clients.setdefault(client, ClientState())
+            s.client.sessions += 1
+            s.client.state_bytes += fixed
+            s.fixed_bytes = fixed
         log.info("session %s created for %r (%s)", s.session_id, req.client_name,
                  "multi-agent" if multi_agent else "single-agent")
         return s
@@ -188,13 +227,15 @@ class SessionTable:
                                      f"actions, or raise the server's max_space_elements", Reason.SPACE_TOO_LARGE)
         return space
 
-    def _check_room(self, client: str) -> None:
+    def _check_room(self, client: str, fixed: int) -> None:
         """Lock held."""
-        cap = self.config.max_sessions_per_client
-        if self._owned[client] >= cap:
-            raise resource_exhausted(f"this client already holds {cap} live sessions, the server's limit "
-                                     f"(ServerLimits.max_sessions_per_client): close sessions (CloseSession) "
-                                     f"before creating more", Reason.TOO_MANY_SESSIONS)
+        c = self.config
+        held = self._clients.get(client) or ClientState()
+        if held.sessions >= c.max_sessions_per_client:
+            raise resource_exhausted(f"this client already holds {c.max_sessions_per_client} live sessions, the "
+                                     f"server's limit (ServerLimits.max_sessions_per_client): close sessions "
+                                     f"(CloseSession) before creating more", Reason.TOO_MANY_SESSIONS)
+        check_state(held, fixed, c.max_client_state_bytes, "this session's spaces and slots")
 
     def get(self, session_id: str, multi_agent: Optional[bool] = None, client: Optional[str] = None) -> Session:
         """The live session; multi_agent: the service asking (None: either); client: the caller,
@@ -216,9 +257,10 @@ class SessionTable:
         """Lock held. The session is closed: forget it."""
         s.closed = True
         if self._sessions.pop(s.session_id, None) is not None:
-            self._owned[s.owner] -= 1
-            if not self._owned[s.owner]:
-                del self._owned[s.owner]
+            s.client.sessions -= 1
+            s.client.state_bytes -= s.fixed_bytes   # its episodes were released as they ended
+            if not s.client.sessions:
+                del self._clients[s.owner]
 
     def ids(self) -> List[str]:
         with self._lock:
@@ -297,12 +339,17 @@ class SessionTable:
     def remember(self, s: Session, seq: int, digest: bytes, answer) -> None:
         """seq was applied (or refused for good): its answer, a response or a BridgeError, is kept
         for resends."""
+        c = self.config
+        size = answer.ByteSize() if not isinstance(answer, BridgeError) else len(answer.message) + 64
         with self._lock:
             s.last_seq = max(s.last_seq, seq)
             s.serving_seq = 0
-            s.responses[seq] = (digest, answer)
-            while len(s.responses) > self.config.response_cache_size:
-                s.responses.popitem(last=False)
+            if size > c.response_cache_bytes:   # never kept: a resend of it is ALREADY_APPLIED
+                return
+            s.responses[seq] = (digest, answer, size)
+            s.responses_bytes += size
+            while len(s.responses) > c.response_cache_size or s.responses_bytes > c.response_cache_bytes:
+                s.responses_bytes -= s.responses.popitem(last=False)[1][2]
 
     def forget(self, s: Session, seq: int) -> None:
         """seq had no effect and may be sent again (a full queue, a call in progress)."""

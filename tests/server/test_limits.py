@@ -282,3 +282,69 @@ def test_more_than_64_dimensions_is_invalid_value_not_internal(make_server, serv
     assert err.code == SC.INVALID_ARGUMENT, (err.code, err.message)
     assert deep_srv.runtime.snapshot()["errors"].get("INTERNAL", 0) == 0
     raw.close()
+
+
+# ---------------------------------------------------------------- what a client makes the server keep
+
+
+def test_open_episodes_and_agents_are_bounded_by_the_clients_memory_budget(make_server):
+    big = gym.spaces.Box(-1.0, 1.0, (10_000,), np.float32)
+    srv = make_server(max_client_state_bytes=1 << 20)
+    rt = srv.runtime
+    raw = Raw(srv.address)
+    sid = raw.create(big)
+    other = raw.create(big)                    # the same client: one budget for both
+    s = rt.session(sid)
+    per_episode = s.default.row_bytes          # 16 bytes an element + 2 KiB
+    assert 160_000 < per_episode < 170_000
+    fits = ((1 << 20) - s.client.state_bytes) // per_episode
+    assert fits >= 2
+    raw("StartEpisode", pb.StartEpisodeRequest(header=header(sid), count=fits))
+    err = raw.refused("StartEpisode", pb.StartEpisodeRequest(header=header(sid), count=1))
+    assert_refused(err, SC.RESOURCE_EXHAUSTED, Reason.TOO_MANY_EPISODES, "max_client_state_bytes", "end episodes")
+    # The client's other session shares the budget; another client has its own.
+    assert_refused(raw.refused("StartEpisode", pb.StartEpisodeRequest(header=header(other), count=1)),
+                   SC.RESOURCE_EXHAUSTED, Reason.TOO_MANY_EPISODES)
+    elsewhere = rt.create_session(create_request(big), False, client="another host").session_id
+    rt.handle("start_episode", pb.StartEpisodeRequest(header=header(elsewhere), count=fits), False,
+              client="another host")
+    # Ending episodes gives their bytes back.
+    ids = list(s.episodes)
+    raw("EndEpisode", pb.EndEpisodeRequest(header=header(sid), episode_ids=ids))
+    assert s.client.state_bytes == s.fixed_bytes + rt.session(other).fixed_bytes
+    raw("StartEpisode", pb.StartEpisodeRequest(header=header(other), count=1))
+    raw("CloseSession", pb.CloseSessionRequest(header=header(other)))
+    raw("CloseSession", pb.CloseSessionRequest(header=header(sid)))
+    assert "" not in rt.sessions._clients   # the client holds nothing any more
+    raw.close()
+
+    # Multi-agent: each agent after an episode's first takes its own share.
+    ma = Raw(srv.address, multi_agent=True)
+    msid = ma.create(big)
+    ms = rt.session(msid)
+    ma("StartEpisode", pb.StartEpisodeRequest(header=header(msid), episode_ids=["m"]))
+    before = ms.client.state_bytes
+    zeros = np.zeros((2, 10_000), np.float32)
+    ma("GetAction", pb.GetActionRequest(header=header(msid), rows=[rows(["m"], zeros, agent_ids=["a", "b"])]))
+    assert ms.client.state_bytes == before + per_episode
+    n_more = ((1 << 20) - ms.client.state_bytes) // per_episode + 1
+    err = ma.refused("GetAction", pb.GetActionRequest(header=header(msid), rows=[
+        rows(["m"], np.zeros((n_more, 10_000), np.float32), agent_ids=[f"x{i}" for i in range(n_more)])]))
+    assert_refused(err, SC.RESOURCE_EXHAUSTED, Reason.TOO_MANY_EPISODES)
+    ma.close()
+
+
+def test_kept_answers_are_bounded_in_bytes(make_server):
+    srv = make_server(response_cache_bytes=3000)
+    raw = Raw(srv.address)
+    sid = raw.create()
+    raw("StartEpisode", pb.StartEpisodeRequest(header=header(sid, 1), episode_ids=["e"]))
+    big = pb.StartEpisodeRequest(header=header(sid, 2), episode_ids=[f"{i:0>200}" for i in range(20)])
+    raw("StartEpisode", big)                                   # ~4 KB answer: not kept
+    s = srv.runtime.session(sid)
+    assert list(s.responses) == [1] and s.responses_bytes < 3000 and s.last_seq == 2
+    err = raw.refused("StartEpisode", big)
+    assert err.reason == Reason.ALREADY_APPLIED
+    for seq in range(3, 40):
+        raw("StartEpisode", pb.StartEpisodeRequest(header=header(sid, seq), episode_ids=[f"s{seq:0>60}"]))
+    assert s.responses_bytes <= 3000 and 20 < len(s.responses) < 40
