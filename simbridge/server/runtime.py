@@ -50,7 +50,7 @@ class BridgeConfig:
     count_steps_by: str = "env_steps"          # or "agent_steps"
     max_message_bytes: int = 64 * 1024 * 1024
     max_rows_per_request: int = 16384
-    max_open_episodes_per_session: int = 100_000
+    max_open_episodes_per_session: int = 10_000  # also bounds a local client's upload table
     session_timeout_s: float = 120.0           # unary sessions: idle this long -> closed
     reconnect_grace_s: float = 30.0            # stream sessions: detached this long -> closed
     max_batch_rows: int = 4096                 # dynamic batcher
