@@ -89,6 +89,12 @@ class ServerSection:
     tls_client_ca: str = ""
     auth_token_file: str = ""
     insecure: bool = False
+    # A session with open episodes whose simulator makes no call this long is closed, its
+    # episodes truncated (docs/limits.md); 0: never.
+    step_timeout_s: float = 60.0
+    # A learner whose replay buffer and networks would need more is refused when a client first
+    # binds it (RESOURCE_EXHAUSTED / SPACE_TOO_LARGE) instead of failing to allocate later.
+    max_policy_memory_mb: int = 4096
 
 
 @dataclass
@@ -249,6 +255,11 @@ def _check_server(s: ServerSection, where: str) -> None:
                           f"make a slow learner slow the simulators down)")
     if s.max_wait_ms < 0:
         raise ConfigError(f"{where}: [server] max_wait_ms must be >= 0")
+    if s.step_timeout_s < 0:
+        raise ConfigError(f"{where}: [server] step_timeout_s must be >= 0 (0: never time a simulator out)")
+    if s.max_policy_memory_mb < 1:
+        raise ConfigError(f"{where}: [server] max_policy_memory_mb must be >= 1 (MiB a learner's replay "
+                          f"buffer and networks may take)")
 
 
 def _check_run(r: RunSection, where: str) -> None:

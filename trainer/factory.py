@@ -15,7 +15,7 @@ from simbridge.server.mapping import pattern_mapping
 from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config import TrainerConfig, resolve_algorithm
 from simbridge.trainer.learner import Learner
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
 
 log = logging.getLogger("simbridge.trainer")
 
@@ -72,10 +72,32 @@ class PolicyFactory:
                            trainable=self.cfg.trainable(pid))
             return cls(obs_space, act_space, **spec.config)
 
+    def check_memory(self, pid: str, obs_space, act_space) -> None:
+        """RESOURCE_EXHAUSTED / SPACE_TOO_LARGE when the learner for these spaces would need more than
+        [server] max_policy_memory_mb: refused before anything is allocated, the trainer runs on."""
+        cls = self.classes[pid]
+        if cls is None or not issubclass(cls, Learner):
+            return
+        est = cls.memory_estimate(obs_space, act_space, self.cfg.policies[pid].config)
+        budget_mb = self.cfg.server.max_policy_memory_mb
+        need = est["replay"] + est["networks"]
+        if need <= budget_mb * 2**20:
+            return
+        mb = lambda x: f"{x / 2**20:,.0f} MiB"   # noqa: E731
+        log.error("refused policy %r for observation %s, action %s: it would need %s, [server] "
+                  "max_policy_memory_mb is %d", pid, obs_space, act_space, mb(need), budget_mb)
+        raise resource_exhausted(
+            f"the trainer cannot hold policy {pid!r} for observation space {obs_space}, action space "
+            f"{act_space}: it would need about {mb(need)} (replay buffer {mb(est['replay'])}: buffer_size "
+            f"x {est['transition']:,} bytes per transition; networks {mb(est['networks'])}), more than its "
+            f"budget of {budget_mb:,} MiB: send smaller observations, lower [policies.{pid}] buffer_size or "
+            f"hidden, or raise [server] max_policy_memory_mb", Reason.SPACE_TOO_LARGE)
+
     def __call__(self, pid: str, obs_space, act_space) -> Policy:
         if pid not in self.cfg.policies:
             raise invalid_argument(f"policy {pid!r} is not defined in the trainer config: add "
                                    f"[policies.{pid}] or map the agent to one of {sorted(self.cfg.policies)}")
+        self.check_memory(pid, obs_space, act_space)
         try:
             policy = self.build(pid, obs_space, act_space)
         except Exception as e:

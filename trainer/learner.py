@@ -25,7 +25,7 @@ from simbridge.trainer import export
 from simbridge.trainer.nstep import NStepAccumulator
 from simbridge.trainer.replay import ReplayBuffer
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
-from simbridge.wire.preprocess import flatten
+from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 Read = TypeVar("Read")
@@ -50,6 +50,25 @@ def pick_device(name: Optional[str] = None) -> torch.device:
 
 class Learner(Policy):
     DEFAULTS: Dict[str, Any] = {}
+    # For memory_estimate: MLPs of shape [obs + act, *hidden, act + 1] the learner trains, and the
+    # copies of their parameters it keeps (weights, target, acting copy, gradients, Adam's two moments).
+    NETWORKS = 1
+    PARAM_COPIES = 6
+
+    @classmethod
+    def memory_estimate(cls, observation_space: gym.Space, action_space: gym.Space,
+                        config: Optional[dict] = None) -> Dict[str, int]:
+        """Bytes the learner would take for these spaces, before building it: {"replay": the
+        buffer at capacity, "transition": one transition of it, "networks": parameters and their
+        copies}. An estimate (float32 observations, twice per transition), to refuse a space the
+        memory cannot hold instead of failing to allocate it mid-run."""
+        cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
+        obs, act = flat_dim(observation_space), flat_dim(action_space)
+        transition = 4 * (2 * obs + act) + 64   # obs, new_obs, the action, its scalars
+        sizes = [obs + act, *cfg["hidden"], act + 1]
+        params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+        return {"replay": int(cfg["buffer_size"]) * transition, "transition": transition,
+                "networks": cls.NETWORKS * cls.PARAM_COPIES * 4 * params}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True):

@@ -69,7 +69,13 @@ class Reporter:
                "return_mean": snap["policy_return_mean"], "return_mean_10": snap["policy_return_mean_10"],
                "updates": {}, "versions": {}, "losses": {},
                "experience_queue": snap["experience_queue"],
-               "experience_blocked_puts": snap["experience_blocked_puts"]}
+               "experience_blocked_puts": snap["experience_blocked_puts"],
+               # What went wrong, so far: a run's health at a glance (docs/limits.md).
+               "experience_blocked_s": round(snap["experience_blocked_s"], 3),
+               "empty_episodes": snap["empty_episodes"], "sessions_timed_out": snap["sessions_timed_out"],
+               "upload_refused_chunks": snap["upload_refused_chunks"],
+               "upload_refused_steps": snap["upload_refused_steps"],
+               "errors": dict(sorted(snap["errors"].items())), "refused": dict(sorted(snap["refused"].items()))}
         for pid, p in sorted(self.runtime.policies.items()):
             rec["versions"][pid] = int(p.version)
             if hasattr(p, "updates"):
@@ -96,6 +102,13 @@ class Reporter:
             w.add_scalar("env/episode_return_mean", rec["episode_return_mean"], step)
         for pid, v in rec["return_mean"].items():
             w.add_scalar(f"env/return_mean/{pid}", v, step)
+        for k in ("experience_blocked_s", "empty_episodes", "sessions_timed_out", "upload_refused_chunks",
+                  "upload_refused_steps"):
+            w.add_scalar(f"health/{k}", rec[k], step)
+        for code, v in rec["errors"].items():
+            w.add_scalar(f"health/errors/{code}", v, step)
+        for reason, v in rec["refused"].items():
+            w.add_scalar(f"health/refused/{reason}", v, step)
         for pid, v in rec["updates"].items():
             w.add_scalar(f"learner/{pid}/updates", v, step)
         for pid, v in rec["versions"].items():

@@ -141,6 +141,7 @@ class TwinQ(nn.Module):
 
 
 class SACLearner(Learner):
+    NETWORKS = 3   # the actor and the twin critics
     DEFAULTS = SAC_DEFAULTS
 
     # ------------------------------------------------------------ build

@@ -167,8 +167,15 @@ class Episode:
         # complete_episodes mode holds transitions here until the episode ends.
         self.held_rows: list = []
         self.held_env_steps = 0
+        # The owner's ClientState and the bytes charged to it for this episode (sessions.py):
+        # given back when the episode is released.
+        self.client = None
+        self.charged = 0
 
     def add_agent(self, agent_id: str, spec, table: SlotTable) -> AgentState:
+        if self.agents and self.client is not None:   # the first agent rides on the episode's charge
+            self.charged += spec.row_bytes
+            self.client.state_bytes += spec.row_bytes
         st = self.agents[agent_id] = AgentState(agent_id, len(self.agents), spec, table, self.index)
         return st
 
@@ -181,9 +188,12 @@ class Episode:
         return float(sum(st.reward_total for st in self.agents.values()))
 
     def release(self) -> None:
-        """Give the agents' slots back (after the summary was taken)."""
+        """Give the agents' slots back (after the summary was taken), and the client its bytes."""
         for st in self.agents.values():
             st.table.free(st.slot)
+        if self.client is not None:
+            self.client.state_bytes -= self.charged
+            self.charged = 0
 
     def summary(self, reason: str) -> EpisodeSummary:
         return episode_summary(

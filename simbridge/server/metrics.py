@@ -15,6 +15,11 @@ class Metrics:
         self.env_steps = 0
         self.agent_steps = 0
         self.episodes = 0
+        # Episodes that ended without a single step (no observation ever given): no return to
+        # speak of, so they stay out of `episodes`, the returns and the episode-end hooks.
+        self.empty_episodes = 0
+        # Sessions closed because their simulator made no call for step_timeout_s.
+        self.sessions_timed_out = 0
         self.recent = collections.deque(maxlen=100)   # episode summaries
         self.errors = collections.Counter()           # status code name -> count
         self.refused = collections.Counter()          # ErrorReason name -> count
@@ -42,8 +47,12 @@ class Metrics:
     def file_summaries(self, summaries: Iterable[EpisodeSummary],
                        callbacks: List[Callable[[dict], None]]) -> None:
         """Runtime lock held. Ended episodes into the counts and the recent returns, and to
-        the episode-end hooks (every kind of episode: rows, batched slots, uploads)."""
+        the episode-end hooks (every kind of episode: rows, batched slots, uploads); those
+        without a step only into empty_episodes."""
         summaries = list(summaries)
+        stepped = [x for x in summaries if x["length"] > 0]   # usually all of them
+        self.empty_episodes += len(summaries) - len(stepped)
+        summaries = stepped
         self.episodes += len(summaries)
         self.recent.extend(summaries)
         for cb in callbacks:

@@ -13,7 +13,7 @@ from simbridge.wire import checks
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import AgentState, Episode
 from simbridge.wire.columns import ALL_AGENTS, SINGLE_AGENT_ID
-from simbridge.server.sessions import Session, SpaceSpec
+from simbridge.server.sessions import Session, SpaceSpec, check_state
 from simbridge.wire.errors import (Reason, already_exists, failed_precondition, invalid_argument,
                                    not_found, resource_exhausted)
 
@@ -46,6 +46,7 @@ class RowChecks:
     def open_episode(self, s: Session, eid: str) -> Episode:
         ep = s.episodes.get(eid)
         if ep is None:
+            checks.ids((eid,), self.ctx.config.max_id_bytes, "episode id")   # overlong: that, not "unknown"
             reason = s.finished.get(eid)
             if reason is not None:
                 raise failed_precondition(f"episode {eid!r} already ended ({reason})", Reason.EPISODE_ENDED)
@@ -115,6 +116,7 @@ class RowChecks:
             self._resolve_single_agent(s, out[0], mapped)  # the hot path, with comprehensions
             return
         seen = set()
+        new_agents = 0
         for r in out:
             r.episodes, r.states, r.policy_ids = [], [], []
             for eid, aid in zip(r.eids, r.aids):
@@ -123,7 +125,9 @@ class RowChecks:
                 seen.add((eid, aid))
                 ep = self.open_episode(s, eid)
                 st = ep.agents.get(aid)
-                if st is not None and st.done:
+                if st is None:   # the agent's first appearance: it will be kept
+                    new_agents = self.check_new_agent(s, aid, r.spec, new_agents)
+                elif st.done:
                     raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}", Reason.EPISODE_ENDED)
                 r.episodes.append(ep)
                 r.states.append(st)
@@ -159,9 +163,21 @@ class RowChecks:
         r.episodes, r.states, r.policy_ids = eps, sts, pids
         r.unique_episodes = True
 
+    def check_new_agent(self, s: Session, aid: str, spec: SpaceSpec, earlier: int) -> int:
+        """Lock held. A multi-agent episode's agent, on its first appearance: its id is kept and it
+        takes a slot of its spaces (an episode's first agent rides on what the episode was charged;
+        counted here anyway, with the request's `earlier` new agents: a conservative check).
+        Returns the bytes of the request's new agents so far."""
+        c = self.ctx.config
+        checks.ids((aid,), c.max_id_bytes, "agent id")
+        earlier += spec.row_bytes
+        check_state(s.client, earlier, c.max_client_state_bytes, f"agent {aid!r}")
+        return earlier
+
     # ---- new episodes
     def check_new_ids(self, s: Session, ids: List[str], ending: int = 0) -> None:
         """Lock held. New episode ids must be unused; `ending` episodes close first."""
+        checks.ids(ids, self.ctx.config.max_id_bytes, "episode id")
         if len(set(ids)) != len(ids):
             raise invalid_argument("episode ids to start repeat within the request")
         for eid in ids:
@@ -175,12 +191,15 @@ class RowChecks:
         if len(s.episodes) - ending + len(ids) > cap:
             raise resource_exhausted(f"session would have more than {cap} open episodes: "
                                      f"end some first", Reason.TOO_MANY_EPISODES)
+        check_state(s.client, (len(ids) - ending) * s.default.row_bytes, self.ctx.config.max_client_state_bytes,
+                    f"{len(ids)} more open episodes")
 
     # ---- reward rows
     def check_returns(self, s: Session, rows_msgs) -> list:
         """Lock held. Validates RewardRows; returns plans for Transitions.apply_returns."""
         plans = []
         seen: Dict[Tuple[str, str], int] = {}
+        new_agents = 0
         for i, m in enumerate(rows_msgs):
             what = f"rewards of rows {i}"
             eids, aids, n = self.resolve_ids(s, m.episode_ids, m.agent_ids, what)
@@ -211,7 +230,9 @@ class RowChecks:
             for eid, aid in zip(eids, aids):
                 ep = self.open_episode(s, eid)
                 st = ep.agents.get(aid)
-                if st is not None and st.done:
+                if st is None:   # the agent's first appearance: it will be kept
+                    new_agents = self.check_new_agent(s, aid, s.spec_for(aid), new_agents)
+                elif st.done:
                     raise failed_precondition(f"agent {aid!r} is already done in episode {eid!r}", Reason.EPISODE_ENDED)
                 seen[(eid, aid)] = seen.get((eid, aid), 0) + 1
                 eps.append(ep)

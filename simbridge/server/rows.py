@@ -14,6 +14,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from simbridge.wire import checks
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
 from simbridge.wire.columns import ALL_AGENTS
@@ -133,6 +134,7 @@ class RowCalls:
             plans = self.checks.check_returns(s, req.rows)
             for em in req.custom_metrics:
                 self.checks.open_episode(s, em.episode_id)
+                checks.ids(list(em.values), self.ctx.config.max_id_bytes, "custom metric name")
             self.transitions.apply_returns(s, plans)
             for em in req.custom_metrics:
                 s.episodes[em.episode_id].custom_metrics.update(em.values)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+import grpc
 import numpy as np
 
 from simbridge.server.batcher import DynamicBatcher
@@ -22,10 +23,11 @@ from simbridge.server.experience import ExperienceQueue
 from simbridge.server.mapping import DEFAULT_POLICY
 from simbridge.server.policies import Policy, PolicyRegistry, random_policy_factory
 from simbridge.server.rows import RowCalls
-from simbridge.server.sessions import Session, SessionTable, space_key
+from simbridge.server.sessions import Session, SessionTable, request_digest, space_key
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
-from simbridge.wire.errors import invalid_argument
+from simbridge.wire import checks
+from simbridge.wire.errors import BridgeError, Reason, invalid_argument, not_found
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
@@ -33,6 +35,12 @@ log = logging.getLogger("simbridge")
 SERVER_VERSION = "simbridge 0.1.0"
 
 PolicyFactory = Callable[[str, object, object], Policy]
+
+# Refusals that leave nothing applied and ask for the same request again later: they do not
+# take up their seq. Every other failure does (its error is kept: a resend gets it again), so
+# the client's next request, under the next seq, is not a gap.
+_RETRY_SAME_SEQ = frozenset({Reason.QUEUE_FULL, Reason.CALL_IN_PROGRESS, Reason.TOO_MANY_CALLS,
+                             Reason.SERVER_UNAVAILABLE})
 
 
 @dataclass
@@ -42,14 +50,14 @@ class BridgeConfig:
     count_steps_by: str = "env_steps"          # or "agent_steps"
     max_message_bytes: int = 64 * 1024 * 1024
     max_rows_per_request: int = 16384
-    max_open_episodes_per_session: int = 100_000
+    max_open_episodes_per_session: int = 10_000  # also bounds a local client's upload table
     session_timeout_s: float = 120.0           # unary sessions: idle this long -> closed
     reconnect_grace_s: float = 30.0            # stream sessions: detached this long -> closed
     max_batch_rows: int = 4096                 # dynamic batcher
     max_wait_ms: float = 0.0
     experience_queue_size: int = 64
     response_cache_size: int = 256             # answers kept for resent requests
-    finished_ids_kept: int = 10_000            # for precise "already ended" errors
+    finished_ids_kept: int = 1_000             # for precise "already ended" errors, per session
     upload_queue_wait_s: float = 0.2           # UploadExperience: wait this long for room in the
                                                # experience queue, then refuse (RESOURCE_EXHAUSTED)
     # Limits no client can break (ServerLimits in the proto says what each refuses with).
@@ -57,8 +65,12 @@ class BridgeConfig:
     max_calls_per_client: int = 256            # ... from one client (credential, or host)
     max_calls_per_connection: int = 256        # ... on one HTTP/2 connection (clients of one process
                                                # share one: grpc pools connections by target)
-    max_sessions_per_client: int = 1024
+    max_sessions_per_client: int = 256
     max_id_bytes: int = 256                    # episode ids, agent ids, client names
+    # What one client's sessions make the server keep: their spaces, slots and open episodes
+    # (each by its spaces' size, SpaceSpec.row_bytes), docs/limits.md.
+    max_client_state_bytes: int = 2 << 30
+    response_cache_bytes: int = 4 << 20        # answers kept for resends, per session
     max_space_elements: int = 1 << 20          # elements of one observation or action
     step_timeout_s: float = 0.0                # open episodes, no call this long: closed (0: never)
     # Streamed GetAction/Step are answered before their bookkeeping is applied (settle()), while
@@ -127,11 +139,13 @@ class BridgeRuntime:
 
     def create_session(self, req: pb.CreateSessionRequest, multi_agent: bool,
                        client: str = "") -> pb.CreateSessionResponse:
+        """client: the caller's identity from the transport (credential, or host), which owns the
+        session; "" for in-process callers."""
         if req.resume_session_id:
-            s = self.sessions.resume(req.resume_session_id, multi_agent)
+            s = self.sessions.resume(req.resume_session_id, multi_agent, client)
             if s is not None:
                 return self._session_response(s, resumed=True)
-        s = self.sessions.create(req, multi_agent, self.slots.create_bank)
+        s = self.sessions.create(req, multi_agent, self.slots.create_bank, client)
         return self._session_response(s, resumed=False)
 
     def _session_response(self, s: Session, resumed: bool) -> pb.CreateSessionResponse:
@@ -149,7 +163,9 @@ class BridgeRuntime:
                                    max_sessions_per_client=c.max_sessions_per_client,
                                    max_id_bytes=c.max_id_bytes,
                                    max_space_elements=c.max_space_elements,
-                                   step_timeout_s=c.step_timeout_s))
+                                   step_timeout_s=c.step_timeout_s,
+                                   max_client_state_bytes=c.max_client_state_bytes,
+                                   response_cache_bytes=c.response_cache_bytes))
 
     def session(self, session_id: str, multi_agent: Optional[bool] = None) -> Session:
         """The live session (NOT_FOUND when it is not); multi_agent: the service asking, which
@@ -177,39 +193,70 @@ class BridgeRuntime:
         return pb.CloseSessionResponse(truncated_episode_ids=ended)
 
     def reap(self, now: Optional[float] = None) -> List[str]:
-        """Close sessions whose client is gone; returns their ids."""
-        dead = self.sessions.gone(time.monotonic() if now is None else now)
+        """Close sessions whose client is gone, or stuck past step_timeout_s; returns their ids."""
+        now = time.monotonic() if now is None else now
+        dead = self.sessions.gone(now)
         for s in dead:
             log.warning("session %s (%s) is gone: ending its %d open episodes as truncated",
                         s.session_id, s.client_name, len(s.episodes))
             self.close_session(s, reason="client_lost")
-        return [s.session_id for s in dead]
+        stuck = [s for s in self.sessions.stuck(now) if not s.closed]
+        for s in stuck:
+            log.warning("session %s (%s) made no call for %.1fs (step_timeout_s %.1fs) with %d open "
+                        "episodes: closing it, its episodes end as truncated", s.session_id, s.client_name,
+                        now - s.last_active, self.config.step_timeout_s, len(s.episodes))
+            self.close_session(s, reason="step_timeout")
+            with self.ctx.lock:
+                self.metrics.sessions_timed_out += 1
+        return [s.session_id for s in dead + stuck]
 
     # ------------------------------------------------------------ dispatch
 
-    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None, client: str = ""):
-        """Run one call: session lookup, resend detection, the call, delivery."""
+    def handle(self, method: str, req, multi_agent: bool, bound: Optional[Session] = None,
+               client: str = ""):
+        """Run one call: session lookup (the caller must own it, unless the call comes on the
+        session's own stream), resend detection, the call, delivery."""
         call = self._calls.get(method)
         if call is None:
             raise invalid_argument(f"unknown call {method!r}")
         header = req.header
         if bound is not None:
             if header.session_id and header.session_id != bound.session_id:
+                checks.ids((header.session_id,), self.config.max_id_bytes, "session_id")
                 raise invalid_argument(f"this stream is bound to session {bound.session_id!r}, "
                                        f"the request names {header.session_id!r}")
+            if bound.closed:   # closed under the stream: timed out (step_timeout_s) or reaped
+                raise not_found(f"session {bound.session_id!r} was closed by the server (no call for "
+                                f"step_timeout_s, or closed by another call); its open episodes ended "
+                                f"as truncated: create a new session", Reason.SESSION_UNKNOWN)
             s = bound
         else:
             if not header.session_id:
                 raise invalid_argument("request header has no session_id: call CreateSession first")
-            s = self.sessions.get(header.session_id, multi_agent)
+            s = self.sessions.get(header.session_id, multi_agent, client)
         seq = header.seq
         self.settle(s)   # the previous call's bookkeeping, if its stream has not applied it yet
-        cached = self.sessions.answered(s, seq)
-        if cached is not None:
-            return cached
-        resp = call(s, req, bound is not None and self.config.answer_before_commit)
-        if seq:
-            self.sessions.remember(s, seq, resp)
+        if not seq:
+            return call(s, req, bound is not None and self.config.answer_before_commit)
+        digest = request_digest(method, req)
+        kept = self.sessions.answered(s, seq, digest)
+        if kept is not None:
+            if isinstance(kept, BridgeError):
+                raise kept
+            return kept
+        try:
+            resp = call(s, req, bound is not None and self.config.answer_before_commit)
+        except BridgeError as e:
+            if e.reason in _RETRY_SAME_SEQ:
+                self.sessions.forget(s, seq)
+            else:
+                self.sessions.remember(s, seq, digest, e)
+            raise
+        except Exception:   # a bug: the seq is spent (the session goes on), a resend hears of it
+            self.sessions.remember(s, seq, digest, BridgeError(
+                grpc.StatusCode.INTERNAL, f"{method} seq {seq} failed inside the server", Reason.SERVER_FAILURE))
+            raise
+        self.sessions.remember(s, seq, digest, resp)
         return resp
 
     def settle(self, s: Session) -> None:
@@ -255,6 +302,11 @@ class BridgeRuntime:
                 "policy_versions": self.policies.versions(),
                 "experience_queue": self.experience.qsize(),
                 "experience_blocked_puts": self.experience.blocked_puts,
+                "experience_blocked_s": self.experience.blocked_s,
+                "empty_episodes": self.metrics.empty_episodes,
+                "sessions_timed_out": self.metrics.sessions_timed_out,
+                "errors": dict(self.metrics.errors),
+                "refused": dict(self.metrics.refused),
                 "uploaded_steps": self.metrics.uploaded_steps,
                 "upload_refused_chunks": self.metrics.upload_refused_chunks,
                 "upload_refused_steps": self.metrics.upload_refused_steps,

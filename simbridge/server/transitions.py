@@ -38,8 +38,11 @@ class Transitions:
         return st
 
     def open_episodes(self, s: Session, ids: List[str], training: bool) -> None:
+        charge = s.default.row_bytes
         for eid in ids:
-            s.episodes[eid] = Episode(eid, self.ctx.next_eps_id(), s.session_id, training)
+            ep = s.episodes[eid] = Episode(eid, self.ctx.next_eps_id(), s.session_id, training)
+            ep.client, ep.charged = s.client, charge
+        s.client.state_bytes += charge * len(ids)
 
     def act(self, r: Rows, actions, logp, versions, stepped: set) -> None:
         """Record observation + action per row; completes each agent's previous transition.

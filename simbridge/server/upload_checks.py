@@ -43,6 +43,7 @@ def decode(config, session, req) -> Chunk:
     c.ids = list(req.episode_ids)
     if len(c.ids) > limit:
         raise invalid_argument(f"UploadExperience: {len(c.ids)} episode ids exceed the limit of {limit}", Reason.MESSAGE_TOO_LARGE)
+    checks.ids(c.ids, config.max_id_bytes, "episode id")
     if len(set(c.ids)) != len(c.ids):
         raise invalid_argument("episode_ids repeat: list each episode of the chunk once")
     if "" in c.ids:
@@ -87,6 +88,7 @@ def decode(config, session, req) -> Chunk:
         c.logp = np.full(n, np.nan, np.float32)
     _check_time_order(c)
     c.summaries = list(req.finished_episodes)
+    checks.ids([x.episode_id for x in c.summaries], config.max_id_bytes, "finished episode id")
     seen = set()
     for i, s in enumerate(c.summaries):
         what = f"finished_episodes[{i}]"

@@ -12,6 +12,10 @@ Tensor (Step, UploadExperience); both follow the same rules:
 * otherwise exactly one flag per row;
 * a tensor must be BOOL of shape (n,) and hold only the bytes 0 and 1 (numpy
   would read any other byte as a "true" that is neither True nor False).
+
+ids(): the one check of id lengths (episode ids, agent ids, client names, session ids): at most
+`limit` bytes of UTF-8 each (ServerLimits.max_id_bytes), so what a client makes the server keep
+per id is bounded.
 """
 import math
 from typing import Sequence, Union
@@ -19,7 +23,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from simbridge.wire import leaf_codec, tensors
-from simbridge.wire.errors import invalid_argument, invalid_value
+from simbridge.wire.errors import Reason, invalid_argument, invalid_value
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 _BOOL = np.dtype(bool)
@@ -87,3 +91,17 @@ def _vector(t: pb.Tensor, code: int, dtype: np.dtype, n: int, what: str, per: st
         return tensors.from_tensor(t)
     except Exception as e:
         raise error(f"{what}: {getattr(e, 'message', e)}") from None
+
+
+def ids(values, limit: int, what: str) -> None:
+    """INVALID_ARGUMENT / ID_TOO_LONG unless every id in `values` (strs) is at most `limit` bytes
+    of UTF-8. A character is at most 4 bytes, so only ids longer than limit / 4 characters are
+    encoded to be measured: the common case costs one max() over their lengths."""
+    if not values or max(map(len, values)) * 4 <= limit:
+        return
+    for v in values:
+        size = len(v.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise invalid_argument(f"{what} {v[:16]!r}... is {size} bytes of UTF-8, more than the server's "
+                                   f"limit of {limit} bytes (ServerLimits.max_id_bytes): use shorter ids",
+                                   Reason.ID_TOO_LONG)

@@ -23,13 +23,14 @@ Dtype rules (what the server accepts and returns):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces as gs
 
 from simbridge.wire.errors import BridgeError, invalid_value
-from simbridge.wire.tensors import INTEGER_DTYPES, dtype_name, fill_tensor, from_tensor
+from simbridge.wire.tensors import INTEGER_DTYPES, MAX_DIMS, dtype_name, fill_tensor, from_tensor
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.values import Path, fmt_path
 # The value codecs, re-exported: callers treat a space and its values as one codec.
@@ -38,6 +39,19 @@ from simbridge.wire.values import decode_value, encode_value, fill_value  # noqa
 
 
 # ---------------------------------------------------------------- spaces
+
+# A leaf's values travel and are kept batched, (rows, *leaf_shape): one dimension is the rows'.
+MAX_LEAF_DIMS = MAX_DIMS - 1
+
+
+def space_elements(space: gs.Space) -> int:
+    """Elements of one value of `space`: the product of each leaf's shape, summed over the
+    leaves (a Discrete is one). What a policy's memory per observation or action grows with."""
+    if isinstance(space, gs.Dict):
+        return sum(space_elements(s) for s in space.spaces.values())
+    if isinstance(space, gs.Tuple):
+        return sum(space_elements(s) for s in space.spaces)
+    return math.prod(space.shape)   # Python ints: a hostile shape cannot overflow
 
 
 def space_to_proto(space: gs.Space, what: str = "space") -> pb.Space:
@@ -105,6 +119,7 @@ def _space_from(msg: pb.Space, what: str, path: Path) -> gs.Space:
             raise invalid_value(f"{where}: Box needs both low and high")
         low = _bound(box.low, where, "low")
         high = _bound(box.high, where, "high")
+        _check_dims(low.shape, where, "Box")
         if low.dtype != high.dtype:
             raise invalid_value(
                 f"{where}: Box low dtype {low.dtype.name} != high dtype {high.dtype.name}"
@@ -130,6 +145,7 @@ def _space_from(msg: pb.Space, what: str, path: Path) -> gs.Space:
         if not md.HasField("nvec"):
             raise invalid_value(f"{where}: MultiDiscrete needs nvec")
         nvec = _int_tensor(md.nvec, where, "nvec")
+        _check_dims(nvec.shape, where, "MultiDiscrete")
         if nvec.size and nvec.min() <= 0:
             raise invalid_value(
                 f"{where}: MultiDiscrete nvec must be positive, got {nvec.tolist()}"
@@ -146,6 +162,7 @@ def _space_from(msg: pb.Space, what: str, path: Path) -> gs.Space:
 
     if kind == "multi_binary":
         shape = tuple(msg.multi_binary.shape)
+        _check_dims(shape, where, "MultiBinary")
         if not shape or min(shape) <= 0:
             raise invalid_value(
                 f"{where}: MultiBinary shape must be non-empty and positive, got {shape}"
@@ -171,6 +188,12 @@ def _space_from(msg: pb.Space, what: str, path: Path) -> gs.Space:
         )
 
     raise invalid_value(f"{where}: unsupported Space kind {kind!r}")  # newer proto
+
+
+def _check_dims(shape: tuple, where: str, kind: str) -> None:
+    if len(shape) > MAX_LEAF_DIMS:
+        raise invalid_value(f"{where}: {kind} has {len(shape)} dimensions; at most {MAX_LEAF_DIMS} are "
+                            f"supported (values carry one more, the rows')")
 
 
 def _bound(t: pb.Tensor, where: str, name: str) -> np.ndarray:

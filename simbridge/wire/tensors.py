@@ -44,6 +44,9 @@ INTEGER_DTYPES = frozenset(
 
 _SUPPORTED = ", ".join(dt.name for dt in _PB_TO_NP.values())
 
+# numpy's limit (NPY_MAXDIMS in numpy 2): a deeper shape cannot become an array at all.
+MAX_DIMS = 64
+
 
 def dtype_name(code: int) -> str:
     """numpy-style name of a wire dtype ("float32"), for error messages."""
@@ -115,6 +118,8 @@ def from_tensor(t: pb.Tensor) -> np.ndarray:
     if dt is None:
         raise invalid_value(_bad_dtype_message(t.dtype))
     shape = tuple(t.shape[:])  # slicing first is ~2x faster than iterating the container
+    if len(shape) > MAX_DIMS:
+        raise invalid_value(f"tensor has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
     if shape and min(shape) < 0:
         raise invalid_value(f"tensor shape {shape} has a negative dimension")
     data = t.data
@@ -124,7 +129,10 @@ def from_tensor(t: pb.Tensor) -> np.ndarray:
         raise invalid_value(
             f"tensor data has {len(data)} bytes, shape {shape} {dt.name} needs {needed}"
         )
-    return np.frombuffer(data, dtype=dt).reshape(shape)
+    try:
+        return np.frombuffer(data, dtype=dt).reshape(shape)
+    except ValueError as e:   # an empty tensor whose other dimensions numpy cannot index
+        raise invalid_value(f"tensor shape {shape} is not a valid array shape: {e}") from None
 
 
 def _bad_dtype_message(code: int) -> str:

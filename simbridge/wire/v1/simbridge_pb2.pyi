@@ -237,7 +237,7 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_calls_per_connection", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s")
+    __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_calls_per_connection", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s", "max_client_state_bytes", "response_cache_bytes")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_OPEN_EPISODES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,8 @@ class ServerLimits(_message.Message):
     MAX_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_SPACE_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIENT_STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_rows_per_request: int
     max_open_episodes_per_session: int
@@ -262,7 +264,9 @@ class ServerLimits(_message.Message):
     max_id_bytes: int
     max_space_elements: int
     step_timeout_s: float
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ..., max_concurrent_calls: _Optional[int] = ..., max_calls_per_client: _Optional[int] = ..., max_calls_per_connection: _Optional[int] = ..., max_sessions_per_client: _Optional[int] = ..., max_id_bytes: _Optional[int] = ..., max_space_elements: _Optional[int] = ..., step_timeout_s: _Optional[float] = ...) -> None: ...
+    max_client_state_bytes: int
+    response_cache_bytes: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_rows_per_request: _Optional[int] = ..., max_open_episodes_per_session: _Optional[int] = ..., session_timeout_s: _Optional[float] = ..., reconnect_grace_s: _Optional[float] = ..., max_concurrent_calls: _Optional[int] = ..., max_calls_per_client: _Optional[int] = ..., max_calls_per_connection: _Optional[int] = ..., max_sessions_per_client: _Optional[int] = ..., max_id_bytes: _Optional[int] = ..., max_space_elements: _Optional[int] = ..., step_timeout_s: _Optional[float] = ..., max_client_state_bytes: _Optional[int] = ..., response_cache_bytes: _Optional[int] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session_id", "limits", "server_version", "resumed", "last_seq")
