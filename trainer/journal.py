@@ -307,30 +307,31 @@ class Recovered:
     records: int = 0
     torn: List[str] = field(default_factory=list)             # segments with a dropped tail
     max_eps_id: int = 0
+    ended_ids: set = field(default_factory=set)               # eps_ids of every journaled summary
 
     def rows_end(self) -> Dict[str, int]:
         return {pid: chunks[-1][0] + chunks[-1][2] for pid, chunks in self.rows.items() if chunks}
 
     def open_episodes(self) -> List[dict]:
-        """Summaries, ended as truncated, of the episodes with transitions after the checkpoint
-        and no summary: they were open at the kill (their sessions are gone). Their length is
-        their transitions' env steps; their return the rewards of those transitions."""
-        ended = {s["eps_id"] for s in self.summaries}
+        """Summaries, ended as truncated, of the episodes with journaled transitions and no
+        summary: they were open at the kill (their sessions are gone). Their length and return
+        come from their transitions still in the journal (an action whose outcome never came is
+        dropped, as when a simulator is lost)."""
+        open_ids = set()
+        for chunks in self.rows.values():
+            for _, cols, _, _ in chunks:
+                open_ids.update(np.unique(np.asarray(cols[EPS_ID])).tolist())
+        open_ids -= self.ended_ids
         eps: Dict[int, dict] = {}
         for pid, chunks in self.rows.items():
-            for _, cols, n, after in chunks:
-                if not after:
-                    continue   # from before the checkpoint
-                ids, agents = np.asarray(cols[EPS_ID]), np.asarray(cols[AGENT_INDEX])
-                rew, t = np.asarray(cols[REWARDS], np.float64), np.asarray(cols[T])
-                for k in range(n):
-                    e = int(ids[k])
-                    if e in ended:
-                        continue
-                    ep = eps.setdefault(e, {"length": 0, "agents": {}})
+            for _, cols, n, _ in chunks:
+                ids = np.asarray(cols[EPS_ID])
+                mine = np.flatnonzero(np.isin(ids, list(open_ids))) if open_ids else ()
+                agents, rew, t = np.asarray(cols[AGENT_INDEX]), np.asarray(cols[REWARDS]), np.asarray(cols[T])
+                for k in mine:
+                    ep = eps.setdefault(int(ids[k]), {"length": 0, "agents": {}})
                     ep["length"] = max(ep["length"], int(t[k]) + 1)
-                    aid = f"agent{int(agents[k])}"
-                    a = ep["agents"].setdefault(aid, [pid, 0.0])
+                    a = ep["agents"].setdefault(f"agent{int(agents[k])}", [pid, 0.0])
                     a[1] += float(rew[k])
         out = []
         for e, ep in sorted(eps.items()):
@@ -378,14 +379,17 @@ def recover(directory: Path, since_segment: int, needed_from: Dict[str, int]) ->
                 if EPS_ID in cols and len(cols[EPS_ID]):
                     rec.max_eps_id = max(rec.max_eps_id, int(np.max(cols[EPS_ID])))
                 rec.rows.setdefault(pid, []).append((i, cols, k, after))
+            elif kind == "episode":
+                eps_id = int(header["s"].get("eps_id", 0))
+                rec.ended_ids.add(eps_id)
+                rec.max_eps_id = max(rec.max_eps_id, eps_id)
+                if after:
+                    rec.summaries.append(header["s"])
             elif not after:
                 continue
             elif kind == "counters":
                 rec.counters = {"env_steps": header["env"], "agent_steps": header["agent"],
                                 "episodes": header["episodes"]}
-            elif kind == "episode":
-                rec.summaries.append(header["s"])
-                rec.max_eps_id = max(rec.max_eps_id, int(header["s"].get("eps_id", 0)))
             elif kind == "updates":
                 rec.updates.update({p: int(u) for p, u in header["u"].items()})
     for chunks in rec.rows.values():
