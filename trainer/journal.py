@@ -69,12 +69,27 @@ def _unflatten(spec, arrays: list):
     return tuple(_unflatten(v, arrays) for v in spec["t"])
 
 
+def _frame(h: bytes, payload: bytes = b"") -> bytes:
+    return _HEAD.pack(MAGIC, len(h), len(payload), zlib.crc32(payload, zlib.crc32(h))) + h + payload
+
+
+def _le(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype.byteorder == "<" or (a.dtype.byteorder in "=|" and _LITTLE) else a.astype(a.dtype.newbyteorder("<"))
+
+
+_LITTLE = np.little_endian
+
+
 def encode(header: dict, arrays: List[np.ndarray] = ()) -> bytes:
-    header = dict(header, a=[[a.dtype.newbyteorder("<").str, list(a.shape)] for a in arrays])
-    h = json.dumps(header, separators=(",", ":")).encode()
-    payload = b"".join(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in arrays)
-    crc = zlib.crc32(payload, zlib.crc32(h))
-    return _HEAD.pack(MAGIC, len(h), len(payload), crc) + h + payload
+    """One record: `header` (JSON) and `arrays` (their dtype and shape go in the header)."""
+    arrays = [_le(np.asarray(a)) for a in arrays]
+    header = dict(header, a=[[a.dtype.str, list(a.shape)] for a in arrays])
+    return _frame(json.dumps(header, separators=(",", ":")).encode(), b"".join(a.tobytes() for a in arrays))
+
+
+def _counters(env: int, agent: int, episodes: int) -> bytes:
+    # Once per applied call: formatted directly (json.dumps costs several times more).
+    return _frame(b'{"k":"counters","env":%d,"agent":%d,"episodes":%d,"a":[]}' % (env, agent, episodes))
 
 
 def decode_all(data: bytes) -> Tuple[List[Tuple[dict, List[np.ndarray]]], int]:
@@ -92,7 +107,9 @@ def decode_all(data: bytes) -> Tuple[List[Tuple[dict, List[np.ndarray]]], int]:
         try:
             header = json.loads(h)
             arrays, off = [], 0
+            rows = [int(header["n"])] if header.get("k") == "rows" else []   # rows: trailing shapes
             for dt, shape in header.pop("a"):
+                shape = rows + list(shape)
                 dtype = np.dtype(dt)
                 if dtype.hasobject:
                     raise ValueError("object dtype")
@@ -128,6 +145,7 @@ class Journal:
         self._buf: List[Tuple[str, Any, int, bool]] = []  # (policy, columns or row, n, single row)
         self._episodes: List[dict] = []
         self._last = (-1, -1, -1)
+        self._layouts: Dict[tuple, bytes] = {}
         self._fd = -1
         self._dirty = False
         self._open(segment)
@@ -165,7 +183,7 @@ class Journal:
                 return
             recs = self._take_records()
             if now != self._last:
-                recs.append(encode({"k": "counters", "env": now[0], "agent": now[1], "episodes": now[2]}))
+                recs.append(_counters(*now))
                 self._last = now
             self._write(recs)
 
@@ -241,19 +259,36 @@ class Journal:
         return recs
 
     def _rows_record(self, pid: str, cols: dict, n: int) -> bytes:
+        """A rows record; its header but for "i" and "n" is cached per column layout (the
+        per-call cost of the journal is mostly here)."""
         leaves: list = []
-        specs = {}
+        sig = []   # (column, its tree of leaf indices as JSON, or the flat column's leaf index)
         for k, v in cols.items():
+            if type(v) is np.ndarray:   # the common, flat column
+                if not v.dtype.hasobject:
+                    sig.append((k, len(leaves), v.dtype.str, v.shape[1:]))
+                    leaves.append(_le(v))
+                continue
             mark = len(leaves)
             spec = _flatten(v, leaves)
             if any(a.dtype.hasobject for a in leaves[mark:]):   # infos: no learner reads them
                 del leaves[mark:]
                 continue
-            specs[k] = spec
+            leaves[mark:] = [_le(a) for a in leaves[mark:]]
+            sig.append((k, json.dumps(spec), tuple((a.dtype.str, a.shape[1:]) for a in leaves[mark:])))
+        key = (pid, tuple(sig))
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) > 256:
+                self._layouts.clear()
+            cols_spec = {x[0]: x[1] if isinstance(x[1], int) else json.loads(x[1]) for x in sig}
+            layout = self._layouts[key] = json.dumps(
+                {"p": pid, "cols": cols_spec, "a": [[a.dtype.str, list(a.shape[1:])] for a in leaves]},
+                separators=(",", ":"))[1:].encode()
         first = self.rows.get(pid, 0)
         self.rows[pid] = first + n
         self.seg_ends[self.segment][pid] = first + n
-        return encode({"k": "rows", "p": pid, "i": first, "n": n, "cols": specs}, leaves)
+        return _frame(b'{"k":"rows","i":%d,"n":%d,' % (first, n) + layout, b"".join(a.tobytes() for a in leaves))
 
     def _write(self, recs: List[bytes]) -> None:
         if not recs or self.failed or self._fd < 0:
