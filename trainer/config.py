@@ -95,6 +95,9 @@ class RunSection:
     # resumes where it was, not at its last checkpoint. docs/durability.md
     journal: bool = True
     journal_fsync_s: float = 0.0      # > 0: fsync the journal this often (power loss); 0: never
+    # Apply and journal a streamed GetAction/Step before answering it (every answered call
+    # survives a kill); false answers first (faster; a kill may lose one answered call per simulator).
+    journal_before_answer: bool = True
 
 
 @dataclass

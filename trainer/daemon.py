@@ -28,7 +28,7 @@ import torch
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
-from simbridge.trainer import checkpoint, journal
+from simbridge.trainer import checkpoint, journal, recovery
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.config import ConfigError, TrainerConfig
 from simbridge.trainer.factory import PolicyFactory, trains
@@ -58,12 +58,12 @@ class TrainerDaemon:
         self._t0 = time.monotonic()
 
         s = cfg.server
-        # With a journal, a streamed call is applied (and journaled) before it is answered: every
-        # answer a simulator got is then on record.
+        # With a journal (and journal_before_answer), a streamed call is applied and journaled
+        # before it is answered: every answer a simulator got is then on record.
         bridge_cfg = BridgeConfig(rollout_fragment_length=s.rollout_fragment_length, batch_mode=s.batch_mode,
                                   count_steps_by=s.count_steps_by, max_wait_ms=s.max_wait_ms,
                                   experience_queue_size=s.experience_queue_size,
-                                  answer_before_commit=not cfg.run.journal)
+                                  answer_before_commit=not (cfg.run.journal and cfg.run.journal_before_answer))
         self.runtime = BridgeRuntime(bridge_cfg, policy_mapping_fn=self.factory.mapping_fn(),
                                      policy_factory=self.factory)
         self.runtime.episode_end_callbacks.append(self._on_episode_end)
@@ -120,7 +120,7 @@ class TrainerDaemon:
         self.runtime.ctx.start_episode_numbers(eps_next)
         return state
 
-    def _replay(self, js: dict, ingested: dict) -> journal.Recovered:
+    def _replay(self, js: dict, ingested: dict) -> recovery.Recovered:
         """The journal after the checkpoint `js` into the learners: rows they had not ingested are
         added (and counted); without a replay buffer in the checkpoint, the rows before those
         refill it first (not counted). Their due updates are forgiven: gradient updates are not
@@ -130,7 +130,7 @@ class TrainerDaemon:
         need = dict(ingested)
         for pid, p in learners.items():
             need[pid] = ingested.get(pid, 0) - (0 if keep_replay else p.replay.capacity)
-        rec = journal.recover(self.logdir / journal.DIRNAME, js["segment"], need)
+        rec = recovery.recover(self.logdir / journal.DIRNAME, js["segment"], need)
         ends = rec.rows_end()
         info = {"journal_records": rec.records, "journal_torn": rec.torn, "transitions_replayed": 0,
                 "updates_lost": {}, "updates_forgiven": {}}

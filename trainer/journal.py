@@ -4,7 +4,7 @@ A trainer SIGKILLed between checkpoints would otherwise lose every env step, epi
 transition since its last checkpoint. The bridge calls the journal (ServerContext.set_journal)
 as transitions enter its collector, as clients acting locally upload theirs, and once each call
 is applied, before it is answered; the daemon adds ended episodes and its learners' update
-counts. `--resume` loads the checkpoint, then `recover()` reads the journal back.
+counts. `--resume` loads the checkpoint, then trainer/recovery.py reads the journal back.
 
 Files: LOGDIR/journal/seg-NNNNNN.sbj, a new segment at each checkpoint. A segment is a run of
 records, each: b"SBJ1", header length, payload length, CRC-32 of header+payload (little-endian
@@ -28,14 +28,12 @@ import os
 import struct
 import threading
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from simbridge.wire import tree
-from simbridge.wire.columns import AGENT_INDEX, EPS_ID, REWARDS, T
 
 log = logging.getLogger("simbridge.trainer")
 
@@ -61,12 +59,12 @@ def _flatten(value, leaves: list):
     return len(leaves) - 1
 
 
-def _unflatten(spec, arrays: list):
+def unflatten(spec, arrays: list):
     if isinstance(spec, int):
         return arrays[spec]
     if "d" in spec:
-        return {k: _unflatten(v, arrays) for k, v in spec["d"].items()}
-    return tuple(_unflatten(v, arrays) for v in spec["t"])
+        return {k: unflatten(v, arrays) for k, v in spec["d"].items()}
+    return tuple(unflatten(v, arrays) for v in spec["t"])
 
 
 def _frame(h: bytes, payload: bytes = b"") -> bytes:
@@ -240,10 +238,11 @@ class Journal:
     # -- internals (self._lock held)
     def _take_records(self) -> List[bytes]:
         recs, buf, self._buf = [], self._buf, []
+        run: list = []   # consecutive chunks of one policy and layout: one record
         i = 0
         while i < len(buf):
             pid, cols, n, single = buf[i]
-            if single:   # consecutive single rows of one policy: stacked into one record
+            if single:   # consecutive single rows of one policy: stacked into one chunk
                 j = i
                 while j < len(buf) and buf[j][3] and buf[j][0] == pid:
                     j += 1
@@ -252,22 +251,29 @@ class Journal:
                 n, i = j - i, j
             else:
                 i += 1
-            recs.append(self._rows_record(pid, cols, n))
+            key, leaves = self._layout(pid, cols)
+            if run and run[0][0] != key:
+                recs.append(self._rows_record(run))
+                run = []
+            run.append((key, leaves, n))
+        if run:
+            recs.append(self._rows_record(run))
         for s in self._episodes:
             recs.append(encode({"k": "episode", "s": s}))
         self._episodes = []
         return recs
 
-    def _rows_record(self, pid: str, cols: dict, n: int) -> bytes:
-        """A rows record; its header but for "i" and "n" is cached per column layout (the
-        per-call cost of the journal is mostly here)."""
+    def _layout(self, pid: str, cols: dict) -> Tuple[tuple, list]:
+        """(pid and the columns' layout, their leaf arrays in order); the header of a layout but
+        for "i" and "n" is made once and cached (the per-call cost of the journal is mostly here)."""
         leaves: list = []
         sig = []   # (column, its tree of leaf indices as JSON, or the flat column's leaf index)
         for k, v in cols.items():
             if type(v) is np.ndarray:   # the common, flat column
-                if not v.dtype.hasobject:
-                    sig.append((k, len(leaves), v.dtype.str, v.shape[1:]))
-                    leaves.append(_le(v))
+                dt = v.dtype
+                if not dt.hasobject:
+                    sig.append((k, len(leaves), dt, v.shape[1:]))
+                    leaves.append(v if _LITTLE and dt.isnative else _le(v))
                 continue
             mark = len(leaves)
             spec = _flatten(v, leaves)
@@ -275,20 +281,28 @@ class Journal:
                 del leaves[mark:]
                 continue
             leaves[mark:] = [_le(a) for a in leaves[mark:]]
-            sig.append((k, json.dumps(spec), tuple((a.dtype.str, a.shape[1:]) for a in leaves[mark:])))
+            sig.append((k, json.dumps(spec), tuple((a.dtype, a.shape[1:]) for a in leaves[mark:])))
         key = (pid, tuple(sig))
-        layout = self._layouts.get(key)
-        if layout is None:
+        if key not in self._layouts:
             if len(self._layouts) > 256:
                 self._layouts.clear()
             cols_spec = {x[0]: x[1] if isinstance(x[1], int) else json.loads(x[1]) for x in sig}
-            layout = self._layouts[key] = json.dumps(
+            self._layouts[key] = json.dumps(
                 {"p": pid, "cols": cols_spec, "a": [[a.dtype.str, list(a.shape[1:])] for a in leaves]},
                 separators=(",", ":"))[1:].encode()
+        return key, leaves
+
+    def _rows_record(self, run: list) -> bytes:
+        """One record of chunks of one layout: row-major leaves, so each column's bytes are its
+        chunks' bytes one after the other."""
+        key = run[0][0]
+        pid = key[0]
+        n = sum(r[2] for r in run)
         first = self.rows.get(pid, 0)
         self.rows[pid] = first + n
         self.seg_ends[self.segment][pid] = first + n
-        return _frame(b'{"k":"rows","i":%d,"n":%d,' % (first, n) + layout, b"".join(a.tobytes() for a in leaves))
+        payload = b"".join(leaves[j].tobytes() for j in range(len(run[0][1])) for _, leaves, _ in run)
+        return _frame(b'{"k":"rows","i":%d,"n":%d,' % (first, n) + self._layouts[key], payload)
 
     def _write(self, recs: List[bytes]) -> None:
         if not recs or self.failed or self._fd < 0:
@@ -325,108 +339,3 @@ class Journal:
         while not self._stop.wait(self._fsync_s):
             with self._lock:
                 self._sync(self._fd)
-
-
-# ---------------------------------------------------------------- reading back
-
-@dataclass
-class Recovered:
-    """What the journal adds to a checkpoint (read by recover())."""
-    counters: Optional[dict] = None                           # the last after the checkpoint
-    summaries: List[dict] = field(default_factory=list)       # episodes ended after it
-    # policy -> (first row index, columns, rows, written after the checkpoint)
-    rows: Dict[str, List[Tuple[int, dict, int, bool]]] = field(default_factory=dict)
-    updates: Dict[str, int] = field(default_factory=dict)     # the last journaled update counts
-    seg_ends: Dict[int, Dict[str, int]] = field(default_factory=dict)
-    last_segment: int = 0
-    records: int = 0
-    torn: List[str] = field(default_factory=list)             # segments with a dropped tail
-    max_eps_id: int = 0
-    ended_ids: set = field(default_factory=set)               # eps_ids of every journaled summary
-
-    def rows_end(self) -> Dict[str, int]:
-        return {pid: chunks[-1][0] + chunks[-1][2] for pid, chunks in self.rows.items() if chunks}
-
-    def open_episodes(self) -> List[dict]:
-        """Summaries, ended as truncated, of the episodes with journaled transitions and no
-        summary: they were open at the kill (their sessions are gone). Their length and return
-        come from their transitions still in the journal (an action whose outcome never came is
-        dropped, as when a simulator is lost)."""
-        open_ids = set()
-        for chunks in self.rows.values():
-            for _, cols, _, _ in chunks:
-                open_ids.update(np.unique(np.asarray(cols[EPS_ID])).tolist())
-        open_ids -= self.ended_ids
-        eps: Dict[int, dict] = {}
-        for pid, chunks in self.rows.items():
-            for _, cols, n, _ in chunks:
-                ids = np.asarray(cols[EPS_ID])
-                mine = np.flatnonzero(np.isin(ids, list(open_ids))) if open_ids else ()
-                agents, rew, t = np.asarray(cols[AGENT_INDEX]), np.asarray(cols[REWARDS]), np.asarray(cols[T])
-                for k in mine:
-                    ep = eps.setdefault(int(ids[k]), {"length": 0, "agents": {}})
-                    ep["length"] = max(ep["length"], int(t[k]) + 1)
-                    a = ep["agents"].setdefault(f"agent{int(agents[k])}", [pid, 0.0])
-                    a[1] += float(rew[k])
-        out = []
-        for e, ep in sorted(eps.items()):
-            agent_rewards = {aid: r for aid, (_, r) in ep["agents"].items()}
-            agent_policies = {aid: pid for aid, (pid, _) in ep["agents"].items()}
-            policy_rewards: Dict[str, float] = {}
-            for aid, pid in agent_policies.items():
-                policy_rewards[pid] = policy_rewards.get(pid, 0.0) + agent_rewards[aid]
-            out.append({"episode_id": f"eps-{e}", "eps_id": e, "session_id": "", "total_reward":
-                        float(sum(agent_rewards.values())), "length": ep["length"],
-                        "agent_rewards": agent_rewards, "agent_policies": agent_policies,
-                        "policy_rewards": policy_rewards, "custom_metrics": {}, "training_enabled": True,
-                        "end_reason": "trainer_lost", "duration_s": 0.0})
-        return out
-
-
-def recover(directory: Path, since_segment: int, needed_from: Dict[str, int]) -> Recovered:
-    """Read every segment; counters, episodes and updates from `since_segment` on (the ones
-    before are in the checkpoint), rows from needed_from[policy] on (earlier ones are neither
-    new to the learner nor needed to refill its replay buffer)."""
-    rec = Recovered()
-    directory = Path(directory)
-    names = sorted(directory.glob("seg-*.sbj")) if directory.is_dir() else []
-    for path in names:
-        try:
-            n = int(path.stem.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        data = path.read_bytes()
-        records, used = decode_all(data)
-        if used < len(data):
-            rec.torn.append(f"{path.name}: {len(data) - used} bytes")
-        rec.last_segment = max(rec.last_segment, n)
-        ends = rec.seg_ends.setdefault(n, {})
-        after = n >= since_segment
-        for header, arrays in records:
-            rec.records += 1
-            kind = header.get("k")
-            if kind == "rows":
-                pid, i, k = header["p"], int(header["i"]), int(header["n"])
-                ends[pid] = i + k
-                if i + k <= needed_from.get(pid, 0) and not after:
-                    continue
-                cols = {c: _unflatten(spec, arrays) for c, spec in header["cols"].items()}
-                if EPS_ID in cols and len(cols[EPS_ID]):
-                    rec.max_eps_id = max(rec.max_eps_id, int(np.max(cols[EPS_ID])))
-                rec.rows.setdefault(pid, []).append((i, cols, k, after))
-            elif kind == "episode":
-                eps_id = int(header["s"].get("eps_id", 0))
-                rec.ended_ids.add(eps_id)
-                rec.max_eps_id = max(rec.max_eps_id, eps_id)
-                if after:
-                    rec.summaries.append(header["s"])
-            elif not after:
-                continue
-            elif kind == "counters":
-                rec.counters = {"env_steps": header["env"], "agent_steps": header["agent"],
-                                "episodes": header["episodes"]}
-            elif kind == "updates":
-                rec.updates.update({p: int(u) for p, u in header["u"].items()})
-    for chunks in rec.rows.values():
-        chunks.sort(key=lambda c: c[0])
-    return rec

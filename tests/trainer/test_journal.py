@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 
 from simbridge.trainer import journal as J
+from simbridge.trainer.recovery import recover
 
 
 class _Metrics:
@@ -49,7 +50,7 @@ def test_round_trip_across_a_checkpoint_and_a_torn_tail(tmp_path):
     whole = seg2.read_bytes()
     seg2.write_bytes(whole + J.encode({"k": "counters", "env": 99, "agent": 99, "episodes": 99})[:-3])  # torn
 
-    rec = J.recover(tmp_path, since_segment=2, needed_from={})
+    rec = recover(tmp_path, since_segment=2, needed_from={})
     assert rec.torn == [f"{J.segment_name(2)}: {len(J.encode({'k': 'counters', 'env': 99, 'agent': 99, 'episodes': 99})) - 3} bytes"]
     assert rec.counters == {"env_steps": 8, "agent_steps": 8, "episodes": 1}   # not the torn 99s
     assert rec.summaries == [] and rec.updates == {"p": 7}   # the episode is before the checkpoint
@@ -67,7 +68,7 @@ def test_round_trip_across_a_checkpoint_and_a_torn_tail(tmp_path):
     assert lost_q["eps_id"] == 3 and lost_q["agent_policies"] == {"agent0": "q"} and lost_q["length"] == 1
 
     # Read from the start: the episode and the first counters are after "checkpoint" 1.
-    rec1 = J.recover(tmp_path, since_segment=1, needed_from={})
+    rec1 = recover(tmp_path, since_segment=1, needed_from={})
     assert rec1.summaries == [{"eps_id": 1, "total_reward": 1.5}] and rec1.open_episodes()[0]["eps_id"] == 2
 
 
