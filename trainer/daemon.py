@@ -69,6 +69,7 @@ class TrainerDaemon:
         self.runtime.episode_end_callbacks.append(self._on_episode_end)
         self.journal = None
         self.resume_info: dict = {}
+        self.open_from = 0   # episode numbers below this one are never "open at a kill"
 
         state = self._resume() if resume else None
         for pid, spec in cfg.policies.items():
@@ -102,6 +103,7 @@ class TrainerDaemon:
         self.base_wall_s = c["wall_s"]
         js = state.get("journal")
         ingested = dict(js["ingested"]) if js else {}
+        self.open_from = js.get("open_from", 0) if js else 0
         self._ingested_after_resume = ingested
         self._recovered = None
         eps_next = c.get("eps_next", 1)
@@ -110,7 +112,7 @@ class TrainerDaemon:
             if rec.counters is not None:
                 m.env_steps, m.agent_steps = rec.counters["env_steps"], rec.counters["agent_steps"]
                 m.episodes = rec.counters["episodes"]
-            lost = rec.open_episodes()
+            lost = rec.open_episodes(self.open_from)
             m.episodes += len(lost)
             recent += rec.summaries + lost
             eps_next = max(eps_next, rec.max_eps_id + 1)
@@ -183,13 +185,17 @@ class TrainerDaemon:
         if self.journal is not None:   # runtime lock held: written with the call's commit
             self.journal.episode(summary)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, clean: bool = False) -> None:
+        """clean: the final one of a stop; the episodes open now end with their sessions, so a
+        resume does not end them again (as open at a kill) from their journaled transitions."""
         ctx = self.runtime.ctx
         with ctx.lock:   # counters, summaries and the journal's cut at one instant
             snap = self.runtime.snapshot()
             with self._recent_lock:
                 recent = list(self.recent)
             eps_next = ctx.next_episode_number()
+            if clean:
+                self.open_from = eps_next
             js = self.journal.rotate() if self.journal is not None else None
         keep_replay = self.cfg.run.keep_replay_in_checkpoint
         policies = {pid: checkpoint.policy_entry(self.cfg.policies[pid].algorithm, p, trains(p), keep_replay)
@@ -197,6 +203,7 @@ class TrainerDaemon:
         ingested = dict(self.loop.ingested)   # this thread ingests: consistent with the learners
         if js is not None:
             js["ingested"] = ingested
+            js["open_from"] = self.open_from
         self.checkpoints.save(policies, {
             "env_steps": snap["env_steps"], "agent_steps": snap["agent_steps"], "episodes": snap["episodes"],
             "wall_s": self.wall_s(), "recent": recent, "eps_next": eps_next}, journal=js)
@@ -257,7 +264,7 @@ class TrainerDaemon:
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         self.reporter.report("stop")
-        self.checkpoint()
+        self.checkpoint(clean=True)
         print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
               file=self.out, flush=True)
         if self.journal is not None:

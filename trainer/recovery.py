@@ -28,7 +28,7 @@ class Recovered:
     def rows_end(self) -> Dict[str, int]:
         return {pid: chunks[-1][0] + chunks[-1][2] for pid, chunks in self.rows.items() if chunks}
 
-    def open_episodes(self) -> List[dict]:
+    def open_episodes(self, open_from: int = 0) -> List[dict]:
         """Summaries, ended as truncated, of the episodes with journaled transitions and no
         summary: they were open at the kill (their sessions are gone). Their length and return
         come from their transitions still in the journal (an action whose outcome never came is
@@ -37,7 +37,7 @@ class Recovered:
         for chunks in self.rows.values():
             for _, cols, _, _ in chunks:
                 open_ids.update(np.unique(np.asarray(cols[EPS_ID])).tolist())
-        open_ids -= self.ended_ids
+        open_ids = {e for e in open_ids - self.ended_ids if e >= open_from}   # below: ended by a clean stop
         eps: Dict[int, dict] = {}
         for pid, chunks in self.rows.items():
             for _, cols, n, _ in chunks:
