@@ -33,11 +33,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from simbridge.trainer.rundir import JOURNAL
 from simbridge.wire import tree
 
 log = logging.getLogger("simbridge.trainer")
 
-DIRNAME = "journal"
+DIRNAME = JOURNAL
 MAGIC = b"SBJ1"
 _HEAD = struct.Struct("<4sIII")
 MAX_HEADER = 1 << 20            # a reader refuses larger headers (a damaged length field)
