@@ -3,15 +3,16 @@
 A checkpoint holds, per policy, its algorithm, version, spaces and (learners) networks,
 optimizers, update counts and, with keep_replay_in_checkpoint, the replay buffer; and the
 run's counters (env/agent steps, episodes, wall time, the last 100 episode summaries,
-checkpoints written). On resume every policy is re-created from the spaces saved with it,
+checkpoints written, the next episode number) and, with a journal, where it goes on (its next
+segment, and the rows each policy had ingested). Only tensors, plain containers, numbers,
+strings and bytes: load_checkpoint reads it with torch's safe loader and nothing else. On resume every policy is re-created from the spaces saved with it,
 before any simulator connects.
 """
 import logging
 import os
-import pickle
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -40,14 +41,22 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 
 def load_checkpoint(path: Path) -> dict:
+    """The checkpoint at `path`, read with torch's safe loader only (tensors, plain containers,
+    numbers, strings, bytes). Everything the trainer saves is made of those, so a file that needs
+    more was not written by it: unpickling it in full would run whatever code it names. Such a
+    file, a truncated one and one that is not a checkpoint at all are refused alike."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # A learner kept something beyond tensors and plain containers; the file is our own.
-        log.warning("%s holds more than plain tensors and containers; loading it in full", path)
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{path} is not a simbridge-trainer checkpoint ({CHECKPOINT_FORMAT})")
+    except Exception as e:   # UnpicklingError, a torn zip (RuntimeError), EOFError, OSError...
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{path} is not a valid simbridge-trainer checkpoint and was not loaded "
+                          f"({type(e).__name__}: {why[:200]}); it is never unpickled in full. If the file "
+                          f"was damaged, restore it from a copy, or start a new run with another --logdir "
+                          f"(or move the file away)") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT \
+            or not isinstance(state.get("policies"), dict) or not isinstance(state.get("counters"), dict):
+        raise ConfigError(f"{path} is not a simbridge-trainer checkpoint ({CHECKPOINT_FORMAT}): restore the "
+                          f"run's own checkpoint.pt, or start a new run with another --logdir")
     return state
 
 
@@ -80,11 +89,14 @@ class Checkpoints:
         self.count = 0
         self.env_steps = 0
 
-    def save(self, policies: Dict[str, dict], counters: dict) -> None:
-        """policies: policy_entry()s; counters: the run's, without "checkpoints" (counted here)."""
+    def save(self, policies: Dict[str, dict], counters: dict, journal: Optional[dict] = None) -> None:
+        """policies: policy_entry()s; counters: the run's, without "checkpoints" (counted here);
+        journal: where the journal goes on after this checkpoint (trainer/journal.py), or None."""
         self.count += 1
         state = {"format": CHECKPOINT_FORMAT, "policies": policies,
                  "counters": {**counters, "checkpoints": self.count}}
+        if journal is not None:
+            state["journal"] = journal
         t0 = time.monotonic()
         save_checkpoint(self.path, state)
         self.env_steps = counters["env_steps"]

@@ -16,10 +16,15 @@ policies only), then run the updates the replay ratio makes due before taking
 more. The queue is small, so a learner that falls behind blocks the bridge's
 puts and slows the simulators instead of falling behind.
 
-`--resume` loads checkpoint.pt: counters (env steps, episodes, wall time, the
-last 100 episode returns) continue, and every policy is re-created at startup
-from the spaces saved with it, with its networks, optimizers, update counts
-(= policy version) and, if kept, replay buffer. Simulators connected to the
+`--resume` loads checkpoint.pt (with torch's safe loader only: a file that is
+not a valid checkpoint is refused) and then replays the run's journal: counters
+(env steps, episodes, wall time, the last 100 episode returns) continue from
+where the previous process was, not from its last checkpoint, and every policy
+is re-created at startup from the spaces saved with it, with its networks,
+optimizers, update counts (= policy version, as of the checkpoint) and replay
+buffer (kept in the checkpoint, or refilled from the journal). Episodes open
+when a process was killed end as truncated; gradient updates since the last
+checkpoint are lost, and the resume line says how many (docs/durability.md). Simulators connected to the
 previous process lose their session (their client raises SessionLost, and the
 reference simulators exit with code 2): start them again.
 """

@@ -107,6 +107,13 @@ class RunSection:
     seed: Optional[int] = None
     print_every_s: float = 2.0
     torch_threads: int = 1
+    # Write-ahead journal of experience and counters (LOGDIR/journal): a SIGKILLed trainer
+    # resumes where it was, not at its last checkpoint. docs/durability.md
+    journal: bool = True
+    journal_fsync_s: float = 0.0      # > 0: fsync the journal this often (power loss); 0: never
+    # Apply and journal a streamed GetAction/Step before answering it (every answered call
+    # survives a kill); false answers first (faster; a kill may lose one answered call per simulator).
+    journal_before_answer: bool = True
 
 
 @dataclass
@@ -273,6 +280,8 @@ def _check_run(r: RunSection, where: str) -> None:
         raise ConfigError(f"{where}: [run] print_every_s must be > 0")
     if not r.logdir:
         raise ConfigError(f"{where}: [run] logdir must not be empty")
+    if r.journal_fsync_s < 0:
+        raise ConfigError(f"{where}: [run] journal_fsync_s must be >= 0 (0: leave flushing to the kernel)")
     dev = r.device
     if not (dev in ("auto", "cpu", "mps") or dev == "cuda" or dev.startswith("cuda:")):
         raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")

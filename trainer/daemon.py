@@ -5,11 +5,19 @@ reports, wired together. `run()` blocks until stopped. The command line is train
 Policies live in the runtime (`runtime.policies`): each is created by the PolicyFactory when
 the first simulator using it connects (its handshake gives the spaces), or here at startup
 when the config declares the spaces or a resumed checkpoint knows them.
+
+Durability ([run] journal, docs/durability.md): the bridge writes experience and counters to
+the run's journal as each call is applied, before it is answered (answer_before_commit off);
+`--resume` loads the checkpoint, then replays the journal: counters and episode summaries come
+back exactly, the learners get the transitions they had not seen (and their replay buffers
+are refilled), and episodes open at the kill end as truncated. Gradient updates are not
+replayed: those done since the checkpoint are lost, and reported.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import collections
+import inspect
 import sys
 import threading
 import time
@@ -19,8 +27,10 @@ import torch
 
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
+from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
-from simbridge.trainer import checkpoint
+from simbridge.trainer import checkpoint, journal, recovery
+from simbridge.trainer.learner import Learner
 from simbridge.trainer.config import ConfigError, TrainerConfig
 from simbridge.trainer.factory import PolicyFactory, trains
 from simbridge.trainer.loop import LearningLoop
@@ -49,12 +59,18 @@ class TrainerDaemon:
         self._t0 = time.monotonic()
 
         s = cfg.server
+        # With a journal (and journal_before_answer), a streamed call is applied and journaled
+        # before it is answered: every answer a simulator got is then on record.
         bridge_cfg = BridgeConfig(rollout_fragment_length=s.rollout_fragment_length, batch_mode=s.batch_mode,
                                   count_steps_by=s.count_steps_by, max_wait_ms=s.max_wait_ms,
-                                  experience_queue_size=s.experience_queue_size)
+                                  experience_queue_size=s.experience_queue_size, step_timeout_s=s.step_timeout_s,
+                                  answer_before_commit=not (cfg.run.journal and cfg.run.journal_before_answer))
         self.runtime = BridgeRuntime(bridge_cfg, policy_mapping_fn=self.factory.mapping_fn(),
                                      policy_factory=self.factory)
         self.runtime.episode_end_callbacks.append(self._on_episode_end)
+        self.journal = None
+        self.resume_info: dict = {}
+        self.open_from = 0   # episode numbers below this one are never "open at a kill"
 
         state = self._resume() if resume else None
         for pid, spec in cfg.policies.items():
@@ -70,6 +86,10 @@ class TrainerDaemon:
         self.reporter = Reporter(self.runtime, self.logdir, self.out, s.experience_queue_size, self.wall_s)
         self.loop = LearningLoop(self.runtime, cfg.run, self.stop_event, self.request_stop,
                                  self.reporter.report, self.checkpoint)
+        if state is not None:
+            self.loop.ingested.update(self._ingested_after_resume)
+        if cfg.run.journal:
+            self._open_journal(state)
 
     # ---------------------------------------------------------- resume and checkpoints
 
@@ -80,26 +100,120 @@ class TrainerDaemon:
         c = state["counters"]
         m = self.runtime.metrics  # nothing is serving yet: safe to set
         m.env_steps, m.agent_steps, m.episodes = c["env_steps"], c["agent_steps"], c["episodes"]
-        m.recent.extend(c["recent"])
-        self.recent.extend(c["recent"])
+        recent = list(c["recent"])
         self.base_wall_s = c["wall_s"]
+        js = state.get("journal")
+        ingested = dict(js["ingested"]) if js else {}
+        self.open_from = js.get("open_from", 0) if js else 0
+        self._ingested_after_resume = ingested
+        self._recovered = None
+        eps_next = c.get("eps_next", 1)
+        if js is not None:
+            rec = self._replay(js, ingested)
+            if rec.counters is not None:
+                m.env_steps, m.agent_steps = rec.counters["env_steps"], rec.counters["agent_steps"]
+                m.episodes = rec.counters["episodes"]
+            lost = rec.open_episodes(self.open_from)
+            m.episodes += len(lost)
+            recent += rec.summaries + lost
+            eps_next = max(eps_next, rec.max_eps_id + 1)
+            self._recovered = (rec, lost)
+        m.recent.extend(recent)
+        self.recent.extend(recent)
+        self.runtime.ctx.start_episode_numbers(eps_next)
         return state
+
+    def _replay(self, js: dict, ingested: dict) -> recovery.Recovered:
+        """The journal after the checkpoint `js` into the learners: rows they had not ingested are
+        added (and counted); without a replay buffer in the checkpoint, the rows before those
+        refill it first (not counted). Their due updates are forgiven: gradient updates are not
+        replayed."""
+        keep_replay = self.cfg.run.keep_replay_in_checkpoint
+        learners = {pid: p for pid, p in self.runtime.policies.items() if isinstance(p, Learner) and trains(p)}
+        need = dict(ingested)
+        for pid, p in learners.items():
+            need[pid] = ingested.get(pid, 0) - (0 if keep_replay else p.replay.capacity)
+        rec = recovery.recover(self.logdir / journal.DIRNAME, js["segment"], need)
+        ends = rec.rows_end()
+        info = {"journal_records": rec.records, "journal_torn": rec.torn, "transitions_replayed": 0,
+                "updates_lost": {}, "updates_forgiven": {}}
+        for pid, chunks in rec.rows.items():
+            p = learners.get(pid)
+            if p is None:
+                ingested[pid] = max(ingested.get(pid, 0), ends[pid])
+                continue
+            ing, counted = ingested.get(pid, 0), p.agent_steps
+            for first, cols, n, _ in chunks:
+                lo = max(need[pid] - first, 0)   # rows before this are neither new nor needed
+                if lo < n:
+                    p.add(SampleBatch({k: _rows(v, lo, n) for k, v in cols.items()}))
+                    info["transitions_replayed"] += n - lo
+            p.agent_steps = counted + max(0, ends[pid] - ing)
+            ingested[pid] = max(ing, ends[pid])
+            due = p.updates_due()
+            p.updates_forgiven += due
+            info["updates_forgiven"][pid] = due
+        for pid, p in learners.items():
+            info["updates_lost"][pid] = max(0, rec.updates.get(pid, p.updates) - p.updates)
+        self.resume_info = info
+        return rec
+
+    def _open_journal(self, state) -> None:
+        """The writer, on a new segment after what a resume read; the episodes a resume ended
+        go on record first."""
+        rec = self._recovered[0] if state is not None and self._recovered else None
+        js = state.get("journal") if state is not None else None
+        segment = max(rec.last_segment + 1 if rec else 1, js["segment"] if js else 1)
+        rows = dict(self.loop.ingested)   # the journal numbers rows as the loop counts them
+        for pid, n in [*(js["rows"].items() if js else ()), *(rec.rows_end().items() if rec else ())]:
+            rows[pid] = max(rows.get(pid, 0), n)
+        self.journal = journal.Journal(self.logdir / journal.DIRNAME, segment, rows, self.cfg.run.journal_fsync_s)
+        if rec is not None:
+            self.journal.seg_ends.update(rec.seg_ends)
+            self.journal.seg_ends[segment] = {}
+        self.runtime.ctx.set_journal(self.journal)
+        self.loop.journal = self.journal
+        if rec is not None:
+            with self.runtime.ctx.lock:
+                for summary in self._recovered[1]:
+                    self.journal.episode(summary)
+                self.journal.commit(self.runtime.metrics)
 
     def _on_episode_end(self, summary: dict) -> None:
         # Whole summaries (small, plain types): the runtime's return means read several of their keys.
         with self._recent_lock:
             self.recent.append(dict(summary))
+        if self.journal is not None:   # runtime lock held: written with the call's commit
+            self.journal.episode(summary)
 
-    def checkpoint(self) -> None:
-        snap = self.runtime.snapshot()
-        with self._recent_lock:
-            recent = list(self.recent)
+    def checkpoint(self, clean: bool = False) -> None:
+        """clean: the final one of a stop; the episodes open now end with their sessions, so a
+        resume does not end them again (as open at a kill) from their journaled transitions."""
+        ctx = self.runtime.ctx
+        with ctx.lock:   # counters, summaries and the journal's cut at one instant
+            snap = self.runtime.snapshot()
+            with self._recent_lock:
+                recent = list(self.recent)
+            eps_next = ctx.next_episode_number()
+            if clean:
+                self.open_from = eps_next
+            js = self.journal.rotate() if self.journal is not None else None
         keep_replay = self.cfg.run.keep_replay_in_checkpoint
         policies = {pid: checkpoint.policy_entry(self.cfg.policies[pid].algorithm, p, trains(p), keep_replay)
                     for pid, p in list(self.runtime.policies.items())}
+        ingested = dict(self.loop.ingested)   # this thread ingests: consistent with the learners
+        if js is not None:
+            js["ingested"] = ingested
+            js["open_from"] = self.open_from
         self.checkpoints.save(policies, {
             "env_steps": snap["env_steps"], "agent_steps": snap["agent_steps"], "episodes": snap["episodes"],
-            "wall_s": self.wall_s(), "recent": recent})
+            "wall_s": self.wall_s(), "recent": recent, "eps_next": eps_next}, journal=js)
+        if self.journal is not None:
+            # Rows a resume may replay: those not ingested, and the capacity of each replay
+            # buffer before them unless the checkpoint holds the buffers.
+            need = {pid: n - (p.replay.capacity if isinstance(p, Learner) and trains(p) and not keep_replay else 0)
+                    for pid, n in ingested.items() for p in [self.runtime.policies.get(pid)]}
+            self.journal.prune(need)
 
     def wall_s(self) -> float:
         return self.base_wall_s + time.monotonic() - self._t0
@@ -119,6 +233,7 @@ class TrainerDaemon:
         self.reporter.open(purge_step=self.resumed_env_steps if self.resume else None)
         self._t0 = time.monotonic()
         s = self.cfg.server
+        self.checkpoint()   # a resume always finds one; a resumed run's journal replay is folded in
         try:
             server = BridgeServer(self.runtime, s.address, security=ServerSecurity(
                 tls_cert=s.tls_cert, tls_key=s.tls_key, tls_client_ca=s.tls_client_ca,
@@ -133,10 +248,19 @@ class TrainerDaemon:
             return 2
         self.address = server.address
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
+        if self.resume and self.resume_info:
+            i = self.resume_info
+            what += (f", journal replayed to {self.runtime.metrics.env_steps:,} env steps and "
+                     f"{self.runtime.metrics.episodes:,} episodes ({i['transitions_replayed']:,} transitions, "
+                     f"{len(self._recovered[1])} open episodes ended as truncated; gradient updates lost "
+                     f"since the checkpoint: {sum(i['updates_lost'].values()):,})")
         print(f"simbridge-trainer listening on {server.address} ({what}); logdir {self.logdir}; policies "
               + ", ".join(f"{pid}={s.algorithm}{'' if self.cfg.trainable(pid) else ' (frozen)'}"
                           for pid, s in self.cfg.policies.items()), file=self.out, flush=True)
-        self.reporter.report("resume" if self.resume else "start")
+        if self.resume and "extra" in inspect.signature(self.reporter.report).parameters:
+            self.reporter.report("resume", extra=self.resume_info)
+        else:   # a Reporter without `extra` (see docs/durability.md): the console line has them
+            self.reporter.report("resume" if self.resume else "start")
         try:
             self.loop.run(self.checkpoints.env_steps)
         finally:
@@ -148,7 +272,18 @@ class TrainerDaemon:
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         self.reporter.report("stop")
-        self.checkpoint()
+        self.checkpoint(clean=True)
         print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
               file=self.out, flush=True)
+        if self.journal is not None:
+            self.journal.close()
         self.reporter.close()
+
+
+def _rows(column, lo: int, hi: int):
+    """Rows lo:hi of a column (an array, or dicts/tuples of them)."""
+    if isinstance(column, dict):
+        return {k: _rows(v, lo, hi) for k, v in column.items()}
+    if isinstance(column, tuple):
+        return tuple(_rows(v, lo, hi) for v in column)
+    return column[lo:hi]

@@ -6,11 +6,16 @@ before taking more. The queue is small, so a learner that falls behind blocks th
 puts and slows the simulators instead of falling behind. Between chunks of updates the loop
 writes the progress record when due, checkpoints every checkpoint_every_env_steps and stops
 at total_env_steps.
+
+`ingested` counts the rows each policy's batches brought, over the whole run: the journal
+numbers rows the same way (the queue keeps their order), so a checkpoint saying how many
+were ingested tells a resume which journaled rows its learners have not seen.
 """
+import collections
 import math
 import threading
 import time
-from typing import Callable
+from typing import Callable, Dict
 
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.trainer.config import RunSection
@@ -21,8 +26,11 @@ TRAIN_CHUNK = 64          # updates between checks for signals and progress line
 
 class LearningLoop:
     def __init__(self, runtime: BridgeRuntime, run: RunSection, stop_event: threading.Event,
-                 stop: Callable[[str], None], report: Callable[[], object], checkpoint: Callable[[], None]):
+                 stop: Callable[[str], None], report: Callable[[], object], checkpoint: Callable[[], None],
+                 journal=None):
         self.runtime = runtime
+        self.journal = journal   # told the update counts after each chunk of updates (None: none)
+        self.ingested: Dict[str, int] = collections.Counter()
         self.run_cfg = run
         self.stop_event = stop_event
         self._stop = stop
@@ -36,10 +44,16 @@ class LearningLoop:
         self._next_report = time.monotonic() + run.print_every_s
         every = run.checkpoint_every_env_steps
         next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
+        known = len(self.runtime.policies)
         while not self.stop_event.is_set():
             batch = self.runtime.experience.get(timeout=0.05)
             if batch is not None:
                 self.ingest(batch)
+            if len(self.runtime.policies) != known:
+                # A policy created by a simulator's handshake: checkpointed at once, so that a
+                # resume knows its spaces and can replay the journal into it.
+                known = len(self.runtime.policies)
+                self._checkpoint()
             self._train_due()
             self._maybe_report()
             steps = self.runtime.metrics.env_steps
@@ -52,6 +66,7 @@ class LearningLoop:
     def ingest(self, batch) -> None:
         policies = self.runtime.policies
         for pid, b in batch.policy_batches.items():
+            self.ingested[pid] += b.count
             p = policies.get(pid)
             if p is not None and trains(p):
                 p.add(b)
@@ -66,6 +81,9 @@ class LearningLoop:
                     busy = True
             if not busy:
                 return
+            if self.journal is not None:
+                self.journal.updates({pid: p.updates for pid, p in list(self.runtime.policies.items())
+                                      if trains(p)})
             self._maybe_report()
 
     def _maybe_report(self) -> None:

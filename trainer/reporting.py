@@ -53,12 +53,13 @@ class Reporter:
             self._writer.close()
         self._metrics_file.close()
 
-    def report(self, event: Optional[str] = None) -> dict:
-        rec = self.record(event)
+    def report(self, event: Optional[str] = None, extra: Optional[dict] = None) -> dict:
+        rec = self.record(event, extra)
         print(progress_line(rec, self.queue_max), file=self.out, flush=True)
         return rec
 
-    def record(self, event: Optional[str] = None) -> dict:
+    def record(self, event: Optional[str] = None, extra: Optional[dict] = None) -> dict:
+        """extra: fields of this one record (the resume's losses)."""
         snap = self.runtime.snapshot()
         now = time.monotonic()
         rate = (snap["env_steps"] - self._last_steps) / max(now - self._last_t, 1e-9)
@@ -86,6 +87,7 @@ class Reporter:
                 rec["losses"][pid] = m
         if event:
             rec["event"] = event
+        rec.update(extra or {})
         self._metrics_file.write(json.dumps(rec) + "\n")
         self._metrics_file.flush()
         self._tensorboard(rec)

@@ -6,6 +6,8 @@
   checkpoint.pt          written atomically every checkpoint_every_env_steps and at exit
                          (SIGTERM, Ctrl-C, total_env_steps reached)
   config.toml            the config the run started with; `run --resume --logdir DIR` reuses it
+  journal/seg-*.sbj      the write-ahead journal ([run] journal): experience, counters and episodes
+                         as they enter the bridge; `--resume` replays it (docs/durability.md)
 """
 # Names only (no torch here): the CLI reads them before anything heavy is imported.
 from pathlib import Path
@@ -15,6 +17,7 @@ from simbridge.trainer.config import ConfigError
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 SAVED_CONFIG = "config.toml"
+JOURNAL = "journal"
 
 
 def refuse_used(logdir: Path) -> None:
@@ -24,3 +27,6 @@ def refuse_used(logdir: Path) -> None:
         if f.exists() and f.stat().st_size > 0:
             raise ConfigError(f"{logdir} already holds a run ({name}): pass --resume to continue it, or "
                               f"choose another --logdir")
+    if any((logdir / JOURNAL).glob("seg-*.sbj")):
+        raise ConfigError(f"{logdir} already holds a run's journal ({JOURNAL}/): pass --resume to continue it, "
+                          f"or choose another --logdir")

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import grpc
 
 from simbridge.client.security import ClientSecurity
-from simbridge.wire.errors import BridgeError, Reason
+from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
@@ -238,9 +238,16 @@ class Connection:
                 self._read_until(self._outstanding[-1][0])
             self._raise_deferred()
 
+    def _unspend(self, seq: int, err: BridgeError) -> None:
+        """The server kept `seq` unspent: the next request takes it again, when it was the last
+        one numbered (a pipelined one after it would have its own answer to give)."""
+        if err.reason in SEQ_NOT_SPENT and seq == self._seq:
+            self._seq -= 1
+
     def _raise_failed(self, err: BridgeError, kind: str, msg) -> None:
         """Raise a failed request's error once the client's on_failed had its say (an error of
         on_failed's own comes first, caused by this one)."""
+        self._unspend(msg.header.seq, err)
         try:
             self._on_failed(kind, msg)
         except BridgeError as hook_err:
@@ -278,6 +285,7 @@ class Connection:
             got_seq, kind, sent = self._outstanding.popleft()
             if resp.HasField("error"):
                 err = BridgeError.from_status(resp.error)
+                self._unspend(got_seq, err)
                 self._on_failed(kind, sent)
                 if got_seq == seq:
                     self._raise_deferred()

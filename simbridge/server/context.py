@@ -36,6 +36,7 @@ class ServerContext:
         self.metrics = Metrics()
         self.episode_end_callbacks = episode_end_callbacks
         self._episode_numbers = itertools.count(1)
+        self.journal = None
         # Batches completed by a settle that are still on their way into the queue.
         self._settling = 0
         self._settled = threading.Condition()
@@ -43,6 +44,26 @@ class ServerContext:
     def next_eps_id(self) -> int:
         """A server-wide unique episode number (the eps_id column). Thread-safe."""
         return next(self._episode_numbers)
+
+    def next_episode_number(self) -> int:
+        """Lock held. The number next_eps_id() gives next (a checkpoint keeps it)."""
+        n = next(self._episode_numbers)
+        self._episode_numbers = itertools.count(n)
+        return n
+
+    def start_episode_numbers(self, n: int) -> None:
+        """Before serving: episode numbers continue from n (a resumed run's)."""
+        self._episode_numbers = itertools.count(max(1, n))
+
+    def set_journal(self, journal) -> None:
+        """Before serving. journal: add_rows(policy, columns, n), add_row(policy, row),
+        add_batch(batch) and commit(metrics) (see trainer/journal.py)."""
+        self.journal = self.collector.journal = self.experience.journal = journal
+
+    def committed(self) -> None:
+        """Lock held. The current call is applied: a journal records it before it is answered."""
+        if self.journal is not None:
+            self.journal.commit(self.metrics)
 
     def file_summaries(self, summaries) -> None:
         """Lock held. Ended episodes into the metrics and to the episode-end hooks."""
@@ -53,6 +74,9 @@ class ServerContext:
 
     def deliver(self, batch) -> None:
         """Lock NOT held: the queue may block (backpressure, never a drop)."""
+        if self.journal is not None:   # the call that delivers is applied: on record first
+            with self.lock:
+                self.committed()
         if batch is not None:
             self.experience.put(batch)
 
@@ -68,6 +92,7 @@ class ServerContext:
         with self.lock:
             if not session.commit_pending():
                 return
+            self.committed()
             batch = self.collector.ready()
             if batch is None:
                 return

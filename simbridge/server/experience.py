@@ -33,6 +33,8 @@ class ExperienceCollector:
         self._builders: Dict[str, SampleBatchBuilder] = {}
         self._env_steps = 0
         self._agent_steps = 0
+        # A write-ahead log (the trainer's journal), told of every row as it enters: None: none.
+        self.journal = None
 
     def add_transition(self, episode, policy_id: str, row: dict) -> None:
         if self.complete_episodes:
@@ -48,6 +50,8 @@ class ExperienceCollector:
         n = len(columns["rewards"])
         b.add_rows(columns, count=n)  # built consistently by the runtime: no re-validation
         self._agent_steps += n
+        if self.journal is not None:
+            self.journal.add_rows(policy_id, columns, n)
 
     def add_env_steps(self, n: int) -> None:
         """n env steps of rows given to add_rows (batched slots: one per slot and Step)."""
@@ -75,6 +79,8 @@ class ExperienceCollector:
             b = self._builders[policy_id] = SampleBatchBuilder()
         b.add_row(**row)
         self._agent_steps += 1
+        if self.journal is not None:
+            self.journal.add_row(policy_id, row)
 
     def ready(self) -> Optional[MultiAgentBatch]:
         """A MultiAgentBatch once a fragment's worth of steps was collected."""
@@ -109,6 +115,8 @@ class ExperienceQueue:
         self.agent_steps_in = 0
         self.blocked_puts = 0
         self.blocked_s = 0.0
+        # offer()ed batches bypass the collector (uploads): a journal, if any, records them here.
+        self.journal = None
 
     def put(self, batch: MultiAgentBatch) -> None:
         try:
@@ -133,6 +141,8 @@ class ExperienceQueue:
                 self._q.put_nowait(batch)
         except queue.Full:
             return False
+        if self.journal is not None:
+            self.journal.add_batch(batch)
         self._count_in(batch)
         return True
 

@@ -27,7 +27,7 @@ from simbridge.server.sessions import Session, SessionTable, request_digest, spa
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
 from simbridge.wire import checks
-from simbridge.wire.errors import BridgeError, Reason, invalid_argument, not_found
+from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason, invalid_argument, not_found
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
@@ -36,11 +36,6 @@ SERVER_VERSION = "simbridge 0.1.0"
 
 PolicyFactory = Callable[[str, object, object], Policy]
 
-# Refusals that leave nothing applied and ask for the same request again later: they do not
-# take up their seq. Every other failure does (its error is kept: a resend gets it again), so
-# the client's next request, under the next seq, is not a gap.
-_RETRY_SAME_SEQ = frozenset({Reason.QUEUE_FULL, Reason.CALL_IN_PROGRESS, Reason.TOO_MANY_CALLS,
-                             Reason.SERVER_UNAVAILABLE})
 
 
 @dataclass
@@ -247,7 +242,7 @@ class BridgeRuntime:
         try:
             resp = call(s, req, bound is not None and self.config.answer_before_commit)
         except BridgeError as e:
-            if e.reason in _RETRY_SAME_SEQ:
+            if e.reason in SEQ_NOT_SPENT:
                 self.sessions.forget(s, seq)
             else:
                 self.sessions.remember(s, seq, digest, e)

@@ -163,6 +163,7 @@ class UploadCalls:
                     raise resource_exhausted(QUEUE_FULL, Reason.QUEUE_FULL)
             with ctx.lock:
                 self._apply(session, st, chunk, plan, pid)
+                ctx.committed()   # its counters into the journal now, not with the next call
         return pb.UploadExperienceResponse(accepted_steps=chunk.n, policy_version=version)
 
     def _check_against_state(self, session, st: _LocalState, c: Chunk, version: int) -> dict:

@@ -36,6 +36,13 @@ _DEFAULT_REASONS = {
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+# Refusals after which nothing was applied and the request's seq stays unspent: the same request,
+# under the same seq, may be sent again later (the proto's "Sequence numbers" rules). Every
+# other failure spends its seq (a resend gets the same error), so the next seq is no gap.
+SEQ_NOT_SPENT = frozenset({Reason.QUEUE_FULL, Reason.CALL_IN_PROGRESS, Reason.TOO_MANY_CALLS,
+                           Reason.SERVER_UNAVAILABLE})
+
+
 class BridgeError(Exception):
     """A failure the client should see: gRPC status code, message, and an ErrorReason."""
 

@@ -170,8 +170,11 @@ def test_a_resent_seq_gets_the_cached_answer_and_changes_nothing():
     assert again is first and rt.snapshot()["open_episodes"] == 1
     eid = first.episode_ids[0]
     get_action(rt, sid, eid, [0, 0], seq=2)
-    get_action(rt, sid, eid, [1, 1], seq=3)
-    assert get_action(rt, sid, eid, [2, 2], seq=3) == 2    # the answer to [1, 1], not a new step
+    first_answer = get_action(rt, sid, eid, [1, 1], seq=3)
+    assert get_action(rt, sid, eid, [1, 1], seq=3) == first_answer   # the kept answer, not a new step
+    with pytest.raises(BridgeError) as reused:            # the same seq with another body
+        get_action(rt, sid, eid, [2, 2], seq=3)
+    assert reused.value.reason == Reason.SEQ_REUSED
     assert rt.snapshot()["agent_steps"] == 2
     with pytest.raises(BridgeError) as info:             # seq 1 fell out of the cache (size 2)
         call(rt, "start_episode", pb.StartEpisodeRequest(count=1), sid, seq=1)
@@ -258,12 +261,12 @@ def test_close_and_reap():
     ends = {(s["session_id"], s["episode_id"]): s for s in rt.metrics.recent}
     assert ends[(closing, "a")]["end_reason"] == "session_closed"
     assert ends[(idle, "a")]["end_reason"] == "client_lost"
-    assert ends[(idle, "a")]["length"] == 2 and ends[(idle, "b")]["length"] == 0
+    assert ends[(idle, "a")]["length"] == 2 and (idle, "b") not in ends   # no steps: not an episode
     # The answered last actions never got an outcome: dropped. One transition per session.
     b = drain(rt).policy_batches[DEFAULT_POLICY]
     assert b["rewards"].tolist() == [1.0, 1.0] and b["t"].tolist() == [0, 0]
     snap = rt.snapshot()
-    assert (snap["sessions"], snap["open_episodes"], snap["episodes"]) == (0, 0, 4)
+    assert (snap["sessions"], snap["open_episodes"], snap["episodes"], snap["empty_episodes"]) == (0, 0, 2, 2)
 
 
 # ---------------------------------------------------------------- policies
