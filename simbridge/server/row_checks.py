@@ -212,8 +212,11 @@ class RowChecks:
             if not s.multi_agent and any_done:
                 raise invalid_argument(f"{what}: ExternalEnv ends episodes with EndEpisode, "
                                        f"not with done flags")
-            if m.infos and len(m.infos) != n:
-                raise invalid_argument(f"{what}: {len(m.infos)} infos for {n} rows")
+            if m.infos:
+                if len(m.infos) != n:
+                    raise invalid_argument(f"{what}: {len(m.infos)} infos for {n} rows")
+                for j, info in enumerate(m.infos):
+                    checks.finite_struct(info, f"{what}: info of row {j}")
             final = None
             if m.HasField("final_observations"):
                 spec = self.rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)

@@ -105,3 +105,21 @@ def ids(values, limit: int, what: str) -> None:
             raise invalid_argument(f"{what} {v[:16]!r}... is {size} bytes of UTF-8, more than the server's "
                                    f"limit of {limit} bytes (ServerLimits.max_id_bytes): use shorter ids",
                                    Reason.ID_TOO_LONG)
+
+
+def finite_struct(info, what: str) -> None:
+    """A google.protobuf.Struct of infos: JSON has no NaN or Infinity, so neither may it (they
+    would fail later, when the info becomes a dict); INVALID_VALUE naming the key."""
+    stack = [("", info)]
+    while stack:
+        path, msg = stack.pop()
+        items = msg.fields.items() if hasattr(msg, "fields") else enumerate(msg.values)
+        for key, value in items:
+            kind = value.WhichOneof("kind")
+            if kind == "number_value" and not math.isfinite(value.number_value):
+                raise invalid_value(f"{what}: {path}{key} is {value.number_value}: infos are JSON, which has "
+                                    f"no NaN or Infinity")
+            if kind == "struct_value":
+                stack.append((f"{path}{key}.", value.struct_value))
+            elif kind == "list_value":
+                stack.append((f"{path}{key}.", value.list_value))

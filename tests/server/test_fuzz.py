@@ -46,12 +46,6 @@ FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
-# Defects of issue 13 that these tests find on the code they were written against, fixed in other
-# parts of that work. strict: once fixed, the test passes, XPASS fails, and the marker must go.
-KNOWN_65_DIMS = pytest.mark.xfail(strict=True, reason=(
-    "issue 13 #6: a Box bound of 65 dimensions in create_session gives INTERNAL (numpy's ValueError "
-    "'maximum supported dimension for an ndarray is currently 64')"))
-
 UNARY_RPCS = [r for r in fuzzing.rpcs() if r[1] != "Stream"]
 STREAM_RPCS = [r for r in fuzzing.rpcs() if r[1] == "Stream"]
 
@@ -115,7 +109,6 @@ def test_typed_messages_on_every_unary_rpc_get_a_precise_status(rig, data):
     _fuzz(rig, data, UNARY_RPCS, raw=False)
 
 
-@KNOWN_65_DIMS
 @settings(FUZZ, max_examples=150, phases=(Phase.explicit, Phase.generate))   # a stream shrinks for ~40 s
 @given(data=st.data())
 def test_streams_of_random_requests_answer_each_in_order(rig, data):
