@@ -60,3 +60,13 @@ def cpp_build():
     out = subprocess.run(["cmake", "--build", CPP_BUILD, "-j2"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     return CPP_BUILD
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that leaves a non-daemon thread behind makes the interpreter wait for it at exit
+    (CI would hang after the last test): name such threads."""
+    import threading
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        print("\nnon-daemon threads left running: " + ", ".join(f"{t.name} ({t.__class__.__name__})" for t in left),
+              file=sys.stderr)

@@ -115,6 +115,8 @@ class ExperienceQueue:
         self.agent_steps_in = 0
         self.blocked_puts = 0
         self.blocked_s = 0.0
+        self._closed = False
+        self._stranded: List[MultiAgentBatch] = []   # put after close() on a full queue
         # offer()ed batches bypass the collector (uploads): a journal, if any, records them here.
         self.journal = None
 
@@ -123,11 +125,27 @@ class ExperienceQueue:
             self._q.put_nowait(batch)
         except queue.Full:
             t0 = time.monotonic()
-            self._q.put(batch)
+            while True:
+                try:
+                    self._q.put(batch, timeout=0.25)
+                    break
+                except queue.Full:
+                    if self._closed:   # the server stopped: nobody may drain the queue any more
+                        with self._lock:
+                            self._stranded.append(batch)
+                        break
             with self._lock:
                 self.blocked_puts += 1
                 self.blocked_s += time.monotonic() - t0
         self._count_in(batch)
+
+    def close(self) -> None:
+        """The server stopped: a put still blocked on a full queue keeps its batch aside (get and
+        get_all return it) instead of waiting forever for a consumer that may never come."""
+        self._closed = True
+
+    def reopen(self) -> None:
+        self._closed = False
 
     def offer(self, batch: MultiAgentBatch, timeout: float) -> bool:
         """put() with a bounded wait: False (nothing queued) when still full after `timeout`.
@@ -154,9 +172,10 @@ class ExperienceQueue:
 
     def get(self, timeout: Optional[float] = None) -> Optional[MultiAgentBatch]:
         try:
-            return self._q.get(timeout=timeout)
+            return self._q.get(timeout=timeout if not self._stranded else 0)
         except queue.Empty:
-            return None
+            with self._lock:
+                return self._stranded.pop(0) if self._stranded else None
 
     def get_all(self) -> List[MultiAgentBatch]:
         out = []
@@ -164,6 +183,9 @@ class ExperienceQueue:
             try:
                 out.append(self._q.get_nowait())
             except queue.Empty:
+                with self._lock:
+                    out.extend(self._stranded)
+                    self._stranded.clear()
                 return out
 
     def qsize(self) -> int:

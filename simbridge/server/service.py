@@ -259,6 +259,7 @@ class BridgeServer:
         self.notices.note("host:" + peer_host(context.peer()), "calls without a valid token", context.peer())
 
     def start(self) -> "BridgeServer":
+        self.runtime.experience.reopen()
         self._server.start()
         for svc in ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv"):
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
@@ -277,6 +278,10 @@ class BridgeServer:
         self._stop.set()
         self.health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        # A stream's last settle may still wait on a full experience queue that nobody drains
+        # now (a bare server): it keeps its batch aside instead of holding its thread forever,
+        # which would also hold the process at exit (concurrent.futures joins its workers).
+        self.runtime.experience.close()
 
     def wait(self) -> None:
         self._server.wait_for_termination()
