@@ -191,24 +191,36 @@ class Pool:
                                       response_deserializer=UNARY[method][1].FromString)
         return fn(req.SerializeToString(), timeout=timeout)
 
+    def _close(self, c) -> None:
+        try:
+            self._call("multi" if c.multi else "single", "CloseSession",
+                       pb.CloseSessionRequest(header=pb.RequestHeader(session_id=c.sid)))
+        except grpc.RpcError:
+            pass   # the fuzz may have closed it already
+
     def refresh(self) -> None:
-        for name, c in self.ctxs.items():   # close the old ones: sessions per client stay few
-            try:
-                self._call("multi" if c.multi else "single", "CloseSession",
-                           pb.CloseSessionRequest(header=pb.RequestHeader(session_id=c.sid)))
-            except grpc.RpcError:
-                pass   # the fuzz may have closed it already
         from fuzzcases import create_session
         from fuzzing import Gen
         made = {}
         for name, multi, slots in (("rows", False, 0), ("slots", False, N_SLOTS), ("multi", True, 0)):
             req = create_session(Gen(_NoDraw(), Ctx("", multi)))
             req.num_slots = slots
-            sid = self._call("multi" if multi else "single", "CreateSession", req).session_id
+            try:
+                sid = self._call("multi" if multi else "single", "CreateSession", req).session_id
+            except grpc.RpcError as e:
+                # The fuzz's own CreateSessions filled this host's max_sessions_per_client (the
+                # limit at work): keep the current sessions until the server expires some.
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.ctxs:
+                    for c in made.values():
+                        self._close(c)
+                    return
+                raise
             if not slots:
                 self._call("multi" if multi else "single", "StartEpisode", pb.StartEpisodeRequest(
                     header=pb.RequestHeader(session_id=sid), episode_ids=["e0", "e1", "e2"]))
             made[name] = Ctx(sid, multi, slots, ("e0", "e1", "e2") if not slots else ())
+        for c in self.ctxs.values():   # close the old ones: sessions per client stay few
+            self._close(c)
         ids = [c.sid for c in made.values()]
         for c in made.values():
             c.others = [s for s in ids if s != c.sid]
