@@ -77,6 +77,17 @@ class _Servicer:
     def _identity(self, context) -> str:
         return self.security.identity(context)
 
+    def _admit(self, context) -> str:
+        """The caller's identity, its call admitted by the gate (the caller must `gate.leave`
+        it), or the call aborted with TOO_MANY_CALLS."""
+        client = self._identity(context)
+        try:
+            self.gate.enter(client)
+        except BridgeError as e:
+            self._refuse(e)
+            e.abort(context)
+        return client
+
     def _refuse(self, e: BridgeError) -> None:
         self.runtime.metrics.note_error(e)
 
@@ -88,12 +99,7 @@ class _Servicer:
 
     def unary(self, method: str):
         def behavior(request, context):
-            client = self._identity(context)
-            try:
-                self.gate.enter(client)
-            except BridgeError as e:
-                self._refuse(e)
-                e.abort(context)
+            client = self._admit(context)
             try:
                 if isinstance(request, Undecodable):
                     raise self._undecodable(client, method, request)
@@ -112,12 +118,7 @@ class _Servicer:
         return behavior
 
     def stream(self, request_iterator, context):
-        client = self._identity(context)
-        try:
-            self.gate.enter(client)
-        except BridgeError as e:
-            self._refuse(e)
-            e.abort(context)
+        client = self._admit(context)
         try:
             yield from self._serve_stream(request_iterator, client)
         finally:
