@@ -1,13 +1,16 @@
 """Learning benchmarks through the bridge: the trainer daemon and simulators as separate processes.
 
-    python bench/learning.py TASK [--seed S] [--no-inprocess] [--out FILE]
+    python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--out FILE]
 
 TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, multiagent-cartpole.
 Prints one JSON object: task, solved, env_steps (when solved, else at the end),
-final_return (mean of the last 10 episodes), wall_s, and inprocess_wall_s: the
-same learner and config with the env stepped in this process, no bridge (for
+final_return (mean of the last 10 episodes), wall_s (from the first env step; the
+simulators' start-up is in wall_with_startup_s), and inprocess_wall_s: the same
+learner and config with the env stepped in this process, no bridge (for
 multiagent-cartpole: one trained policy's learner on one CartPole), so the
-bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`.
+bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`. With --seeds, one
+line per seed goes to stderr as it ends, and the JSON has each seed's run, the count
+`seeds_solved` and the median `median_bridge_vs_inprocess_wall`.
 
 The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
 trainer/sac.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
@@ -20,6 +23,7 @@ prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tun
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,13 +72,18 @@ def _inline(d: dict) -> str:
     return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in d.items() if v is not None) + " }"
 
 
+def learner_class(task: dict):
+    from simbridge.trainer.config import ALGORITHMS
+    module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
 def preset(task: dict, seed: int) -> dict:
-    module = "simbridge.trainer.dqn" if task["algorithm"] == "dqn" else "simbridge.trainer.sac"
-    mod = __import__(module, fromlist=[task["preset"]])
+    mod = sys.modules[learner_class(task).__module__]
     return {**getattr(mod, task["preset"]), "seed": seed}
 
 
-def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path) -> List[str]:
+def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool) -> List[str]:
     """The daemon's TOML; returns the trained policy ids."""
     cfg = preset(task, seed)
     lines = []
@@ -86,7 +95,8 @@ def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path) 
     lines += ["[server]", f'address = "{address}"', f"rollout_fragment_length = {task['fragment']}",
               "experience_queue_size = 4",
               "[run]", f'logdir = "{logdir}"', f"total_env_steps = {task['budget']}", f"seed = {seed}",
-              "checkpoint_every_env_steps = 1000000", "print_every_s = 1.0", "torch_threads = 1"]
+              "checkpoint_every_env_steps = 1000000", "print_every_s = 0.25", "torch_threads = 1",
+              f"learner_process = {'true' if learner_process else 'false'}"]
     for pid in (["p0", "p1", "p2"] if task.get("multiagent") else [DEFAULT_POLICY]):
         lines += [f"[policies.{pid}]", f'algorithm = "{task["algorithm"]}"', f"config = {_inline(cfg)}"]
     if task.get("multiagent"):
@@ -100,11 +110,11 @@ def read_metrics(logdir: Path) -> List[dict]:
     return reporting.read_metrics(path) if path.exists() else []
 
 
-def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
+def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_process: bool) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{name}-"))
     logdir = tmp / "run"
     address = f"127.0.0.1:{free_port()}"
-    trained = write_config(task, seed, address, logdir, tmp / "config.toml")
+    trained = write_config(task, seed, address, logdir, tmp / "config.toml", learner_process)
     env = child_env()
     log = open(tmp / "processes.log", "w")
     procs: List[subprocess.Popen] = []
@@ -125,9 +135,11 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
                                           stdout=log, stderr=log))
         solved_at: Optional[dict] = None
         last: Optional[dict] = None
+        idle_wall = 0.0   # the daemon's wall time before the first env step (simulators starting)
         while time.monotonic() - t_start < timeout_s:
             recs = [r for r in read_metrics(logdir) if r.get("event") != "stop"]
             if recs:
+                idle_wall = max([r["wall_s"] for r in recs if r["env_steps"] == 0], default=0.0)
                 last = recs[-1]
                 r10 = last.get("return_mean_10", {})
                 if solved_at is None and all(r10.get(p, -1e9) >= task["threshold"] for p in trained) \
@@ -141,7 +153,10 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float) -> dict:
         r10 = end.get("return_mean_10", {})
         out = {"task": name, "solved": solved_at is not None, "env_steps": end.get("env_steps", 0),
                "final_return": (min(r10[p] for p in trained) if all(p in r10 for p in trained) else None),
-               "wall_s": round(end.get("wall_s", time.monotonic() - t0), 1), "seed": seed,
+               # From the first env step, as the in-process run counts; with the simulators' start-up too.
+               "wall_s": round(end.get("wall_s", time.monotonic() - t0) - idle_wall, 1),
+               "wall_with_startup_s": round(end.get("wall_s", time.monotonic() - t0), 1), "seed": seed,
+               "learner_process": learner_process,
                "threshold": task["threshold"], "budget": task["budget"],
                "return_mean_10": r10, "versions": end.get("versions", {}), "updates": end.get("updates", {})}
         if task.get("multiagent"):
@@ -160,11 +175,7 @@ def run_inprocess(task: dict, seed: int) -> dict:
 
     cfg = preset(task, seed)
     env = gym.make(task["env"])
-    if task["algorithm"] == "dqn":
-        from simbridge.trainer.dqn import DQNLearner as cls
-    else:
-        from simbridge.trainer.sac import SACLearner as cls
-    learner = cls(env.observation_space, env.action_space, cfg, device="cpu")
+    learner = learner_class(task)(env.observation_space, env.action_space, cfg, device="cpu")
     kwargs = {}
     if task.get("off_policy"):
         kwargs["off_policy_fraction"] = task["off_policy"]
@@ -174,10 +185,22 @@ def run_inprocess(task: dict, seed: int) -> dict:
             "inprocess_env_steps": res["reached_step"] or res["env_steps"]}
 
 
+def run_seed(name: str, task: dict, seed: int, args) -> dict:
+    result = run_bridge(name, task, seed, args.timeout, args.learner == "process")
+    if not args.no_inprocess:
+        result.update(run_inprocess(task, seed))
+        if result["wall_s"] and result["inprocess_wall_s"]:
+            result["bridge_vs_inprocess_wall"] = round(result["wall_s"] / result["inprocess_wall_s"], 2)
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=sorted(TASKS))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="one seed (see --seeds)")
+    p.add_argument("--seeds", help="comma-separated seeds, run one after the other: 0,1,2")
+    p.add_argument("--learner", choices=["process", "inline"], default="process",
+                   help="[run] learner_process true (a learner process beside the bridge) or false")
     p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
     p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
@@ -186,11 +209,23 @@ def main(argv=None) -> int:
     task = dict(TASKS[args.task])
     if args.budget:
         task["budget"] = args.budget
-    result = run_bridge(args.task, task, args.seed, args.timeout)
-    if not args.no_inprocess:
-        result.update(run_inprocess(task, args.seed))
-        if result["wall_s"] and result["inprocess_wall_s"]:
-            result["bridge_vs_inprocess_wall"] = round(result["wall_s"] / result["inprocess_wall_s"], 2)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    runs = []
+    for seed in seeds:
+        runs.append(run_seed(args.task, task, seed, args))
+        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)   # progress: one line per seed
+    if len(runs) == 1:
+        result = runs[0]
+    else:
+        ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
+        result = {"task": args.task, "seeds": seeds, "learner": args.learner, "threshold": task["threshold"],
+                  "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
+                  "env_steps": [r["env_steps"] if r["solved"] else None for r in runs],
+                  "wall_s": [r["wall_s"] for r in runs],
+                  "median_bridge_vs_inprocess_wall": statistics.median(ratios) if ratios else None,
+                  "runs": runs}
+        if not args.no_inprocess:
+            result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
     text = json.dumps(result)
     print(text, flush=True)

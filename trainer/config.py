@@ -114,6 +114,12 @@ class RunSection:
     # Apply and journal a streamed GetAction/Step before answering it (every answered call
     # survives a kill); false answers first (faster; a kill may lose one answered call per simulator).
     journal_before_answer: bool = True
+    # Each trainable learner trains in a process of its own beside the bridge (acting and learning
+    # overlap; trainer/learner_process.py); false: in the daemon's loop, between intakes.
+    learner_process: bool = False
+    # The rate limiter's tolerance: intake waits while a learner process owes more updates than
+    # this (its ratio is the policy's updates_per_step).
+    max_updates_behind: int = 256
 
 
 @dataclass
@@ -282,6 +288,9 @@ def _check_run(r: RunSection, where: str) -> None:
         raise ConfigError(f"{where}: [run] logdir must not be empty")
     if r.journal_fsync_s < 0:
         raise ConfigError(f"{where}: [run] journal_fsync_s must be >= 0 (0: leave flushing to the kernel)")
+    if r.max_updates_behind < 1:
+        raise ConfigError(f"{where}: [run] max_updates_behind must be >= 1 (updates a learner process may "
+                          f"owe before intake waits)")
     dev = r.device
     if not (dev in ("auto", "cpu", "mps") or dev == "cuda" or dev.startswith("cuda:")):
         raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")

@@ -31,6 +31,7 @@ from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
 from simbridge.trainer import checkpoint, journal, recovery
 from simbridge.trainer.learner import Learner
+from simbridge.trainer.learner_process import LearnerProcessDied
 from simbridge.trainer.config import ConfigError, TrainerConfig
 from simbridge.trainer.factory import PolicyFactory, trains
 from simbridge.trainer.loop import LearningLoop
@@ -272,9 +273,14 @@ class TrainerDaemon:
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         self.reporter.report("stop")
-        self.checkpoint(clean=True)
-        print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
-              file=self.out, flush=True)
+        try:
+            self.checkpoint(clean=True)
+            print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
+                  file=self.out, flush=True)
+        except LearnerProcessDied as e:   # its networks are gone: the last checkpoint stays
+            print(f"simbridge-trainer: no final checkpoint: {e}", file=sys.stderr, flush=True)
+        finally:
+            self.loop.close()
         if self.journal is not None:
             self.journal.close()
         self.reporter.close()

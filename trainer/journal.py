@@ -86,6 +86,32 @@ def encode(header: dict, arrays: List[np.ndarray] = ()) -> bytes:
     return _frame(json.dumps(header, separators=(",", ":")).encode(), b"".join(a.tobytes() for a in arrays))
 
 
+def encode_rows(columns: dict, n: int) -> bytes:
+    """`n` rows of a policy's columns as one rows record (trainer/learner_process.py sends them
+    to a learner process this way); object columns (infos: no learner reads them) are left out."""
+    leaves: list = []
+    cols = {}
+    for k, v in columns.items():
+        mark = len(leaves)
+        spec = _flatten(v, leaves)
+        if any(a.dtype.hasobject for a in leaves[mark:]):
+            del leaves[mark:]
+            continue
+        cols[k] = spec
+    leaves = [_le(a) for a in leaves]
+    header = {"k": "rows", "i": 0, "n": n, "cols": cols, "a": [[a.dtype.str, list(a.shape[1:])] for a in leaves]}
+    return _frame(json.dumps(header, separators=(",", ":")).encode(), b"".join(a.tobytes() for a in leaves))
+
+
+def decode_rows(data: bytes) -> Tuple[dict, int]:
+    """encode_rows' (columns, n) back; ValueError for anything else."""
+    recs, used = decode_all(data)
+    if len(recs) != 1 or used != len(data) or recs[0][0].get("k") != "rows":
+        raise ValueError("not one whole rows record")
+    header, arrays = recs[0]
+    return {k: unflatten(spec, arrays) for k, spec in header["cols"].items()}, int(header["n"])
+
+
 def _counters(env: int, agent: int, episodes: int) -> bytes:
     # Once per applied call: formatted directly (json.dumps costs several times more).
     return _frame(b'{"k":"counters","env":%d,"agent":%d,"episodes":%d,"a":[]}' % (env, agent, episodes))

@@ -42,6 +42,19 @@ COMMON_DEFAULTS = {
 }
 
 
+_thread_state = threading.local()
+
+
+def pin_torch_threads() -> None:
+    """Makes this thread use torch's configured intra-op thread count. torch.set_num_threads sets
+    MKL's count for the calling thread only: a gRPC thread that runs a forward pass would
+    otherwise use one OpenMP thread per core, whose spin-waiting took most of a core per
+    simulator step (daemon CPU per step 7.7 ms against 2.3 ms with this, docs/benchmarks.md)."""
+    if not getattr(_thread_state, "pinned", False):
+        torch.set_num_threads(torch.get_num_threads())
+        _thread_state.pinned = True
+
+
 def pick_device(name: Optional[str] = None) -> torch.device:
     if name and name != "auto":
         return torch.device(name)
@@ -97,6 +110,9 @@ class Learner(Policy):
         self.build()
         self.acting = copy.deepcopy(self.modules_for_acting())
         self.last_metrics: Dict[str, float] = {}
+        # A LearnerProcess (trainer/learner_process.py) when another process trains this learner:
+        # this object then only acts, and its state is that process's.
+        self.trained_by = None
 
     # ------------------------------------------------------------ to implement
 
@@ -132,6 +148,7 @@ class Learner(Policy):
         return torch.tensor(flatten(self.observation_space, obs_batch), device=self.device)
 
     def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
+        pin_torch_threads()
         obs = self.obs_tensor(obs_batch)
         with self._act_lock, torch.no_grad():
             actions, logp = self.act(self.acting, obs, explore)
@@ -200,6 +217,8 @@ class Learner(Policy):
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self, include_replay: bool = False) -> dict:
+        if self.trained_by is not None:
+            return self.trained_by.state(include_replay)
         state = {"agent_steps": self.agent_steps, "updates": self.updates,
                  "updates_forgiven": self.updates_forgiven, "config": self.config,
                  "nets": self.nets_state(), "rng": self.rng.bit_generator.state}

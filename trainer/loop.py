@@ -20,6 +20,8 @@ from typing import Callable, Dict
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.trainer.config import RunSection
 from simbridge.trainer.factory import trains
+from simbridge.trainer.learner import Learner
+from simbridge.trainer.learner_process import LearnerProcess, LearnerProcessDied, wait_any
 
 TRAIN_CHUNK = 64          # updates between checks for signals and progress lines
 
@@ -37,6 +39,8 @@ class LearningLoop:
         self._report = report
         self._checkpoint = checkpoint
         self._next_report = 0.0
+        # [run] learner_process: each trainable Learner trains in a child process of its own.
+        self.procs: Dict[str, LearnerProcess] = {}
 
     def run(self, last_checkpoint_env_steps: int) -> None:
         """Until stop_event is set (a signal, or total_env_steps reached)."""
@@ -46,33 +50,64 @@ class LearningLoop:
         next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
         known = len(self.runtime.policies)
         while not self.stop_event.is_set():
-            batch = self.runtime.experience.get(timeout=0.05)
-            if batch is not None:
-                self.ingest(batch)
-            if len(self.runtime.policies) != known:
-                # A policy created by a simulator's handshake: checkpointed at once, so that a
-                # resume knows its spaces and can replay the journal into it.
-                known = len(self.runtime.policies)
-                self._checkpoint()
-            self._train_due()
-            self._maybe_report()
-            steps = self.runtime.metrics.env_steps
+            try:
+                steps = self._step(known, next_ckpt)
+            except LearnerProcessDied as e:
+                self._stop(str(e))
+                break
+            known = len(self.runtime.policies)
             if steps >= next_ckpt:
-                self._checkpoint()
                 next_ckpt = (steps // every + 1) * every
             if run.total_env_steps and steps >= run.total_env_steps:
                 self._stop(f"total_env_steps {run.total_env_steps} reached")
+
+    def _step(self, known: int, next_ckpt: float) -> int:
+        """Takes one batch (unless the rate limiter holds intake back), trains or takes weights,
+        reports and checkpoints as due; returns the env steps."""
+        if self._held_back():
+            wait_any(list(self.procs.values()), 0.05)
+        else:
+            batch = self.runtime.experience.get(timeout=0.01 if self.procs else 0.05)
+            if batch is not None:
+                self.ingest(batch)
+        self._train_due()
+        if len(self.runtime.policies) != known:
+            # A policy created by a simulator's handshake: checkpointed at once, so that a
+            # resume knows its spaces and can replay the journal into it.
+            self._checkpoint()
+        self._maybe_report()
+        steps = self.runtime.metrics.env_steps
+        if steps >= next_ckpt:
+            self._checkpoint()
+        return steps
 
     def ingest(self, batch) -> None:
         policies = self.runtime.policies
         for pid, b in batch.policy_batches.items():
             self.ingested[pid] += b.count
             p = policies.get(pid)
-            if p is not None and trains(p):
+            if p is None or not trains(p):
+                continue
+            proc = self.procs.get(pid)
+            if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
+                proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads)
+            if proc is not None:
+                proc.add(b)
+            else:
                 p.add(b)
 
+    def _held_back(self) -> bool:
+        """The rate limiter: no more experience while a learner process is too far behind."""
+        limit = self.run_cfg.max_updates_behind
+        return any(p.behind() > limit for p in self.procs.values())
+
     def _train_due(self) -> None:
-        """Runs every due update (in chunks, staying responsive to signals and the clock)."""
+        """Runs every due update (in chunks, staying responsive to signals and the clock); with
+        learner processes, takes the weights they sent instead."""
+        if self.procs:
+            if any([proc.poll() for proc in self.procs.values()]) and self.journal is not None:
+                self.journal.updates({pid: proc.learner.updates for pid, proc in self.procs.items()})
+            return
         while not self.stop_event.is_set():
             busy = False
             for _, p in list(self.runtime.policies.items()):
@@ -113,3 +148,8 @@ class LearningLoop:
         self.runtime.flush()
         for b in self.runtime.experience.get_all():
             self.ingest(b)
+
+    def close(self) -> None:
+        """Ends the learner processes (after the final checkpoint)."""
+        for proc in self.procs.values():
+            proc.close()
