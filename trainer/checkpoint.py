@@ -76,6 +76,8 @@ def policy_entry(algorithm: str, policy: Policy, trains: bool, keep_replay: bool
              "action_space": space_bytes(policy.action_space), "state": None}
     if isinstance(policy, Learner):   # acting-only policies have no state to keep
         entry["state"] = policy.state_dict(include_replay=keep_replay)
+        # A learner process's state may be some updates past the weights this process acts with.
+        entry["version"] = int(entry["state"]["updates"])
     return entry
 
 

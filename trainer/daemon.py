@@ -49,6 +49,7 @@ class TrainerDaemon:
         self.resume = resume
         self.stop_event = threading.Event()
         self.stop_reason = ""
+        self.exit_code = 0   # 1: a learner process died (no final checkpoint)
         # Classes first: an unknown module or config key fails here, before serving.
         self.factory = PolicyFactory(cfg)
         self.checkpoints = checkpoint.Checkpoints(self.logdir, cfg.run.keep_replay_in_checkpoint)
@@ -266,21 +267,22 @@ class TrainerDaemon:
             self.loop.run(self.checkpoints.env_steps)
         finally:
             self._shutdown(server)
-        return 0
+        return self.exit_code
 
     def _shutdown(self, server) -> None:
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint",
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
-        self.reporter.report("stop")
-        try:
+        try:   # before the last record: a learner process's weights and counts come with its state
             self.checkpoint(clean=True)
             print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
                   file=self.out, flush=True)
         except LearnerProcessDied as e:   # its networks are gone: the last checkpoint stays
             print(f"simbridge-trainer: no final checkpoint: {e}", file=sys.stderr, flush=True)
+            self.exit_code = 1
         finally:
             self.loop.close()
+        self.reporter.report("stop")
         if self.journal is not None:
             self.journal.close()
         self.reporter.close()

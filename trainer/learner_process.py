@@ -99,13 +99,18 @@ class LearnerProcess:
     # ---------------------------------------------------------------- parent side
 
     def add(self, batch) -> None:
-        """Rows for the child; counted here at once (the ratio's clock, exploration schedules)."""
+        """Rows for the child; counted here at once (the ratio's clock, exploration schedules).
+        Never raises: a dead child is reported by poll() and state()."""
         if batch.count == 0:
             return
         self.learner.agent_steps += batch.count
-        self._send(_ROWS + journal.encode_rows({k: batch[k] for k in batch}, batch.count))
         self.pending += batch.count
         self._sent += batch.count
+        if self._dead is None:
+            try:
+                self._send(_ROWS + journal.encode_rows({k: batch[k] for k in batch}, batch.count))
+            except LearnerProcessDied:
+                pass   # poll() and state() report it; the rows are in the journal
 
     def behind(self) -> float:
         """Updates the child owes: its last report plus what the rows sent since will make due."""
@@ -245,6 +250,9 @@ def _serve(conn) -> None:
                 learner.add(SampleBatch(cols))
                 rows += n
             elif tag == _STATE_Q:
+                # The weights first: the parent then acts with the state's networks and version.
+                report()
+                reported = rows
                 conn.send_bytes(_STATE + _dumps(learner.state_dict(include_replay=msg[1:2] == b"1")))
             elif tag == _STOP:
                 return

@@ -39,7 +39,9 @@ class ReplayBuffer:
             n = self.capacity
         first = min(n, self.capacity - self._pos)
         for k, store in self._data.items():
-            v = torch.as_tensor(np.ascontiguousarray(columns[k]), device=self.device)
+            # Writable too: rows read back from the journal or a learner process's pipe are views
+            # of read-only bytes, which torch warns about (the store copies them either way).
+            v = torch.as_tensor(np.require(columns[k], requirements=["C", "W"]), device=self.device)
             store[self._pos:self._pos + first] = v[:first]
             if first < n:
                 store[:n - first] = v[first:]

@@ -235,7 +235,8 @@ def _load_ckpt(path: Path) -> dict:
     return load_checkpoint(path)
 
 
-def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
+@pytest.mark.parametrize("learner_process", [False, True], ids=["inline", "learner_process"])
+def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     port = free_port()
     address = f"127.0.0.1:{port}"
     logdir = tmp_path / "run"
@@ -251,6 +252,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path):
         checkpoint_every_env_steps = 300
         print_every_s = 0.3
         seed = 0
+        learner_process = {str(learner_process).lower()}
         [policies.p0]
         algorithm = "{LINEAR_Q}"
         config = {{ learning_starts = 50, batch_size = 32, updates_per_step = 0.25 }}

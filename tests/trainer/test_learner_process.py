@@ -1,0 +1,186 @@
+"""[run] learner_process: learners training in a process of their own beside the bridge.
+
+Real trainer daemons (subprocesses) with their learner processes, real simulators on loopback:
+the rate limiter holds the replay ratio within its tolerance when the learner is slow (intake
+waits) and when the simulator is slow (the learner waits, never ahead); a learner process that
+dies stops the trainer with a message naming --resume and leaves the last checkpoint alone.
+The end-to-end run (SIGTERM, checkpoint, resume) is test_trainer_daemon's, parametrized on it.
+"""
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simbridge.client.slot_client import SlotClient
+from simbridge.trainer import journal
+from simbridge.trainer.launch import python_module, start_server
+from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
+
+LEARNING_STARTS = 50
+FRAGMENT = 16
+QUEUE = 2
+MAX_BEHIND = 64
+
+
+def _config(tmp_path: Path, address: str, algorithm: str, policy_config: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(f"""
+        [server]
+        address = "{address}"
+        rollout_fragment_length = {FRAGMENT}
+        experience_queue_size = {QUEUE}
+        [run]
+        logdir = "{tmp_path / 'run'}"
+        print_every_s = 0.2
+        checkpoint_every_env_steps = 400
+        seed = 0
+        learner_process = true
+        max_updates_behind = {MAX_BEHIND}
+        [policies.default_policy]
+        algorithm = "{algorithm}"
+        config = {{ learning_starts = {LEARNING_STARTS}, batch_size = 32, updates_per_step = 1.0{policy_config} }}
+    """)
+    return path
+
+
+def _daemon(tmp_path, address, cfg, *extra):
+    return start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg), *extra),
+                        address, timeout=60, env=_env(), keep=2000)
+
+
+def _owed(rec) -> float:
+    """Updates the learner owes at this record (agent steps counted by the bridge, so including
+    the rows still in its queue), and whether any were done."""
+    return (rec["agent_steps"] - LEARNING_STARTS) - rec["updates"].get("default_policy", 0)
+
+
+def test_rows_codec_round_trip_drops_object_columns():
+    cols = {"obs": {"pos": np.arange(6, dtype=np.float32).reshape(3, 2), "id": np.array([1, 2, 3], np.int16)},
+            "actions": (np.array([0, 1, 0], np.int64), np.ones((3, 2), np.float64)),
+            "rewards": np.array([1.0, -1.0, 0.5], np.float32), "terminateds": np.array([False, False, True]),
+            "infos": np.array([{"a": 1}, None, {}], dtype=object)}
+    back, n = journal.decode_rows(journal.encode_rows(cols, 3))
+    assert n == 3 and set(back) == {"obs", "actions", "rewards", "terminateds"}
+    assert np.array_equal(back["obs"]["pos"], cols["obs"]["pos"]) and back["obs"]["id"].dtype == np.int16
+    assert isinstance(back["actions"], tuple) and back["actions"][1].dtype == np.float64
+    assert np.array_equal(back["terminateds"], cols["terminateds"])
+    with pytest.raises(ValueError):
+        journal.decode_rows(journal.encode_rows(cols, 3)[:-4])   # torn
+
+
+def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
+    """4 ms per update against a simulator ~10x faster: without the limiter the learner would owe
+    thousands of updates within seconds; with it, never more than the tolerance plus the rows in
+    the bridge's queue."""
+    address = f"127.0.0.1:{free_port()}"
+    cfg = _config(tmp_path, address, "slow_learner:SlowLinearQ", ", update_sleep_s = 0.004")
+    daemon = _daemon(tmp_path, address, cfg)
+    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "1", "--seed", "1")
+    try:
+        _wait(lambda: any(r["env_steps"] >= 1500 for r in _metrics(tmp_path / "run")), 90,
+              "1,500 env steps", [daemon, sim])
+    finally:
+        _kill(sim, daemon)
+    recs = [r for r in _metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS + 200]
+    owed = [_owed(r) for r in recs]
+    # Rows the bridge counted but the loop had not taken: its queue, the collector's fragment and
+    # one put waiting; plus one fragment taken while just under the tolerance.
+    slack = (QUEUE + 2) * FRAGMENT + FRAGMENT
+    assert recs and max(owed) <= MAX_BEHIND + slack, owed
+    assert max(owed) >= FRAGMENT, f"the learner never fell behind: not a test of the limiter: {owed}"
+
+
+def test_slow_simulator_the_learner_waits_and_keeps_up(tmp_path):
+    """A simulator at ~150 steps/s and a fast learner: the learner never runs ahead of the ratio
+    and, once the simulator stops, owes no more than the rows the bridge still holds."""
+    address = f"127.0.0.1:{free_port()}"
+    cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
+    daemon = _daemon(tmp_path, address, cfg)
+    env = gym.make("CartPole-v1")
+    stop = threading.Event()
+    errors = []
+
+    def simulate():
+        try:
+            client = SlotClient(address, env.observation_space, env.action_space, num_slots=1)
+            obs, _ = env.reset(seed=0)
+            actions = client.step(obs[None])
+            for _ in range(700):
+                if stop.is_set():
+                    break
+                time.sleep(0.006)   # a slow simulator
+                obs, r, term, trunc, _ = env.step(int(actions[0]))
+                final = obs[None].copy() if term or trunc else None   # one per ended slot
+                if term or trunc:
+                    obs, _ = env.reset()
+                actions = client.step(obs[None], np.array([r], np.float32), np.array([term]), np.array([trunc]),
+                                      final)
+            client.close()
+        except Exception as e:   # noqa: BLE001 - reported by the test
+            errors.append(e)
+    t = threading.Thread(target=simulate, daemon=True)
+    t.start()
+    try:
+        t.join(timeout=60)
+        assert not t.is_alive() and not errors, errors
+        time.sleep(1.0)   # the last weights and a metrics record
+        recs = [r for r in _metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS]
+    finally:
+        stop.set()
+        _kill(daemon)
+    owed = [_owed(r) for r in recs]
+    assert recs and min(owed) >= 0, f"the learner ran ahead of the ratio: {owed}"
+    assert recs[-1]["agent_steps"] >= 600
+    # Rows still in the collector's fragment (and the closed episode's last ones) are not due yet.
+    assert owed[-1] <= 2 * FRAGMENT, owed
+
+
+def _learner_child(daemon_pid: int) -> int:
+    """The daemon's learner process (not multiprocessing's resource tracker), by /proc."""
+    kids = []
+    for task in Path(f"/proc/{daemon_pid}/task").iterdir():
+        kids += [int(x) for x in (task / "children").read_text().split()]
+    learners = [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    assert len(learners) == 1, kids
+    return learners[0]
+
+
+def test_a_killed_learner_process_stops_the_trainer_and_resume_continues(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
+    logdir = tmp_path / "run"
+    daemon = _daemon(tmp_path, address, cfg)
+    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+    try:
+        _wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in _metrics(logdir)), 60,
+              "updates", [daemon, sim])
+        _wait(lambda: _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > 0, 60,
+              "a checkpoint with updates", [daemon, sim])
+        os.kill(_learner_child(daemon.pid), signal.SIGKILL)
+        _wait(lambda: daemon.poll() is not None, 30, "the trainer to stop", [sim])
+        daemon.wait_output()
+    finally:
+        _kill(sim, daemon)
+    out = "\n".join(daemon.lines)
+    assert daemon.poll() == 1, out
+    assert "learner process of policy 'default_policy'" in out and "--resume" in out, out
+    assert "no final checkpoint" in out and "Traceback" not in out, out
+    ckpt = _load_ckpt(logdir / "checkpoint.pt")
+    kept = ckpt["policies"]["default_policy"]["version"]
+    assert kept > 0 and ckpt["policies"]["default_policy"]["state"]["updates"] == kept
+
+    total = _metrics(logdir)[-1]["env_steps"] + 300   # the resume replays the journal past the checkpoint
+    daemon = _daemon(tmp_path, address, cfg, "--resume", "--total-env-steps", str(total))
+    sim = _sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "2")
+    try:
+        _wait(lambda: daemon.poll() is not None, 60, "the resumed trainer to reach its budget", [sim])
+        daemon.wait_output()
+    finally:
+        _kill(sim, daemon)
+    assert daemon.poll() == 0, "\n".join(daemon.lines)
+    assert _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > kept
