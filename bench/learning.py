@@ -2,15 +2,15 @@
 
     python bench/learning.py TASK [--seed S] [--no-inprocess] [--out FILE]
 
-TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, multiagent-cartpole.
+TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, multiagent-cartpole.
 Prints one JSON object: task, solved, env_steps (when solved, else at the end),
 final_return (mean of the last 10 episodes), wall_s, and inprocess_wall_s: the
 same learner and config with the env stepped in this process, no bridge (for
 multiagent-cartpole: one trained policy's learner on one CartPole), so the
 bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`.
 
-The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
-trainer/sac.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
+The bridge run writes a TOML config (the learner presets of trainer/dqn.py,
+trainer/sac.py and trainer/ppo.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
@@ -46,6 +46,9 @@ TASKS = {
     "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
                                 sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
+    # PPO, on-policy from the same stream: >= 475 within 100k env steps.
+    "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
+                         budget=100_000, fragment=32, sims=[["--slots", "1"]]),
     # 4 carts on 2 trained policies (p0: cart_0, cart_2; p1: cart_1, cart_3) plus a frozen p2 (cart_4).
     "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=300.0,
                                 budget=40_000, fragment=32, multiagent=True),
@@ -68,9 +71,15 @@ def _inline(d: dict) -> str:
     return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in d.items() if v is not None) + " }"
 
 
+def learner_class(task: dict):
+    """The task's Learner class, from the trainer config's algorithm registry."""
+    from simbridge.trainer.config import ALGORITHMS
+    module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
 def preset(task: dict, seed: int) -> dict:
-    module = "simbridge.trainer.dqn" if task["algorithm"] == "dqn" else "simbridge.trainer.sac"
-    mod = __import__(module, fromlist=[task["preset"]])
+    mod = sys.modules[learner_class(task).__module__]
     return {**getattr(mod, task["preset"]), "seed": seed}
 
 
@@ -160,11 +169,7 @@ def run_inprocess(task: dict, seed: int) -> dict:
 
     cfg = preset(task, seed)
     env = gym.make(task["env"])
-    if task["algorithm"] == "dqn":
-        from simbridge.trainer.dqn import DQNLearner as cls
-    else:
-        from simbridge.trainer.sac import SACLearner as cls
-    learner = cls(env.observation_space, env.action_space, cfg, device="cpu")
+    learner = learner_class(task)(env.observation_space, env.action_space, cfg, device="cpu")
     kwargs = {}
     if task.get("off_policy"):
         kwargs["off_policy_fraction"] = task["off_policy"]

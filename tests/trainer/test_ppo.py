@@ -11,7 +11,7 @@ import torch
 
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.config import ALGORITHMS
+from simbridge.trainer.config import ALGORITHMS, DEFAULT_CONFIG, load_config
 from simbridge.trainer.inprocess import first_reach, run_inprocess
 from simbridge.trainer.ppo import CARTPOLE_PRESET, PPOLearner
 from simbridge.wire import preprocess
@@ -53,6 +53,12 @@ def rows(learner, n, version=None, logp=None, eps_id=0, t0=0, rng=None, terminat
 
 def test_ppo_is_a_registered_algorithm():
     assert ALGORITHMS["ppo"] == "simbridge.trainer.ppo:PPOLearner"
+
+
+def test_the_shipped_config_is_the_cartpole_preset():
+    cfg = load_config(DEFAULT_CONFIG.parent / "cartpole_ppo.toml")
+    assert cfg.policies["default_policy"].algorithm == "ppo"
+    assert cfg.policies["default_policy"].config == CARTPOLE_PRESET
 
 
 def test_replay_keys_are_refused():
