@@ -1,4 +1,5 @@
-"""PPO's action distributions: one policy output read as categorical branches and a squashed Gaussian.
+"""PPO's policy network and action distributions: one output read as categorical branches and a
+squashed Gaussian.
 
 `ActionLayout(space)` says where each part of an action lives in the policy network's output:
 the logits of every categorical branch side by side (Discrete: one branch; MultiDiscrete: one
@@ -12,11 +13,13 @@ u ~ N(mean, exp(log_std)), scaled into the bounds. Its log density is that of th
 head reports too. To score a recorded action, u = atanh(a), with a clipped to +-(1 - 1e-6) like
 SAC's stored actions: an action saturated in float32 scores as if at that edge.
 """
-from typing import Optional, Tuple
+import math
+from typing import List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from simbridge.trainer.dqn import action_branches, action_start
@@ -144,3 +147,31 @@ class ActionLayout:
             logp = logp + lp - self.log_scale_sum
             entropy = entropy + (log_std + 0.5 + HALF_LOG_2PI).sum(-1)
         return logp, entropy
+
+
+def layer_init(layer: nn.Linear, std: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def tanh_mlp(sizes: List[int], out_std: float) -> nn.Sequential:
+    layers: List[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        last = i == len(sizes) - 2
+        layers.append(layer_init(nn.Linear(sizes[i], sizes[i + 1]), out_std if last else math.sqrt(2)))
+        if not last:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+class PolicyNet(nn.Module):
+    """Flat obs -> [logits of every branch, means of the Box part]; log_std a parameter."""
+
+    def __init__(self, obs_dim: int, layout: "ActionLayout", hidden: List[int], log_std_init: float):
+        super().__init__()
+        self.net = tanh_mlp([obs_dim, *hidden, layout.out_dim], 0.01)
+        self.log_std = nn.Parameter(torch.full((layout.act_dim,), float(log_std_init)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)

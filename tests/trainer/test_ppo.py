@@ -90,6 +90,16 @@ def test_logged_greedy_and_stale_rows_are_dropped_and_counted_lagged_ones_kept()
     assert m["rows_dropped_logged"] == 9 and m["rows_dropped_greedy"] == 3 and m["rows_lagged"] == 30
 
 
+def test_a_sure_policys_own_rows_are_not_mistaken_for_greedy_ones():
+    learner = make(gym.spaces.Discrete(2))
+    with torch.no_grad():                                   # logits 40 apart: p = 1 in float32
+        learner.acting.net[-1].bias.copy_(torch.tensor([40.0, 0.0]))
+    batch = rows(learner, 10)
+    assert (batch["actions"] == 0).all() and (batch["action_logp"] < 0).all()
+    learner.add(batch)
+    assert learner.counters["rows_dropped_greedy"] == 0 and learner.incoming_rows == 10
+
+
 def test_rows_waiting_when_newer_weights_are_published_become_stale():
     learner = make(max_policy_lag=0)                                   # only rows of the current weights
     learner.add(rows(learner, 32))
