@@ -2,7 +2,8 @@
 
     python bench/learning.py TASK [--seed S] [--no-inprocess] [--out FILE]
 
-TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, multiagent-cartpole.
+TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, ppo-pendulum,
+multiagent-cartpole.
 Prints one JSON object: task, solved, env_steps (when solved, else at the end),
 final_return (mean of the last 10 episodes), wall_s, and inprocess_wall_s: the
 same learner and config with the env stepped in this process, no bridge (for
@@ -49,6 +50,8 @@ TASKS = {
     # PPO, on-policy from the same stream: >= 475 within 100k env steps.
     "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
                          budget=100_000, fragment=32, sims=[["--slots", "1"]]),
+    "ppo-pendulum": dict(env="Pendulum-v1", algorithm="ppo", preset="PENDULUM_PRESET", threshold=-200.0,
+                         budget=100_000, fragment=200, sims=[["--slots", "1"]]),
     # 4 carts on 2 trained policies (p0: cart_0, cart_2; p1: cart_1, cart_3) plus a frozen p2 (cart_4).
     "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=300.0,
                                 budget=40_000, fragment=32, multiagent=True),

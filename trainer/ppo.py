@@ -127,6 +127,23 @@ CARTPOLE_PRESET = {
     "normalize_advantages": True,
 }
 
+# Pendulum-v1 (Box actions): the mean of the last 10 episodes reaches -200 within 100k env steps.
+# In process (fragments of 200), seeds 0, 1, 2 reached it at 37.6k, 34.8k and 53.4k env steps in
+# 16-25 s. SAC (trainer/sac.py) needs under 10k steps, at 10x the wall time.
+PENDULUM_PRESET = {
+    "gamma": 0.9,
+    "lambda_": 0.95,
+    "hidden": [64, 64],
+    "lr": 1e-3,
+    "train_batch_size": 1024,
+    "minibatch_size": 64,
+    "num_epochs": 10,
+    "log_std_init": -0.5,
+    "clip_param": 0.2,
+    "entropy_coeff": 0.0,
+    "grad_clip": 0.5,
+}
+
 
 class PPOLearner(Learner):
     NETWORKS = 2       # policy and value
