@@ -266,6 +266,9 @@ class PPOLearner(Learner):
             if chunk is not None:
                 self.incoming.append(chunk)
                 self.incoming_rows += int(keep.sum())
+            # the counters in the progress records stay current between iterations (a new dict:
+            # the reporter may be reading the old one)
+            self.last_metrics = {**self.last_metrics, **{k: float(v) for k, v in self.counters.items()}}
 
     def drop_stale(self) -> None:
         """Drops waiting rows that the weights published since they were added made stale."""

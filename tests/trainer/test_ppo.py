@@ -86,8 +86,9 @@ def test_logged_greedy_and_stale_rows_are_dropped_and_counted_lagged_ones_kept()
     assert learner.counters["rows_dropped_stale"] == 0
     learner.add(rows(learner, 7, version=0, eps_id=3))              # two iterations behind: stale
     assert learner.counters["rows_dropped_stale"] == 7 and learner.incoming_rows == 0
-    m = learner.last_metrics
+    m = learner.last_metrics                                         # current, not as of the last iteration
     assert m["rows_dropped_logged"] == 9 and m["rows_dropped_greedy"] == 3 and m["rows_lagged"] == 30
+    assert m["rows_dropped_stale"] == 7
 
 
 def test_a_sure_policys_own_rows_are_not_mistaken_for_greedy_ones():
