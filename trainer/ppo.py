@@ -40,9 +40,9 @@ Read top to bottom:
    `lr` to `lr_final` over `lr_timesteps` agent steps when lr_final is set.
 
 4. Networks (trainer/ppo_actions.py): a policy MLP and a separate value MLP (tanh, orthogonal init
-   as in CleanRL). Separate,
-   so the value loss's scale (returns of 100s in CartPole) never competes with the policy gradient
-   in a shared trunk, vf_loss_coeff needs no tuning, and the export is the policy MLP alone.
+   as in CleanRL). Separate, so the value loss's scale (returns of 100s in CartPole) never competes
+   with the policy gradient in a shared trunk, vf_loss_coeff needs no tuning, and the export is the
+   policy MLP alone.
 
 5. Actions (`ActionLayout`): the policy's output holds the logits of every categorical branch side
    by side, then the means of the Box part.

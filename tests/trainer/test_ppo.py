@@ -91,6 +91,20 @@ def test_logged_greedy_and_stale_rows_are_dropped_and_counted_lagged_ones_kept()
     assert m["rows_dropped_stale"] == 7
 
 
+@pytest.mark.parametrize("shift, clipped", [(0.0, 0.0), (-1.0, 1.0)])
+def test_the_ratio_is_taken_against_the_recorded_logp(shift, clipped):
+    """One update on one minibatch: with the logp recorded as acted, every ratio is 1 (nothing
+    clipped); recorded 1 nat lower (a behaviour that found these actions rarer), every ratio is
+    e > 1 + clip_param."""
+    learner = make(gym.spaces.Discrete(3), num_epochs=1, minibatch_size=32)
+    batch = rows(learner, 32)
+    batch["action_logp"] = batch["action_logp"] + np.float32(shift)
+    learner.add(batch)
+    learner.train()
+    assert learner.last_metrics["clip_frac"] == clipped
+    assert learner.last_metrics["approx_kl"] == pytest.approx(0.0 if not shift else np.e - 2, abs=1e-4)
+
+
 def test_a_sure_policys_own_rows_are_not_mistaken_for_greedy_ones():
     learner = make(gym.spaces.Discrete(2))
     with torch.no_grad():                                   # logits 40 apart: p = 1 in float32
