@@ -2,7 +2,8 @@
 
     python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--out FILE]
 
-TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, multiagent-cartpole.
+TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, ppo-pendulum,
+multiagent-cartpole.
 Prints one JSON object: task, solved, env_steps (when solved, else at the end),
 final_return (mean of the last 10 episodes), wall_s (from the first env step; the
 simulators' start-up is in wall_with_startup_s), and inprocess_wall_s: the same
@@ -12,8 +13,8 @@ bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`. With --seeds, o
 line per seed goes to stderr as it ends, and the JSON has each seed's run, the count
 `seeds_solved` and the median `median_bridge_vs_inprocess_wall`.
 
-The bridge run writes a TOML config (the learner presets of trainer/dqn.py and
-trainer/sac.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
+The bridge run writes a TOML config (the learner presets of trainer/dqn.py,
+trainer/sac.py and trainer/ppo.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
@@ -50,6 +51,11 @@ TASKS = {
     "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
                                 sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
+    # PPO, on-policy from the same stream: >= 475 within 100k env steps.
+    "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
+                         budget=100_000, fragment=32, sims=[["--slots", "1"]]),
+    "ppo-pendulum": dict(env="Pendulum-v1", algorithm="ppo", preset="PENDULUM_PRESET", threshold=-200.0,
+                         budget=100_000, fragment=200, sims=[["--slots", "1"]]),
     # 4 carts on 2 trained policies (p0: cart_0, cart_2; p1: cart_1, cart_3) plus a frozen p2 (cart_4).
     "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=300.0,
                                 budget=40_000, fragment=32, multiagent=True),
@@ -73,6 +79,7 @@ def _inline(d: dict) -> str:
 
 
 def learner_class(task: dict):
+    """The task's Learner class, from the trainer config's algorithm registry."""
     from simbridge.trainer.config import ALGORITHMS
     module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
     return getattr(__import__(module, fromlist=[name]), name)

@@ -68,7 +68,8 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
 
 # Learners by name, imported only when used.
-ALGORITHMS = {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner"}
+ALGORITHMS = {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner",
+              "ppo": "simbridge.trainer.ppo:PPOLearner"}
 RANDOM = "random"
 
 

@@ -106,7 +106,8 @@ class PolicyFactory:
             raise invalid_argument(
                 f"the trainer cannot create policy {pid!r} (algorithm {self.cfg.policies[pid].algorithm!r}) "
                 f"for observation space {obs_space}, action space {act_space}: {e}; map these agents "
-                f"to a policy whose algorithm fits (dqn: Discrete actions, sac: Box actions)") from None
+                f"to a policy whose algorithm fits (dqn: Discrete and MultiDiscrete actions, sac: Box actions, ppo: "
+                f"any of those and Unity's hybrid Dict actions)") from None
         log.info("policy %r created (%s) for observation %s, action %s%s", pid, type(policy).__name__,
                  obs_space, act_space, "" if trains(policy) else ", not trained")
         return policy

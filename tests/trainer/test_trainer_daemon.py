@@ -82,7 +82,7 @@ def test_config_defaults_and_values():
 
 
 BAD_CONFIGS = [
-    ('[policies.p]\nalgorithm = "ppo"', ["unknown algorithm 'ppo'", "dqn", "random", "sac", "module:Class"]),
+    ('[policies.p]\nalgorithm = "a2c"', ["unknown algorithm 'a2c'", "dqn", "ppo", "random", "sac", "module:Class"]),
     ('[policies.p]\nconfig = {}', ["no algorithm"]),
     ("[run]\nlogdir = 'x'", ["no [policies.<id>]"]),
     ('[policies.p0]\nalgorithm = "dqn"\n[mapping]\nrules = ["player_*=nim"]',
@@ -122,7 +122,8 @@ def test_missing_config_file(tmp_path):
 
 
 def test_resolve_algorithm():
-    assert ALGORITHMS == {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner"}
+    assert ALGORITHMS == {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner",
+                          "ppo": "simbridge.trainer.ppo:PPOLearner"}
     spec = parse_config(f'[policies.p]\nalgorithm = "{LINEAR_Q}"\nconfig = {{ lr = 0.1 }}').policies["p"]
     assert resolve_algorithm(spec).__name__ == "LinearQLearner"
     spec = parse_config(f'[policies.p]\nalgorithm = "{LINEAR_Q}"\nconfig = {{ learning_rate = 0.1 }}').policies["p"]
