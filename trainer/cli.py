@@ -10,11 +10,16 @@ whenever they like. Each policy is created when the first simulator using it
 connects (its handshake gives the spaces), or at startup when the config
 declares the spaces or a resumed checkpoint knows them.
 
-The main thread is the learner loop: take a MultiAgentBatch from the bridge's
-experience queue, add each policy's SampleBatch to its learner (trainable
-policies only), then run the updates the replay ratio makes due before taking
-more. The queue is small, so a learner that falls behind blocks the bridge's
-puts and slows the simulators instead of falling behind.
+The main thread is the intake loop: it takes each MultiAgentBatch from the
+bridge's experience queue and hands each policy's SampleBatch to its learner.
+With `[run] learner_process = true` (the default) each trainable learner
+trains in a process of its own and the bridge acts with the weights it sends
+back after every chunk of updates; a rate limiter holds the replay ratio (the
+learner never runs ahead; intake waits while it owes more than
+`max_updates_behind` updates). With false, the loop runs the due updates
+itself between intakes. Either way the queue is small, so a learner that falls
+behind blocks the bridge's puts and slows the simulators instead of dropping
+experience.
 
 `--resume` loads checkpoint.pt (with torch's safe loader only: a file that is
 not a valid checkpoint is refused) and then replays the run's journal: counters
@@ -25,8 +30,7 @@ optimizers, update counts (= policy version, as of the checkpoint) and replay
 buffer (kept in the checkpoint, or refilled from the journal). Episodes open
 when a process was killed end as truncated; gradient updates since the last
 checkpoint are lost, and the resume line says how many (docs/durability.md). Simulators connected to the
-previous process lose their session (their client raises SessionLost, and the
-reference simulators exit with code 2): start them again.
+previous process reconnect and go on with new episodes.
 """
 # This module imports neither torch nor the daemon until a command runs, so that a missing
 # trainer extra is one line naming the fix, not a traceback.

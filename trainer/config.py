@@ -23,6 +23,10 @@
     torch_threads = 1                  # torch intra-op threads (0: torch's default, one per core);
                                        # on a CPU shared with gRPC threads and simulators, 1 is
                                        # ~10x faster per update than one per core on 2 cores
+    learner_process = true             # each trained policy learns in a process of its own while
+                                       # the bridge serves (false: in the daemon, between intakes)
+    max_updates_behind = 256           # rate limiter: intake waits while a learner owes more
+                                       # updates than this (the ratio: the policy's updates_per_step)
 
     [policies.default_policy]
     algorithm = "dqn"                  # "dqn", "sac", "random" or "package.module:Class"
@@ -117,7 +121,7 @@ class RunSection:
     journal_before_answer: bool = True
     # Each trainable learner trains in a process of its own beside the bridge (acting and learning
     # overlap; trainer/learner_process.py); false: in the daemon's loop, between intakes.
-    learner_process: bool = False
+    learner_process: bool = True
     # The rate limiter's tolerance: intake waits while a learner process owes more updates than
     # this (its ratio is the policy's updates_per_step).
     max_updates_behind: int = 256

@@ -188,6 +188,11 @@ class Learner(Policy):
     def _update_target(self) -> int:
         return int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
 
+    def updates_per_row(self) -> float:
+        """Gradient updates one more agent step makes due (the replay ratio; the rate limiter of
+        trainer/learner_process.py counts rows in flight with it)."""
+        return float(self.config["updates_per_step"])
+
     def updates_due(self) -> int:
         if (not self.trainable or self.agent_steps < self.config["learning_starts"]
                 or len(self.replay) < self.config["batch_size"]):

@@ -27,6 +27,7 @@ import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
+import signal
 import time
 import traceback
 from typing import Dict, List, Optional
@@ -114,8 +115,7 @@ class LearnerProcess:
 
     def behind(self) -> float:
         """Updates the child owes: its last report plus what the rows sent since will make due."""
-        per_row = float(self.learner.config.get("updates_per_step", 1.0))
-        return self.due + self.pending * per_row
+        return self.due + self.pending * self.learner.updates_per_row()
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Applies what the child has sent; True when weights came."""
@@ -204,6 +204,11 @@ def wait_any(processes: List[LearnerProcess], timeout: float) -> None:
 # -------------------------------------------------------------------- the child
 
 def _child_main(conn) -> None:
+    # Ctrl-C in a terminal signals the whole process group: the parent stops in order and still
+    # needs this process for its final checkpoint. The parent ends it (a stop message, or its
+    # pipe closing when the parent dies).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         _serve(conn)
     except (EOFError, OSError):

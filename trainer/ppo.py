@@ -294,6 +294,9 @@ class PPOLearner(Learner):
             return 0
         return self.config["num_epochs"] * self.minibatches(self.incoming_rows)
 
+    def updates_per_row(self) -> float:
+        return self.config["num_epochs"] / self.config["minibatch_size"]
+
     def minibatches(self, rows: int) -> int:
         return max(1, round(rows / self.config["minibatch_size"]))
 

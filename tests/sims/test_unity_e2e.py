@@ -84,9 +84,10 @@ def test_the_shipped_unity_configs_load_and_map_behaviors_to_their_policies():
     from simbridge.server.mapping import pattern_mapping
     from simbridge.trainer.config import CONFIG_DIR, load_config, resolve_algorithm
     files = sorted(CONFIG_DIR.glob("unity_*.toml"))
-    assert [f.name for f in files] == ["unity_3dball.toml", "unity_peer.toml"]
+    assert [f.name for f in files] == ["unity_3dball.toml", "unity_peer.toml", "unity_peer_ppo.toml"]
     expect = {"unity_3dball.toml": {"3DBall?team=0/17": "ball"},
-              "unity_peer.toml": {"Ball?team=0/1000": "ball", "Reach?team=0/2003": "reach"}}
+              "unity_peer.toml": {"Ball?team=0/1000": "ball", "Reach?team=0/2003": "reach"},
+              "unity_peer_ppo.toml": {"Hybrid?team=0/3": "hybrid", "Masked?team=0/7": "masked"}}
     for f in files:
         cfg = load_config(f)
         for spec in cfg.policies.values():

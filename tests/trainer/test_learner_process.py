@@ -8,6 +8,7 @@ The end-to-end run (SIGTERM, checkpoint, resume) is test_trainer_daemon's, param
 """
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from simbridge.client.slot_client import SlotClient
 from simbridge.trainer import journal
-from simbridge.trainer.launch import python_module, start_server
+from simbridge.trainer.launch import python_module, start_server, wait_for_health
 from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
 
 LEARNING_STARTS = 50
@@ -184,3 +185,32 @@ def test_a_killed_learner_process_stops_the_trainer_and_resume_continues(tmp_pat
         _kill(sim, daemon)
     assert daemon.poll() == 0, "\n".join(daemon.lines)
     assert _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > kept
+
+
+def test_ctrl_c_of_the_whole_process_group_still_writes_the_final_checkpoint(tmp_path):
+    """A terminal's Ctrl-C reaches the learner process too: it must outlive the parent's stop."""
+    address = f"127.0.0.1:{free_port()}"
+    cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
+    logdir = tmp_path / "run"
+    argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg))
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                               start_new_session=True)   # its own process group, as in a terminal
+    sim = None
+    try:
+        wait_for_health(address, 60)
+        sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+        _wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in _metrics(logdir)), 60,
+              "updates", [sim])
+        os.killpg(trainer.pid, signal.SIGINT)
+        out, _ = trainer.communicate(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+        _kill(*([sim] if sim else []))
+    assert trainer.returncode == 0, out
+    assert "stopping (SIGINT)" in out and "no final checkpoint" not in out, out
+    last = _metrics(logdir)[-1]
+    ckpt = _load_ckpt(logdir / "checkpoint.pt")
+    assert last["event"] == "stop"
+    assert ckpt["policies"]["default_policy"]["version"] == last["versions"]["default_policy"] > 100
