@@ -264,7 +264,9 @@ class TrainerDaemon:
         else:   # a Reporter without `extra` (see docs/durability.md): the console line has them
             self.reporter.report("resume" if self.resume else "start")
         try:
-            self.loop.run(self.checkpoints.env_steps)
+            self.loop.run(self.checkpoints.env_steps, learners_expected=sum(
+                1 for pid, cls in self.factory.classes.items()
+                if self.cfg.trainable(pid) and cls is not None and issubclass(cls, Learner)))
         finally:
             self._shutdown(server)
         return self.exit_code

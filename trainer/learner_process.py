@@ -30,7 +30,7 @@ import multiprocessing.connection
 import signal
 import time
 import traceback
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -74,7 +74,8 @@ def _import(path: str) -> type:
 class LearnerProcess:
     """The parent's handle on one policy's training child. All calls from one thread (the loop)."""
 
-    def __init__(self, policy_id: str, learner, torch_threads: int = 1):
+    def __init__(self, policy_id: str, learner, torch_threads: int = 1, child: Optional["Child"] = None):
+        """child: one started beforehand (spawn_child), whose imports are done by now."""
         from simbridge.trainer.checkpoint import space_bytes
         self.policy_id = policy_id
         self.learner = learner
@@ -82,12 +83,7 @@ class LearnerProcess:
         self.pending = 0              # rows sent since that report
         self._sent = learner.agent_steps   # rows in the child's count (its state's, then sent)
         self._dead: Optional[str] = None
-        ctx = mp.get_context("spawn")   # never fork: the parent runs gRPC threads
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child_conn,), name=f"simbridge-learner-{policy_id}",
-                                daemon=True)
-        self.proc.start()
-        child_conn.close()
+        self.proc, self.conn = child or spawn_child()
         init = {"cls": _class_path(type(learner)), "obs": space_bytes(learner.observation_space),
                 "act": space_bytes(learner.action_space), "config": dict(learner.config),
                 "device": str(learner.device), "torch_threads": int(torch_threads),
@@ -196,6 +192,20 @@ class LearnerProcess:
         return LearnerProcessDied(self._dead)
 
 
+Child = Tuple[mp.process.BaseProcess, mp.connection.Connection]
+
+
+def spawn_child() -> Child:
+    """A learner process, started: it imports torch and waits for its learner. Spawned ahead of
+    need, its seconds of imports do not hold up the loop when a policy's first rows come."""
+    ctx = mp.get_context("spawn")   # never fork: the parent runs gRPC threads
+    conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_child_main, args=(child_conn,), name="simbridge-learner", daemon=True)
+    proc.start()
+    child_conn.close()
+    return proc, conn
+
+
 def wait_any(processes: List[LearnerProcess], timeout: float) -> None:
     """Until one of the children sends something (or `timeout`)."""
     mp.connection.wait([p.conn for p in processes if p._dead is None], timeout)
@@ -268,12 +278,3 @@ def _serve(conn) -> None:
             continue
         report()   # after updates, or rows that made none due: the parent learns how far the child got
         reported = rows
-
-
-def attach_all(policies: Dict[str, object], procs: Dict[str, LearnerProcess], torch_threads: int,
-               wanted) -> None:
-    """A child for every policy `wanted(policy)` says trains and that has none yet."""
-    for pid, p in list(policies.items()):
-        if pid not in procs and wanted(p):
-            procs[pid] = LearnerProcess(pid, p, torch_threads)
-            log.info("policy %r trains in its own process (pid %d)", pid, procs[pid].proc.pid)

@@ -15,13 +15,13 @@ import collections
 import math
 import threading
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.trainer.config import RunSection
 from simbridge.trainer.factory import trains
 from simbridge.trainer.learner import Learner
-from simbridge.trainer.learner_process import LearnerProcess, LearnerProcessDied, wait_any
+from simbridge.trainer.learner_process import LearnerProcess, LearnerProcessDied, spawn_child, wait_any
 
 TRAIN_CHUNK = 64          # updates between checks for signals and progress lines
 
@@ -41,10 +41,14 @@ class LearningLoop:
         self._next_report = 0.0
         # [run] learner_process: each trainable Learner trains in a child process of its own.
         self.procs: Dict[str, LearnerProcess] = {}
+        self._spares: List = []   # started children, for the policies still to come
 
-    def run(self, last_checkpoint_env_steps: int) -> None:
-        """Until stop_event is set (a signal, or total_env_steps reached)."""
+    def run(self, last_checkpoint_env_steps: int, learners_expected: int = 0) -> None:
+        """Until stop_event is set (a signal, or total_env_steps reached). learners_expected: the
+        trainable learners the config may create, whose processes start now (learner_process)."""
         run = self.run_cfg
+        if run.learner_process:
+            self._spares = [spawn_child() for _ in range(learners_expected)]
         self._next_report = time.monotonic() + run.print_every_s
         every = run.checkpoint_every_env_steps
         next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
@@ -90,7 +94,8 @@ class LearningLoop:
                 continue
             proc = self.procs.get(pid)
             if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
-                proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads)
+                spare = self._spares.pop() if self._spares else None
+                proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
             if proc is not None:
                 proc.add(b)
             else:
@@ -153,3 +158,8 @@ class LearningLoop:
         """Ends the learner processes (after the final checkpoint)."""
         for proc in self.procs.values():
             proc.close()
+        for proc, conn in self._spares:   # never used: their pipe closing ends them
+            conn.close()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
