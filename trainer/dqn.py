@@ -205,13 +205,6 @@ class DQNLearner(Learner):
         frac = min(1.0, self.agent_steps / max(1, cfg["epsilon_timesteps"]))
         return cfg["epsilon_initial"] + frac * (cfg["epsilon_final"] - cfg["epsilon_initial"])
 
-    def learning_rate(self) -> float:
-        cfg = self.config
-        if cfg["lr_final"] is None:
-            return cfg["lr"]
-        frac = min(1.0, self.agent_steps / max(1, cfg["lr_timesteps"]))
-        return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
-
     def act(self, module: nn.Module, obs: torch.Tensor, explore: bool):
         q = module(obs)
         allowed = self.allowed(obs)

@@ -188,6 +188,15 @@ class Learner(Policy):
     def _update_target(self) -> int:
         return int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
 
+    def learning_rate(self) -> float:
+        """lr, decayed linearly to lr_final over lr_timesteps agent steps (lr_final None: constant);
+        for learners whose config has these keys."""
+        cfg = self.config
+        if cfg["lr_final"] is None:
+            return cfg["lr"]
+        frac = min(1.0, self.agent_steps / max(1, cfg["lr_timesteps"]))
+        return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
+
     def updates_per_row(self) -> float:
         """Gradient updates one more agent step makes due (the replay ratio; the rate limiter of
         trainer/learner_process.py counts rows in flight with it)."""

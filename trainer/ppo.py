@@ -300,13 +300,6 @@ class PPOLearner(Learner):
     def minibatches(self, rows: int) -> int:
         return max(1, round(rows / self.config["minibatch_size"]))
 
-    def learning_rate(self) -> float:
-        cfg = self.config
-        if cfg["lr_final"] is None:
-            return cfg["lr"]
-        frac = min(1.0, self.agent_steps / max(1, cfg["lr_timesteps"]))
-        return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
-
     @torch.no_grad()
     def start_iteration(self) -> dict:
         cfg = self.config

@@ -12,13 +12,7 @@ Measured on the 2-core VM (8 agents per behavior, 3 runs): ball's mean of the la
 went from 2.6-2.7 to 9.4-10 and reach's mean of the last 100 from -11.6 to -2.4..-2.9, both by
 4.7-5.1k env steps and 14-18 s of training; the test takes 21-24 s.
 """
-import json
-import subprocess
-import sys
-import time
-
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
-from unity_peer.harness import PEER, ROOT, free_base_port
+from unity_peer.harness import ROOT, train_through_connector
 
 CONFIG = ROOT / "trainer" / "configs" / "unity_peer.toml"
 BUDGET = 25_000     # env steps: one per agent decision, both behaviors together
@@ -39,37 +33,13 @@ def reached(rec) -> bool:
 
 
 def test_dqn_and_sac_learn_two_behaviors_of_one_build_through_the_unity_connector(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
-    logdir = tmp_path / "run"
-    env = child_env({"SIMBRIDGE_PEER_PYTHON": sys.executable})
-    daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(CONFIG),
-                               "--address", address, "--logdir", str(logdir), "--total-env-steps", str(BUDGET)],
-                              env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    connector = None
-    recs = []
-    try:
-        wait_for_health(address, timeout=120)
-        connector = subprocess.Popen([sys.executable, "-m", "simbridge.sims.unity.connector", "--address", address,
-                                      "--env", str(PEER), "--base-port", str(free_base_port(1)), "--no-graphics",
-                                      "--seed", "0", "--quiet", "--log-folder", str(tmp_path),
-                                      "--env-args", "--scene", "ball,reach", "--agents", "8"],
-                                     env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
-        deadline = time.monotonic() + 180
-        path = logdir / "metrics.jsonl"
-        while time.monotonic() < deadline and daemon.poll() is None and connector.poll() is None:
-            if path.exists():
-                recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-                if recs and reached(recs[-1]):
-                    break
-            time.sleep(0.5)
-    finally:
-        stop_all([connector, daemon])
+    recs, connector_err = train_through_connector(tmp_path, CONFIG, "ball,reach", BUDGET, 180,
+                                                  reached)
     assert recs, "no metrics were written"
     last = recs[-1]
     for pid, (key, target) in TARGETS.items():
         scored = [r for r in recs if score(r, pid) is not None]
-        assert scored, f"no {pid} episodes finished; connector: {connector.stderr.read() if connector else ''}"
+        assert scored, f"no {pid} episodes finished; connector: {connector_err}"
         first = scored[0]
         print(f"{pid} {key}: {score(first, pid):.2f} at {first['env_steps']} env steps -> {score(last, pid):.2f} "
               f"at {last['env_steps']} env steps, {last['wall_s']:.1f}s of training")

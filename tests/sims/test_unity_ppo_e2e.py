@@ -11,13 +11,7 @@ build (three processes, loopback gRPC), with the shipped trainer/configs/unity_p
 Measured on the 2-core VM (8 agents per behavior): hybrid's mean of the last 10 went from 0.1 to 6.1
 at 6.1k env steps (both behaviors), 11 s of training; masked held 0.6 throughout.
 """
-import json
-import subprocess
-import sys
-import time
-
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
-from unity_peer.harness import PEER, ROOT, free_base_port
+from unity_peer.harness import ROOT, train_through_connector
 
 CONFIG = ROOT / "trainer" / "configs" / "unity_peer_ppo.toml"
 BUDGET = 20_000
@@ -29,36 +23,13 @@ def r10(rec, pid):
 
 
 def test_ppo_learns_hybrid_actions_and_never_takes_a_masked_action_through_the_unity_connector(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
-    logdir = tmp_path / "run"
-    env = child_env({"SIMBRIDGE_PEER_PYTHON": sys.executable})
-    daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(CONFIG),
-                               "--address", address, "--logdir", str(logdir), "--total-env-steps", str(BUDGET)],
-                              env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    connector = None
-    recs = []
-    try:
-        wait_for_health(address, timeout=120)
-        connector = subprocess.Popen([sys.executable, "-m", "simbridge.sims.unity.connector", "--address", address,
-                                      "--env", str(PEER), "--base-port", str(free_base_port(1)), "--no-graphics",
-                                      "--seed", "0", "--quiet", "--log-folder", str(tmp_path),
-                                      "--env-args", "--scene", "hybrid,masked", "--agents", "8"],
-                                     env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
-        deadline = time.monotonic() + 150
-        path = logdir / "metrics.jsonl"
-        while time.monotonic() < deadline and daemon.poll() is None and connector.poll() is None:
-            if path.exists():
-                recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-                if recs and (r10(recs[-1], "hybrid") or -1e9) >= HYBRID_TARGET and recs[-1]["versions"]["masked"] > 0:
-                    break
-            time.sleep(0.5)
-    finally:
-        stop_all([connector, daemon])
+    def done(rec):
+        return (r10(rec, "hybrid") or -1e9) >= HYBRID_TARGET and rec["versions"]["masked"] > 0
+    recs, connector_err = train_through_connector(tmp_path, CONFIG, "hybrid,masked", BUDGET, 150, done)
     assert recs, "no metrics were written"
     hybrid = [r for r in recs if r10(r, "hybrid") is not None]
     masked = [r for r in recs if r10(r, "masked") is not None]
-    assert hybrid and masked, f"episodes missing; connector: {connector.stderr.read() if connector else ''}"
+    assert hybrid and masked, f"episodes missing; connector: {connector_err}"
     first, last = hybrid[0], recs[-1]
     print(f"hybrid: {r10(first, 'hybrid'):.2f} at {first['env_steps']} env steps -> {r10(last, 'hybrid'):.2f} at "
           f"{last['env_steps']}, {last['wall_s']:.1f}s of training; masked: "

@@ -7,13 +7,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from simbridge.wire import tree
-from simbridge.trainer.launch import child_env
+from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.policies import ActionBatch, Policy, RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
@@ -245,3 +246,37 @@ def check_replay(bridge: Bridge, trace: List[dict], behavior: str, pid: str, gro
                     np.testing.assert_array_equal(row["new_obs"]["action_mask"], want_next)
                 n += 1
     return n
+
+
+def train_through_connector(tmp_path: Path, config: Path, scenes: str, budget: int, timeout: float,
+                            done: Callable[[dict], bool]):
+    """The trainer daemon (`config`, stopping at `budget` env steps) and the connector driving the
+    peer's `scenes` with 8 agents each, until `done(last metrics record)` or `timeout` s.
+    Returns (metrics records, the connector's stderr)."""
+    address = f"127.0.0.1:{free_port()}"
+    logdir = tmp_path / "run"
+    env = child_env({"SIMBRIDGE_PEER_PYTHON": sys.executable})
+    daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(config),
+                               "--address", address, "--logdir", str(logdir), "--total-env-steps", str(budget)],
+                              env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    connector = None
+    recs: List[dict] = []
+    try:
+        wait_for_health(address, timeout=120)
+        connector = subprocess.Popen([sys.executable, "-m", "simbridge.sims.unity.connector", "--address", address,
+                                      "--env", str(PEER), "--base-port", str(free_base_port(1)), "--no-graphics",
+                                      "--seed", "0", "--quiet", "--log-folder", str(tmp_path),
+                                      "--env-args", "--scene", scenes, "--agents", "8"],
+                                     env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        deadline = time.monotonic() + timeout
+        path = logdir / "metrics.jsonl"
+        while time.monotonic() < deadline and daemon.poll() is None and connector.poll() is None:
+            if path.exists():
+                recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+                if recs and done(recs[-1]):
+                    break
+            time.sleep(0.5)
+    finally:
+        stop_all([connector, daemon])
+    return recs, (connector.stderr.read() if connector else "")
