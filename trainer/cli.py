@@ -2,6 +2,8 @@
 
     simbridge-trainer run [--config FILE] [--resume] [--address HOST:PORT]
                           [--total-env-steps N] [--logdir DIR]
+    simbridge-trainer serve --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
+    simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
     simbridge-trainer plot RUN_DIR [--out PNG]
 
 `run` serves the policies of the config (default: the embedded
@@ -20,6 +22,10 @@ learner never runs ahead; intake waits while it owes more than
 itself between intakes. Either way the queue is small, so a learner that falls
 behind blocks the bridge's puts and slows the simulators instead of dropping
 experience.
+
+`serve` and `export` take a finished run's directory (trainer/serve.py): `serve`
+answers simulators with its policies, greedy unless --explore, and never
+learns; `export` writes one policy's ONNX model and checks it against torch.
 
 `--resume` loads checkpoint.pt (with torch's safe loader only: a file that is
 not a valid checkpoint is refused) and then replays the run's journal: counters
@@ -63,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
     r.add_argument("--log-level", default="INFO")
     add_security_args(r)
+    sv = sub.add_parser("serve", help="serve a trained run's policies from its checkpoint, greedy, never learning")
+    sv.add_argument("--checkpoint", required=True, metavar="DIR", help=f"the run directory ({CHECKPOINT}, "
+                                                                      f"{SAVED_CONFIG})")
+    sv.add_argument("--address", help="host:port to serve on (default: the run's [server] address)")
+    sv.add_argument("--explore", action="store_true", help="sample actions as in training (default: greedy)")
+    sv.add_argument("--logdir", help="where serving writes its metrics (default: runs/serve-<time>; never DIR)")
+    sv.add_argument("--log-level", default="INFO")
+    add_security_args(sv)
+    ex = sub.add_parser("export", help="write a policy's ONNX model from a checkpoint, checked against torch")
+    ex.add_argument("--checkpoint", required=True, metavar="DIR", help=f"the run directory ({CHECKPOINT}, "
+                                                                      f"{SAVED_CONFIG})")
+    ex.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
+    ex.add_argument("--policy", help="policy id (needed when the checkpoint has several)")
     pl = sub.add_parser("plot", help="draw learning curves from RUN_DIR/metrics.jsonl")
     pl.add_argument("run_dir", metavar="RUN_DIR")
     pl.add_argument("--out", help="PNG to write (default: RUN_DIR/learning_curves.png)")
@@ -86,13 +105,17 @@ def config_for(args) -> TrainerConfig:
         cfg.run.total_env_steps = args.total_env_steps
     if args.logdir:
         cfg.run.logdir = args.logdir
+    apply_security_args(cfg, args)
+    return cfg
+
+
+def apply_security_args(cfg: TrainerConfig, args) -> None:
     s = cfg.server
     s.tls_cert = args.tls_cert or s.tls_cert
     s.tls_key = args.tls_key or s.tls_key
     s.tls_client_ca = args.tls_client_ca or s.tls_client_ca
     s.auth_token_file = args.auth_token_file or s.auth_token_file
     s.insecure = s.insecure if args.insecure is None else args.insecure
-    return cfg
 
 
 def cmd_run(args) -> int:
@@ -106,7 +129,46 @@ def cmd_run(args) -> int:
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2
+    return run_daemon(daemon)
 
+
+def cmd_serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from simbridge.trainer import serve   # needs torch: see the comment atop
+    try:
+        ckpt = Path(args.checkpoint)
+        cfg = serve.frozen_config(ckpt)
+        if args.address:
+            cfg.server.address = args.address
+        apply_security_args(cfg, args)
+        if args.logdir:
+            refuse_used(Path(args.logdir))
+        daemon = serve.serving_daemon(ckpt, cfg, args.explore, args.logdir)
+    except ConfigError as e:
+        print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+        return 2
+    return run_daemon(daemon)
+
+
+def cmd_export(args) -> int:
+    import json
+    from simbridge.trainer import serve   # needs torch: see the comment atop
+    try:
+        result = serve.export_onnx(Path(args.checkpoint), Path(args.onnx), args.policy)
+    except ConfigError as e:
+        print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    if not result["ok"]:
+        print(f"simbridge-trainer: error: the exported model differs from torch (max abs difference "
+              f"{result['max_abs_diff']:.3g}, greedy actions equal on {result['greedy_actions_equal']:.1%} of "
+              f"{result['samples']} observations)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_daemon(daemon) -> int:
+    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
     def on_signal(signum, frame):
         if daemon.stop_event.is_set():
             raise KeyboardInterrupt  # a second signal: stop without waiting (the last checkpoint stays)
@@ -133,7 +195,8 @@ def cmd_plot(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return run_needing_extra("simbridge-trainer", "trainer", cmd_run if args.command == "run" else cmd_plot, args)
+    commands = {"run": cmd_run, "serve": cmd_serve, "export": cmd_export, "plot": cmd_plot}
+    return run_needing_extra("simbridge-trainer", "trainer", commands[args.command], args)
 
 
 if __name__ == "__main__":

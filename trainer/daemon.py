@@ -42,7 +42,8 @@ from simbridge.trainer.rundir import SAVED_CONFIG
 class TrainerDaemon:
     """Runtime + server + learners + logging for one run. `run()` blocks until stopped."""
 
-    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None):
+    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None):
+        """preloaded: {policy id: Policy} served as they are (`simbridge-trainer serve`)."""
         self.cfg = cfg
         self.out = out or sys.stdout
         self.logdir = Path(cfg.run.logdir)
@@ -75,6 +76,8 @@ class TrainerDaemon:
         self.open_from = 0   # episode numbers below this one are never "open at a kill"
 
         state = self._resume() if resume else None
+        for pid, policy in (preloaded or {}).items():
+            self.runtime.add_policy(pid, policy)
         for pid, spec in cfg.policies.items():
             if pid in self.runtime.policies or spec.observation_space is None:
                 continue
