@@ -30,7 +30,7 @@ import multiprocessing.connection
 import signal
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
