@@ -159,7 +159,10 @@ class LearnerProcess:
         elif tag == _STATE:
             self._state = _loads(body)
         elif tag == _ERROR:
-            raise self._died(f"failed: {body.decode(errors='replace')[-2000:]}")
+            trace = body.decode(errors="replace")
+            log.debug("learner process of policy %r:\n%s", self.policy_id, trace)
+            last = [line for line in trace.splitlines() if line.strip()][-1:] or ["?"]
+            raise self._died(f"failed ({last[0].strip()[:300]}; --log-level DEBUG shows where)")
         return tag
 
     def _send(self, data: bytes) -> None:
