@@ -214,3 +214,19 @@ def test_ctrl_c_of_the_whole_process_group_still_writes_the_final_checkpoint(tmp
     ckpt = _load_ckpt(logdir / "checkpoint.pt")
     assert last["event"] == "stop"
     assert ckpt["policies"]["default_policy"]["version"] == last["versions"]["default_policy"] > 100
+
+
+def test_a_learner_process_that_fails_stops_the_trainer_with_its_error(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    cfg = _config(tmp_path, address, "slow_learner:FailingLinearQ", "")
+    daemon = _daemon(tmp_path, address, cfg)
+    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+    try:
+        _wait(lambda: daemon.poll() is not None, 60, "the trainer to stop", [sim])
+        daemon.wait_output()
+    finally:
+        _kill(sim, daemon)
+    out = "\n".join(daemon.lines)
+    assert daemon.poll() == 1, out
+    assert "failed (RuntimeError: deliberate failure after 20 updates" in out and "--resume" in out, out
+    assert "Traceback" not in out, out
