@@ -26,6 +26,9 @@ def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for the env(s) and the simulator's choices")
     p.add_argument("--no-training", action="store_true",
                    help="run episodes with training_enabled=False (the server collects no experience)")
+    p.add_argument("--eval", action="store_true",
+                   help="evaluation episodes: the policy's greedy actions, never trained, returns reported "
+                        "apart (eval_return_mean)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final JSON summary")
     p.add_argument("--print-every", type=int, default=print_every, metavar="N",
                    help="a progress line every N episodes (default: %(default)s)")

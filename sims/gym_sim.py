@@ -95,7 +95,8 @@ class GymExternalEnv(ExternalEnv):
         stats.connected = True
         seed = args.seed
         while self.budget.may_start(1):
-            eid = self.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training)
+            eid = self.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training,
+                                     **({"evaluation": True} if args.eval else {}))
             obs, _ = env.reset(seed=seed)
             seed = None  # seed the first reset only; later ones continue its RNG
             obs = cast_to_space(self.observation_space, obs)
@@ -166,7 +167,7 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
             return
         ids = started or [uuid.uuid4().hex for _ in slots]
         if started is None:
-            client.start_episodes(ids, training_enabled=training)  # ids chosen here: pipelined
+            client.start_episodes(ids, training_enabled=training, evaluation=args.eval)  # ids chosen here: pipelined
         for s, eid in zip(slots, ids):
             o, _ = envs[s].reset(seed=seeds[s])
             seeds[s] = None
@@ -210,7 +211,7 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
             new_ids = [uuid.uuid4().hex for _ in again]
             # Ends the finished slots' episodes and starts their next ones in one message.
             client.end_episodes([eids[s] for s in ended], tree.stack([obs[s] for s in ended]), ended_trunc,
-                                start_episode_ids=new_ids, training_enabled=training)
+                                start_episode_ids=new_ids, training_enabled=training, evaluation=args.eval)
             for s, tr in zip(ended, ended_trunc):
                 stats.episode(rets[s], tr)
                 eids[s] = None
@@ -293,7 +294,7 @@ def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
 
     k = len(batched.envs) if hasattr(batched, "envs") else batched.n
     client = SlotClient(args.address, batched.observation_space, batched.action_space, k,
-                        training_enabled=not args.no_training, **_client_kwargs(args, k))
+                        training_enabled=not args.no_training, evaluation=args.eval, **_client_kwargs(args, k))
     stats.connected = True
     returns = np.zeros(k)
     obs = batched.reset()
@@ -342,6 +343,10 @@ def main(argv=None) -> int:
         return 2
     if args.inference == "local" and args.slots != 1:
         print(f"{PROG}: error: --inference local runs one env (--slots 1)", file=sys.stderr)
+        return 2
+    if args.eval and args.inference == "local":
+        print(f"{PROG}: error: --eval needs --inference remote (greedy actions come from the trainer)",
+              file=sys.stderr)
         return 2
     if not 0.0 <= args.off_policy_fraction <= 1.0:
         print(f"{PROG}: error: --off-policy-fraction must be in [0, 1]", file=sys.stderr)

@@ -69,7 +69,7 @@ def run_simultaneous(args, stats: Stats, stop: StopFlag) -> dict:
     try:
         while _may_start(args, stop, started):
             started += 1
-            eid = client.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training)
+            eid = client.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training, evaluation=args.eval)
             obs = {}
             for i, a in enumerate(aids):
                 o, _ = envs[a].reset(seed=None if seed is None else seed + i)
@@ -128,7 +128,7 @@ def run_turn_based(args, stats: Stats, stop: StopFlag) -> dict:
     first_mover_wins = 0
     while _may_start(args, stop, started):
         started += 1
-        eid = client.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training)
+        eid = client.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training, evaluation=args.eval)
         stones = int(rng.integers(NIM_MIN, NIM_MAX + 1))
         first = turn = int(rng.integers(2))
         acted = set()   # players whose last move waits for its outcome

@@ -123,7 +123,7 @@ class TrainerDaemon:
             recent += rec.summaries + lost
             eps_next = max(eps_next, rec.max_eps_id + 1)
             self._recovered = (rec, lost)
-        m.recent.extend(recent)
+        m.file_recent(recent)   # training and evaluation returns, apart
         self.recent.extend(recent)
         self.runtime.ctx.start_episode_numbers(eps_next)
         return state

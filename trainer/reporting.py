@@ -68,6 +68,8 @@ class Reporter:
                "wall_s": round(self.wall_s(), 3), "steps_per_s": round(rate, 1),
                "sessions": snap["sessions"], "episode_return_mean": snap["episode_return_mean"],
                "return_mean": snap["policy_return_mean"], "return_mean_10": snap["policy_return_mean_10"],
+               # Evaluation episodes (greedy, never trained): their returns, apart.
+               "eval_return_mean": snap["policy_eval_return_mean"],
                "updates": {}, "versions": {}, "losses": {},
                "experience_queue": snap["experience_queue"],
                "experience_blocked_puts": snap["experience_blocked_puts"],
@@ -104,6 +106,8 @@ class Reporter:
             w.add_scalar("env/episode_return_mean", rec["episode_return_mean"], step)
         for pid, v in rec["return_mean"].items():
             w.add_scalar(f"env/return_mean/{pid}", v, step)
+        for pid, v in rec.get("eval_return_mean", {}).items():
+            w.add_scalar(f"eval/return_mean/{pid}", v, step)
         for k in ("experience_blocked_s", "empty_episodes", "sessions_timed_out", "upload_refused_chunks",
                   "upload_refused_steps"):
             w.add_scalar(f"health/{k}", rec[k], step)
@@ -126,6 +130,8 @@ def progress_line(rec: dict, queue_max: int) -> str:
              f"episodes {rec['episodes']:,}", f"sessions {rec['sessions']}"]
     if rec["return_mean"]:
         parts.append("return(100) " + " ".join(f"{pid} {v:.2f}" for pid, v in sorted(rec["return_mean"].items())))
+    if rec.get("eval_return_mean"):
+        parts.append("eval(100) " + " ".join(f"{pid} {v:.2f}" for pid, v in sorted(rec["eval_return_mean"].items())))
     for pid, v in rec["versions"].items():
         s = f"{pid}: v{v}"
         if pid in rec["updates"]:

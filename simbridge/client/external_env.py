@@ -38,8 +38,9 @@ class ExternalEnv(threading.Thread):
         """Your simulator loop. Override."""
         raise NotImplementedError
 
-    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True) -> str:
-        return self.client.start_episode(episode_id, training_enabled)
+    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True,
+                      evaluation: bool = False) -> str:
+        return self.client.start_episode(episode_id, training_enabled, evaluation)
 
     def get_action(self, episode_id: str, observation):
         return self.client.get_action(episode_id, observation)

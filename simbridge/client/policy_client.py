@@ -148,12 +148,16 @@ class _ClientBase:
     def limits(self) -> pb.ServerLimits:
         return self._conn.session.limits
 
-    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True) -> str:
-        return self.start_episodes([episode_id] if episode_id else None, 1, training_enabled)[0]
+    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True,
+                      evaluation: bool = False) -> str:
+        """evaluation: greedy actions, never trained, returns reported apart (eval_return_mean)."""
+        return self.start_episodes([episode_id] if episode_id else None, 1, training_enabled, evaluation)[0]
 
     def start_episodes(self, episode_ids: Optional[Sequence[str]] = None, count: int = 1,
-                       training_enabled: bool = True) -> List[str]:
+                       training_enabled: bool = True, evaluation: bool = False) -> List[str]:
         msg = pb.StartEpisodeRequest(count=count, training_enabled=training_enabled)
+        if evaluation:
+            msg.evaluation = True
         if episode_ids:
             msg.episode_ids.extend(episode_ids)
             self._call("start_episode", msg, wait=False)  # ids known: no need to wait
@@ -229,13 +233,16 @@ class PolicyClient(_ClientBase):
         self.end_episodes([episode_id], sb_spaces.batch_row0(self.observation_space, observation), [truncated])
 
     def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool],
-                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True,
+                     evaluation: bool = False) -> None:
         """End N episodes; `start_episode_ids` starts new ones in the same message
         (per-slot auto-reset for a batched simulator)."""
         msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
         if start_episode_ids:
             msg.start_episode_ids.extend(start_episode_ids)
             msg.start_training_enabled = training_enabled
+            if evaluation:
+                msg.start_evaluation = True
         rows = msg.final_observations.add()
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)
@@ -375,7 +382,8 @@ class MultiAgentPolicyClient(_ClientBase):
 
     def end_episodes(self, episode_ids: Sequence[str], truncated: Sequence[bool],
                      final_agent_ids: Optional[Sequence[str]] = None, final_observations=None,
-                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True) -> None:
+                     start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True,
+                     evaluation: bool = False) -> None:
         """End N episodes in one pipelined message. final_observations (batched, one row per
         ended episode, for the agent final_agent_ids names) are what truncated episodes
         bootstrap from; start_episode_ids starts new episodes in the same message."""
@@ -388,4 +396,6 @@ class MultiAgentPolicyClient(_ClientBase):
         if start_episode_ids:
             msg.start_episode_ids.extend(start_episode_ids)
             msg.start_training_enabled = training_enabled
+            if evaluation:
+                msg.start_evaluation = True
         self._call("end_episode", msg, wait=False)

@@ -30,7 +30,9 @@ class SlotClient:
     def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space, num_slots: int,
                  training_enabled: bool = True, transport: str = "stream", client_name: str = "slot-client",
                  connect_timeout_s: float = 30.0, reconnect_timeout_s: float = 60.0,
-                 security: Optional[ClientSecurity] = None):
+                 security: Optional[ClientSecurity] = None, evaluation: bool = False):
+        """evaluation: the slots run evaluation episodes (greedy actions, never trained, returns
+        reported apart)."""
         self.observation_space = observation_space
         self.action_space = action_space
         self.num_slots = num_slots
@@ -41,6 +43,8 @@ class SlotClient:
                                          action_space=sb_spaces.space_to_proto(action_space))
         if not training_enabled:
             create.slots_training_enabled = False
+        if evaluation:
+            create.slots_evaluation = True
         self._conn = Connection(address, "single", create, transport, connect_timeout_s,
                                 reconnect_timeout_s, pipeline=False, security=security)
         self.policy_versions: Optional[np.ndarray] = None

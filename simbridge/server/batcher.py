@@ -28,8 +28,10 @@ class _Request:
 
 
 class DynamicBatcher:
-    def __init__(self, policy: Policy, max_batch_rows: int = 4096, max_wait_ms: float = 0.0):
+    def __init__(self, policy: Policy, max_batch_rows: int = 4096, max_wait_ms: float = 0.0,
+                 explore: bool = True):
         self.policy = policy
+        self.explore = explore   # False: the greedy actions of evaluation episodes
         self.max_batch_rows = max_batch_rows
         self.max_wait_s = max_wait_ms / 1000.0
         self._cond = threading.Condition()
@@ -99,7 +101,8 @@ class DynamicBatcher:
 
     def _forward(self, obs: Any, rows: int):
         version = self.policy.version  # read before: the pass used at most these weights
-        out: ActionBatch = self.policy.compute_actions(obs)
+        out: ActionBatch = (self.policy.compute_actions(obs) if self.explore
+                            else self.policy.compute_actions(obs, explore=False))
         self.forward_passes += 1
         self.rows_served += rows
         self.max_rows_seen = max(self.max_rows_seen, rows)

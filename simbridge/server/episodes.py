@@ -34,6 +34,7 @@ class EpisodeSummary(TypedDict):
     policy_rewards: Dict[str, float]   # summed over each policy's agents
     custom_metrics: Dict[str, float]
     training_enabled: bool
+    evaluation: bool                   # greedy actions, returns reported apart (never trained)
     end_reason: str
     duration_s: float
 
@@ -41,7 +42,7 @@ class EpisodeSummary(TypedDict):
 def episode_summary(episode_id: str, eps_id: int, session_id: str, length: int,
                     agent_rewards: Dict[str, float], agent_policies: Dict[str, str],
                     custom_metrics: Mapping[str, float], training_enabled: bool, end_reason: str,
-                    duration_s: float) -> EpisodeSummary:
+                    duration_s: float, evaluation: bool = False) -> EpisodeSummary:
     """The summary of one ended episode; rewards are Python floats. agent_policies names the
     agents that acted (bound a policy); agent_rewards may name more (rewarded, never acted)."""
     if len(agent_rewards) == 1:   # one agent (every slot, every upload): its return, exactly
@@ -63,6 +64,7 @@ def episode_summary(episode_id: str, eps_id: int, session_id: str, length: int,
         "policy_rewards": policy_rewards,
         "custom_metrics": dict(custom_metrics),
         "training_enabled": training_enabled,
+        "evaluation": evaluation,
         "end_reason": end_reason,
         "duration_s": duration_s,
     }
@@ -154,11 +156,14 @@ class AgentState:
 
 
 class Episode:
-    def __init__(self, episode_id: str, index: int, session_id: str, training_enabled: bool):
+    def __init__(self, episode_id: str, index: int, session_id: str, training_enabled: bool,
+                 evaluation: bool = False):
         self.episode_id = episode_id
         self.index = index            # unique int64 across the server: the eps_id column
         self.session_id = session_id
-        self.training_enabled = training_enabled
+        # An evaluation episode acts greedily and is never trained on.
+        self.evaluation = evaluation
+        self.training_enabled = training_enabled and not evaluation
         self.agents: Dict[str, AgentState] = {}
         self.length = 0               # env steps: calls that gave this episode observations
         self.custom_metrics: Dict[str, float] = {}
@@ -199,4 +204,4 @@ class Episode:
         return episode_summary(
             self.episode_id, self.index, self.session_id, self.length, self.agent_rewards,
             {a: st.policy_id for a, st in self.agents.items() if st.policy_id is not None},
-            self.custom_metrics, self.training_enabled, reason, time.time() - self.start_time)
+            self.custom_metrics, self.training_enabled, reason, time.time() - self.start_time, self.evaluation)

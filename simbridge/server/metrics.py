@@ -20,7 +20,8 @@ class Metrics:
         self.empty_episodes = 0
         # Sessions closed because their simulator made no call for step_timeout_s.
         self.sessions_timed_out = 0
-        self.recent = collections.deque(maxlen=100)   # episode summaries
+        self.recent = collections.deque(maxlen=100)   # episode summaries (training and the like)
+        self.recent_eval = collections.deque(maxlen=100)   # evaluation episodes' summaries, apart
         self.errors = collections.Counter()           # status code name -> count
         self.refused = collections.Counter()          # ErrorReason name -> count
         # UploadExperience (clients acting locally): accepted steps, and chunks refused because
@@ -35,14 +36,20 @@ class Metrics:
         if err.reason:
             self.refused[err.reason_name] += 1
 
-    def policy_return_means(self, last: int = 100) -> Dict[str, float]:
+    def policy_return_means(self, last: int = 100, evaluation: bool = False) -> Dict[str, float]:
         """Mean return of one agent's episode, per policy, over its last `last` agent-episodes
-        (of the last 100 episodes), as RLlib's policy_reward_mean."""
+        (of the last 100 episodes), as RLlib's policy_reward_mean; evaluation: of the
+        evaluation episodes (kept apart)."""
         sums: Dict[str, List[float]] = collections.defaultdict(list)
-        for s in self.recent:
+        for s in (self.recent_eval if evaluation else self.recent):
             for aid, pid in s["agent_policies"].items():
                 sums[pid].append(s["agent_rewards"][aid])
         return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
+
+    def file_recent(self, summaries: Iterable[EpisodeSummary]) -> None:
+        """Into the recent returns: training's, or the evaluation ones apart."""
+        for s in summaries:
+            (self.recent_eval if s.get("evaluation") else self.recent).append(s)
 
     def file_summaries(self, summaries: Iterable[EpisodeSummary],
                        callbacks: List[Callable[[dict], None]]) -> None:
@@ -54,7 +61,7 @@ class Metrics:
         self.empty_episodes += len(summaries) - len(stepped)
         summaries = stepped
         self.episodes += len(summaries)
-        self.recent.extend(summaries)
+        self.file_recent(summaries)
         for cb in callbacks:
             for summary in summaries:
                 try:

@@ -33,7 +33,9 @@ class Policy:
         self.action_space = action_space
         self.version = 0
 
-    def compute_actions(self, obs_batch: Any) -> ActionBatch:
+    def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
+        """explore=False: the greedy actions of evaluation episodes (argmax, tanh of the mean);
+        a policy without a greedy mode ignores it."""
         raise NotImplementedError
 
     def portable(self, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
@@ -54,7 +56,7 @@ class RandomPolicy(Policy):
         self._pos = 0
         self._portable: Optional[pb.PortablePolicy] = None
 
-    def compute_actions(self, obs_batch):
+    def compute_actions(self, obs_batch, explore: bool = True):
         n = rows(obs_batch)
         sp = self.action_space
         if type(sp) is gym.spaces.Discrete:  # the common case: served from a pre-drawn pool
@@ -82,10 +84,11 @@ def random_policy_factory(policy_id: str, observation_space, action_space) -> Po
 
 
 class _Entry:
-    __slots__ = ("policy", "key", "batcher")
+    __slots__ = ("policy", "key", "batcher", "greedy")
 
-    def __init__(self, policy: Policy, key: tuple, batcher):
+    def __init__(self, policy: Policy, key: tuple, batcher, greedy):
         self.policy, self.key, self.batcher = policy, key, batcher
+        self.greedy = greedy   # the batcher of evaluation episodes (explore=False)
 
 
 class PolicyRegistry(Mapping):
@@ -102,7 +105,7 @@ class PolicyRegistry(Mapping):
     def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable):
         self._factory = factory
         self._space_key = space_key          # (obs_space, act_space) -> comparable key
-        self._make_batcher = make_batcher    # policy -> DynamicBatcher
+        self._make_batcher = make_batcher    # (policy, explore=True) -> DynamicBatcher
         self._entries: Dict[str, _Entry] = {}
         self._lock = threading.Lock()        # inserts; and the creation locks' table
         self._creating: Dict[str, threading.Lock] = {}
@@ -110,7 +113,7 @@ class PolicyRegistry(Mapping):
     def add(self, policy_id: str, policy: Policy) -> None:
         """Add or replace a policy."""
         entry = _Entry(policy, self._space_key(policy.observation_space, policy.action_space),
-                       self._make_batcher(policy))
+                       self._make_batcher(policy), self._make_batcher(policy, explore=False))
         with self._lock:
             self._entries = {**self._entries, policy_id: entry}   # readers see old or new, whole
 
@@ -137,8 +140,10 @@ class PolicyRegistry(Mapping):
                 f"observation {p.observation_space}, action {p.action_space}; this session declared "
                 f"observation {spec.obs_space}, action {spec.act_space} for it", Reason.SPACE_MISMATCH)
 
-    def batcher(self, policy_id: str):
-        return self._entries[policy_id].batcher
+    def batcher(self, policy_id: str, greedy: bool = False):
+        """The policy's DynamicBatcher; greedy: the one of evaluation episodes."""
+        e = self._entries[policy_id]
+        return e.greedy if greedy else e.batcher
 
     def versions(self) -> Dict[str, int]:
         return {pid: e.policy.version for pid, e in self._entries.items()}

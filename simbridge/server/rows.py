@@ -41,7 +41,7 @@ class RowCalls:
             ids = [uuid.uuid4().hex for _ in range(max(1, req.count))]
         with self.ctx.lock:
             self.checks.check_new_ids(s, ids)
-            self.transitions.open_episodes(s, ids, training)
+            self.transitions.open_episodes(s, ids, training, req.evaluation)
         return pb.StartEpisodeResponse(episode_ids=ids)
 
     # ---- GetAction
@@ -85,20 +85,21 @@ class RowCalls:
 
     def _compute(self, r: Rows):
         policies = self.ctx.policies
-        pids = r.policy_ids
-        if pids.count(pids[0]) == len(pids):  # common case: one policy for all rows
-            actions, logp, version = policies.batcher(pids[0]).compute(r.obs, r.n)
+        # One batcher per policy and mode: evaluation episodes get greedy actions.
+        keys = [(p, ep.evaluation) for p, ep in zip(r.policy_ids, r.episodes)]
+        if keys.count(keys[0]) == len(keys):  # common case: one policy and mode for all rows
+            actions, logp, version = policies.batcher(*keys[0]).compute(r.obs, r.n)
             return actions, logp, [version] * r.n
-        # Rows of several policies: one pass per policy, then reassembled in row order.
-        idx_by_pid: Dict[str, List[int]] = collections.defaultdict(list)
-        for i, p in enumerate(pids):
-            idx_by_pid[p].append(i)
+        # Rows of several policies or modes: one pass each, then reassembled in row order.
+        idx_by_pid: Dict[tuple, List[int]] = collections.defaultdict(list)
+        for i, k in enumerate(keys):
+            idx_by_pid[k].append(i)
         actions = sb_spaces.zeros_like_space(r.spec.act_space, r.n)
         logp = np.full(r.n, np.nan, np.float32)
         versions = [0] * r.n
         for p, idx in idx_by_pid.items():
             ix = np.asarray(idx)
-            a, lp, v = policies.batcher(p).compute(tree.take(r.obs, ix), len(idx))
+            a, lp, v = policies.batcher(*p).compute(tree.take(r.obs, ix), len(idx))
 
             def put(dst, src, ix=ix):
                 dst[ix] = src
@@ -181,7 +182,7 @@ class RowCalls:
                                                 reason="truncated" if tr else "terminated")
             if starts:
                 training = req.start_training_enabled if req.HasField("start_training_enabled") else True
-                self.transitions.open_episodes(s, starts, training)
+                self.transitions.open_episodes(s, starts, training, req.start_evaluation)
             batch = self.ctx.collector.ready()
         self.ctx.deliver(batch)
         return pb.EndEpisodeResponse()

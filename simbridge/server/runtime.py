@@ -83,7 +83,7 @@ class BridgeRuntime:
         # The registry calls the factory through the runtime: it may be replaced after start.
         self.policies = PolicyRegistry(
             lambda pid, obs_space, act_space: self.policy_factory(pid, obs_space, act_space),
-            space_key, lambda policy: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms))
+            space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore))
         self.episode_end_callbacks: List[Callable[[dict], None]] = []
         self.ctx = ServerContext(c, self.policies,
                                  policy_mapping_fn or (lambda agent_id, episode: DEFAULT_POLICY),
@@ -294,6 +294,7 @@ class BridgeRuntime:
                 "episode_return_mean": float(np.mean(returns)) if returns else None,
                 "policy_return_mean": self.metrics.policy_return_means(),
                 "policy_return_mean_10": self.metrics.policy_return_means(10),
+                "policy_eval_return_mean": self.metrics.policy_return_means(evaluation=True),
                 "policy_versions": self.policies.versions(),
                 "experience_queue": self.experience.qsize(),
                 "experience_blocked_puts": self.experience.blocked_puts,

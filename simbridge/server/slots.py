@@ -47,9 +47,10 @@ _OUTCOME_FIELDS = ("rewards", "terminated", "truncated", "final_observations")
 class SlotBank:
     """The N slots of one batched simulator session."""
 
-    def __init__(self, ctx, session, n: int, training: bool):
+    def __init__(self, ctx, session, n: int, training: bool, evaluation: bool = False):
         self.n = n
-        self.training = training
+        self.evaluation = evaluation   # greedy actions; never trained
+        self.training = training and not evaluation
         self.spec = session.default
         self.decode_obs = leaf_codec.batch_decoder(self.spec.obs_space)
         self.encode_actions = leaf_codec.batch_encoder(self.spec.act_space)
@@ -95,8 +96,8 @@ class SlotCalls:
         """Called by CreateSession, without the runtime lock; validates num_slots."""
         n = req.num_slots
         if n == 0:
-            if req.HasField("slots_training_enabled"):
-                raise invalid_argument("slots_training_enabled needs num_slots > 0")
+            if req.HasField("slots_training_enabled") or req.HasField("slots_evaluation"):
+                raise invalid_argument("slots_training_enabled and slots_evaluation need num_slots > 0")
             return None
         if session.multi_agent:
             raise invalid_argument("num_slots is for ExternalEnv sessions (one agent per slot); on "
@@ -107,7 +108,7 @@ class SlotCalls:
         if n > limit:
             raise invalid_argument(f"num_slots {n} exceeds the server's max_rows_per_request {limit}")
         training = req.slots_training_enabled if req.HasField("slots_training_enabled") else True
-        return SlotBank(self.ctx, session, n, training)
+        return SlotBank(self.ctx, session, n, training, req.slots_evaluation)
 
     # ------------------------------------------------------------ Step
 
@@ -179,7 +180,7 @@ class SlotCalls:
         # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
         actions = logp = versions = None
         if not req.final:
-            actions, logp, version = self.ctx.policies.batcher(bank.policy_id).compute(obs, n)
+            actions, logp, version = self.ctx.policies.batcher(bank.policy_id, bank.evaluation).compute(obs, n)
             versions, versions_bytes = bank.versions(version)
         if session.closed:
             raise failed_precondition("the session was closed", Reason.SESSION_UNKNOWN)
@@ -280,7 +281,7 @@ class SlotCalls:
         prefix = f"{sid[:8]}-slot"
         self.ctx.file_summaries([episode_summary(
             f"{prefix}{i}-{eidx}", eidx, sid, length, {SINGLE_AGENT_ID: ret}, {SINGLE_AGENT_ID: pid}, {},
-            training, reason or ("truncated" if cut else "terminated"), now - started,
+            training, reason or ("truncated" if cut else "terminated"), now - started, bank.evaluation,
         ) for i, eidx, ret, length, started, cut in zip(
             done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
             bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist())])

@@ -37,10 +37,10 @@ class Transitions:
             st = ep.add_agent(aid, spec, self._table(spec))
         return st
 
-    def open_episodes(self, s: Session, ids: List[str], training: bool) -> None:
+    def open_episodes(self, s: Session, ids: List[str], training: bool, evaluation: bool = False) -> None:
         charge = s.default.row_bytes
         for eid in ids:
-            ep = s.episodes[eid] = Episode(eid, self.ctx.next_eps_id(), s.session_id, training)
+            ep = s.episodes[eid] = Episode(eid, self.ctx.next_eps_id(), s.session_id, training, evaluation)
             ep.client, ep.charged = s.client, charge
         s.client.state_bytes += charge * len(ids)
 

@@ -54,11 +54,12 @@ class AgentEpisode:
 
 class BehaviorBridge:
     def __init__(self, name: str, spaces: BehaviorSpaces, client: MultiAgentPolicyClient,
-                 training: bool = True, group_reward_weight: float = 1.0):
+                 training: bool = True, group_reward_weight: float = 1.0, evaluation: bool = False):
         self.name = name
         self.spaces = spaces
         self.client = client
         self.training = training
+        self.evaluation = evaluation   # greedy actions, returns reported apart
         self.group_reward_weight = float(group_reward_weight)
         # Episodes that ended by themselves (terminal or interrupted), (episode, truncated), for
         # the caller to take with take_finished(); step() may run on a worker thread.
@@ -129,10 +130,10 @@ class BehaviorBridge:
             self.client.log_custom_metrics(grouped)
             finals = self.spaces.observations([o[idx] for o in terminal.obs], None)
             self.client.end_episodes(ids, truncated, aids, finals, start_episode_ids=new_ids,
-                                     training_enabled=self.training)
+                                     training_enabled=self.training, evaluation=self.evaluation)
             self.finished.extend((ep, bool(tr)) for ep, tr in zip(ended, truncated))
         elif new_ids:
-            self.client.start_episodes(new_ids, training_enabled=self.training)
+            self.client.start_episodes(new_ids, training_enabled=self.training, evaluation=self.evaluation)
         for u, ep in zip(starting, new):
             self.open[u] = ep
 

@@ -211,7 +211,7 @@ class Instance:
             print(f"{PROG}#{self.worker_id}: behavior {name!r}: observation {spaces.observation_space}, "
                   f"action {spaces.action_space}", file=sys.stderr, flush=True)
         return BehaviorBridge(name, spaces, client, training=not self.args.no_training,
-                              group_reward_weight=self.args.group_reward_weight)
+                              group_reward_weight=self.args.group_reward_weight, evaluation=self.args.eval)
 
     def _count_finished(self) -> None:
         for name, bridge in self.bridges.items():

@@ -219,7 +219,7 @@ class AgentSpec(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("client_name", "observation_space", "action_space", "agents", "resume_session_id", "num_slots", "slots_training_enabled")
+    __slots__ = ("client_name", "observation_space", "action_space", "agents", "resume_session_id", "num_slots", "slots_training_enabled", "slots_evaluation")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class CreateSessionRequest(_message.Message):
     RESUME_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_EVALUATION_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     observation_space: Space
     action_space: Space
@@ -234,7 +235,8 @@ class CreateSessionRequest(_message.Message):
     resume_session_id: str
     num_slots: int
     slots_training_enabled: bool
-    def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ...) -> None: ...
+    slots_evaluation: bool
+    def __init__(self, client_name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., resume_session_id: _Optional[str] = ..., num_slots: _Optional[int] = ..., slots_training_enabled: _Optional[bool] = ..., slots_evaluation: _Optional[bool] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_rows_per_request", "max_open_episodes_per_session", "session_timeout_s", "reconnect_grace_s", "max_concurrent_calls", "max_calls_per_client", "max_calls_per_connection", "max_sessions_per_client", "max_id_bytes", "max_space_elements", "step_timeout_s", "max_client_state_bytes", "response_cache_bytes")
@@ -295,16 +297,18 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, truncated_episode_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartEpisodeRequest(_message.Message):
-    __slots__ = ("header", "episode_ids", "count", "training_enabled")
+    __slots__ = ("header", "episode_ids", "count", "training_enabled", "evaluation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     episode_ids: _containers.RepeatedScalarFieldContainer[str]
     count: int
     training_enabled: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ..., training_enabled: _Optional[bool] = ...) -> None: ...
+    evaluation: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ..., training_enabled: _Optional[bool] = ..., evaluation: _Optional[bool] = ...) -> None: ...
 
 class StartEpisodeResponse(_message.Message):
     __slots__ = ("episode_ids",)
@@ -412,7 +416,7 @@ class LogReturnsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
-    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards", "start_episode_ids", "start_training_enabled")
+    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards", "start_episode_ids", "start_training_enabled", "start_evaluation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +424,7 @@ class EndEpisodeRequest(_message.Message):
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     START_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     START_TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    START_EVALUATION_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     episode_ids: _containers.RepeatedScalarFieldContainer[str]
     final_observations: _containers.RepeatedCompositeFieldContainer[AgentRows]
@@ -427,7 +432,8 @@ class EndEpisodeRequest(_message.Message):
     rewards: _containers.RepeatedCompositeFieldContainer[RewardRows]
     start_episode_ids: _containers.RepeatedScalarFieldContainer[str]
     start_training_enabled: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ..., start_episode_ids: _Optional[_Iterable[str]] = ..., start_training_enabled: _Optional[bool] = ...) -> None: ...
+    start_evaluation: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ..., start_episode_ids: _Optional[_Iterable[str]] = ..., start_training_enabled: _Optional[bool] = ..., start_evaluation: _Optional[bool] = ...) -> None: ...
 
 class EndEpisodeResponse(_message.Message):
     __slots__ = ()
