@@ -10,9 +10,14 @@ transport. The server's RSS is sampled every --sample-s seconds.
 Printed JSON: steps_sent (GetAction calls the clients saw answered),
 steps_received (the server's env_steps from its final snapshot, printed when it
 stops on SIGTERM), steps_lost (sent - received), episodes (completed by the
-clients; the server's count too), the RSS samples, rss_slope_mb_per_min (least
-squares over the second half of the run, after warm-up), errors (count and the
-first few).
+clients; the server's count too), the RSS samples, and three RSS slopes (least
+squares, MB/min): rss_slope_mb_per_min over the steady window [warmup_s, end]
+(--warmup-s, default 120 s, or half the run if that is shorter: pools, caches
+and malloc arenas filling are not a leak), rss_slope_full_mb_per_min over the
+whole run, and rss_slope_by_third (first, middle, last third) to show whether
+growth continues or levels off; errors (count and the first few). The server
+inherits the environment, so `MALLOC_ARENA_MAX=2 bench/soak.py ...` applies
+to it (reported as server_env).
 
     .venv/bin/python bench/soak.py --clients 64 --minutes 2
     .venv/bin/python bench/soak.py --clients 64 --minutes 10     # issue 13's figure
@@ -93,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=2.0)
     p.add_argument("--clients-per-process", type=int, default=16)
     p.add_argument("--sample-s", type=float, default=3.0, help="seconds between RSS samples")
+    p.add_argument("--warmup-s", type=float, default=120.0,
+                   help="start of the steady window for rss_slope_mb_per_min (capped at half the run)")
     args = p.parse_args(argv)
 
     server = fuzzrig.ServerProcess()
@@ -134,7 +141,11 @@ def main(argv=None) -> int:
     sent = sum(o["steps"] for o in outs)
     errors = [e for o in outs for e in o["errors"]]
     received = final.get("env_steps")
-    slope = slope_mb_per_min(samples, elapsed / 2)
+    warmup = min(args.warmup_s, elapsed / 2)
+    slope = slope_mb_per_min(samples, warmup)
+    full = slope_mb_per_min(samples, 0.0)
+    thirds = [slope_mb_per_min([(t, mb) for t, mb in samples if k * elapsed / 3 <= t <= (k + 1) * elapsed / 3], 0.0)
+              for k in range(3)]
     rss = [mb for _, mb in samples if mb is not None]
     print(json.dumps({
         "clients": args.clients, "client_processes": len(procs), "minutes": round(elapsed / 60.0, 2),
@@ -145,7 +156,11 @@ def main(argv=None) -> int:
         "rss_mb_first": rss[0] if rss else None, "rss_mb_last": rss[-1] if rss else None,
         "rss_mb_max": max(rss) if rss else None,
         "rss_slope_mb_per_min": None if slope is None else round(slope, 3),
-        "rss_slope_window_s": [round(elapsed / 2, 1), round(elapsed, 1)],
+        "rss_slope_window_s": [round(warmup, 1), round(elapsed, 1)], "warmup_s": round(warmup, 1),
+        "rss_slope_full_mb_per_min": None if full is None else round(full, 3),
+        "rss_slope_by_third": [None if x is None else round(x, 3) for x in thirds],
+        "server_env": {k: os.environ[k] for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "PYTHONMALLOC")
+                       if k in os.environ},
         "rss_samples": [[t, None if mb is None else round(mb, 1)] for t, mb in samples],
         "errors": len(errors), "error_examples": errors[:MAX_ERRORS_KEPT],
         "server_alive_at_end": alive, "server_exit_code": server.proc.returncode,

@@ -52,7 +52,7 @@ class BridgeConfig:
     max_wait_ms: float = 0.0
     experience_queue_size: int = 64
     response_cache_size: int = 256             # answers kept for resent requests
-    finished_ids_kept: int = 1_000             # for precise "already ended" errors, per session
+    finished_ids_kept: int = 100               # for precise "already ended" errors, per session
     upload_queue_wait_s: float = 0.2           # UploadExperience: wait this long for room in the
                                                # experience queue, then refuse (RESOURCE_EXHAUSTED)
     # Limits no client can break (ServerLimits in the proto says what each refuses with).

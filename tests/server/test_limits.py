@@ -348,3 +348,24 @@ def test_kept_answers_are_bounded_in_bytes(make_server):
     for seq in range(3, 40):
         raw("StartEpisode", pb.StartEpisodeRequest(header=header(sid, seq), episode_ids=[f"s{seq:0>60}"]))
     assert s.responses_bytes <= 3000 and 20 < len(s.responses) < 40
+
+
+# ---------------------------------------------------------------- finished ids (bench/soak.py)
+
+
+def test_finished_ids_per_session_stay_few():
+    """A session keeps only its last `finished_ids_kept` (100) ended ids: with 1,000 a 64-client soak
+    (~45 episodes a minute each) grew the server ~0.45 MB/min for ~22 minutes (issue 13's soak)."""
+    rt = BridgeRuntime(BridgeConfig())
+    assert rt.config.finished_ids_kept == 100
+    sid = rt.create_session(create_request(), False, client="c").session_id
+    seq = 0
+    for i in range(250):
+        ids = [f"{i:04d}-episode-with-an-id-as-long-as-a-uuid"]
+        seq += 1
+        rt.handle("start_episode", pb.StartEpisodeRequest(header=header(sid, seq), episode_ids=ids), False,
+                  client="c")
+        seq += 1
+        rt.handle("end_episode", pb.EndEpisodeRequest(header=header(sid, seq), episode_ids=ids), False, client="c")
+    finished = rt.session(sid).finished
+    assert len(finished) == 100 and next(iter(finished)).startswith("0150-")   # the last 100, oldest first
