@@ -7,6 +7,7 @@ max_wait_ms = 0 a lone simulator pays no extra latency and batches grow by
 themselves under load; max_wait_ms > 0 makes the leader wait for more rows
 (up to max_batch_rows) before running.
 """
+import inspect
 import threading
 import time
 from typing import Any, List
@@ -31,7 +32,9 @@ class DynamicBatcher:
     def __init__(self, policy: Policy, max_batch_rows: int = 4096, max_wait_ms: float = 0.0,
                  explore: bool = True):
         self.policy = policy
-        self.explore = explore   # False: the greedy actions of evaluation episodes
+        # False: the greedy actions of evaluation episodes, from a policy whose compute_actions
+        # takes `explore` (one that does not acts as it always does).
+        self.greedy = not explore and "explore" in inspect.signature(policy.compute_actions).parameters
         self.max_batch_rows = max_batch_rows
         self.max_wait_s = max_wait_ms / 1000.0
         self._cond = threading.Condition()
@@ -101,8 +104,8 @@ class DynamicBatcher:
 
     def _forward(self, obs: Any, rows: int):
         version = self.policy.version  # read before: the pass used at most these weights
-        out: ActionBatch = (self.policy.compute_actions(obs) if self.explore
-                            else self.policy.compute_actions(obs, explore=False))
+        out: ActionBatch = (self.policy.compute_actions(obs, explore=False) if self.greedy
+                            else self.policy.compute_actions(obs))
         self.forward_passes += 1
         self.rows_served += rows
         self.max_rows_seen = max(self.max_rows_seen, rows)
