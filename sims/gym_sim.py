@@ -95,8 +95,7 @@ class GymExternalEnv(ExternalEnv):
         stats.connected = True
         seed = args.seed
         while self.budget.may_start(1):
-            eid = self.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training,
-                                     **({"evaluation": True} if args.eval else {}))
+            eid = self.start_episode(uuid.uuid4().hex, training_enabled=not args.no_training, evaluation=args.eval)
             obs, _ = env.reset(seed=seed)
             seed = None  # seed the first reset only; later ones continue its RNG
             obs = cast_to_space(self.observation_space, obs)

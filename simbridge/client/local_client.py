@@ -168,7 +168,11 @@ class LocalPolicyClient(ServerSync):
         """The current policy's ONNX model (include_onnx=True), for engines."""
         return self._policy.onnx_model
 
-    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True) -> str:
+    def start_episode(self, episode_id: Optional[str] = None, training_enabled: bool = True,
+                      evaluation: bool = False) -> str:
+        if evaluation:   # the exported policy explores here; greedy actions come from the trainer
+            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT, "evaluation episodes need remote inference "
+                              "(PolicyClient): the trainer serves their greedy actions")
         with self._lock:
             self._raise_failures()
             eid = episode_id or uuid.uuid4().hex

@@ -96,8 +96,9 @@ class SlotCalls:
         """Called by CreateSession, without the runtime lock; validates num_slots."""
         n = req.num_slots
         if n == 0:
-            if req.HasField("slots_training_enabled") or req.HasField("slots_evaluation"):
-                raise invalid_argument("slots_training_enabled and slots_evaluation need num_slots > 0")
+            for field in ("slots_training_enabled", "slots_evaluation"):
+                if req.HasField(field):
+                    raise invalid_argument(f"{field} needs num_slots > 0")
             return None
         if session.multi_agent:
             raise invalid_argument("num_slots is for ExternalEnv sessions (one agent per slot); on "

@@ -24,7 +24,8 @@ OBS = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
 ACT = gym.spaces.Discrete(3)
 SUMMARY_TYPES = {"episode_id": str, "eps_id": int, "session_id": str, "total_reward": float, "length": int,
                  "agent_rewards": dict, "agent_policies": dict, "policy_rewards": dict,
-                 "custom_metrics": dict, "training_enabled": bool, "end_reason": str, "duration_s": float}
+                 "custom_metrics": dict, "training_enabled": bool, "evaluation": bool, "end_reason": str,
+                 "duration_s": float}
 
 
 class PlusOne(Policy):
