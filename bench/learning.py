@@ -198,6 +198,10 @@ def run_seed(name: str, task: dict, seed: int, args) -> dict:
         result.update(run_inprocess(task, seed))
         if result["wall_s"] and result["inprocess_wall_s"]:
             result["bridge_vs_inprocess_wall"] = round(result["wall_s"] / result["inprocess_wall_s"], 2)
+            # Per env step: the two runs' random streams solve at different step counts.
+            result["bridge_vs_inprocess_wall_per_step"] = round(
+                (result["wall_s"] / max(result["env_steps"], 1))
+                / (result["inprocess_wall_s"] / max(result["inprocess_env_steps"], 1)), 2)
     return result
 
 
@@ -225,11 +229,13 @@ def main(argv=None) -> int:
         result = runs[0]
     else:
         ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
+        per_step = [r["bridge_vs_inprocess_wall_per_step"] for r in runs if "bridge_vs_inprocess_wall_per_step" in r]
         result = {"task": args.task, "seeds": seeds, "learner": args.learner, "threshold": task["threshold"],
                   "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
                   "env_steps": [r["env_steps"] if r["solved"] else None for r in runs],
                   "wall_s": [r["wall_s"] for r in runs],
                   "median_bridge_vs_inprocess_wall": statistics.median(ratios) if ratios else None,
+                  "median_bridge_vs_inprocess_wall_per_step": statistics.median(per_step) if per_step else None,
                   "runs": runs}
         if not args.no_inprocess:
             result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
