@@ -90,7 +90,8 @@ def preset(task: dict, seed: int) -> dict:
     return {**getattr(mod, task["preset"]), "seed": seed}
 
 
-def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool) -> List[str]:
+def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool,
+                 max_behind: Optional[int] = None) -> List[str]:
     """The daemon's TOML; returns the trained policy ids."""
     cfg = preset(task, seed)
     lines = []
@@ -104,6 +105,8 @@ def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, 
               "[run]", f'logdir = "{logdir}"', f"total_env_steps = {task['budget']}", f"seed = {seed}",
               "checkpoint_every_env_steps = 1000000", "print_every_s = 0.25", "torch_threads = 1",
               f"learner_process = {'true' if learner_process else 'false'}"]
+    if max_behind:
+        lines.append(f"max_updates_behind = {max_behind}")
     for pid in (["p0", "p1", "p2"] if task.get("multiagent") else [DEFAULT_POLICY]):
         lines += [f"[policies.{pid}]", f'algorithm = "{task["algorithm"]}"', f"config = {_inline(cfg)}"]
     if task.get("multiagent"):
@@ -117,11 +120,12 @@ def read_metrics(logdir: Path) -> List[dict]:
     return reporting.read_metrics(path) if path.exists() else []
 
 
-def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_process: bool) -> dict:
+def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_process: bool,
+               max_behind: Optional[int] = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{name}-"))
     logdir = tmp / "run"
     address = f"127.0.0.1:{free_port()}"
-    trained = write_config(task, seed, address, logdir, tmp / "config.toml", learner_process)
+    trained = write_config(task, seed, address, logdir, tmp / "config.toml", learner_process, max_behind)
     env = child_env()
     log = open(tmp / "processes.log", "w")
     procs: List[subprocess.Popen] = []
@@ -193,7 +197,7 @@ def run_inprocess(task: dict, seed: int) -> dict:
 
 
 def run_seed(name: str, task: dict, seed: int, args) -> dict:
-    result = run_bridge(name, task, seed, args.timeout, args.learner == "process")
+    result = run_bridge(name, task, seed, args.timeout, args.learner == "process", args.max_updates_behind)
     if not args.no_inprocess:
         result.update(run_inprocess(task, seed))
         if result["wall_s"] and result["inprocess_wall_s"]:
@@ -212,6 +216,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", help="comma-separated seeds, run one after the other: 0,1,2")
     p.add_argument("--learner", choices=["process", "inline"], default="process",
                    help="[run] learner_process true (a learner process beside the bridge) or false")
+    p.add_argument("--max-updates-behind", type=int, help="[run] max_updates_behind (default: the trainer's)")
     p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
     p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
