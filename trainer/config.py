@@ -155,6 +155,7 @@ class TrainerConfig:
     policies_to_train: List[str]
     source: str = "<config>"
     text: str = ""  # the TOML text, saved next to the run
+    dataset: Any = None  # [dataset]: trainer/datasets.py's DatasetSection
 
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
@@ -179,7 +180,7 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
     where = source
-    known_top = {"server", "run", "policies", "mapping", "policies_to_train"}
+    known_top = {"server", "run", "policies", "mapping", "policies_to_train", "dataset"}
     _no_unknown(data, known_top, f"{where}: top level")
     server = _section(ServerSection, data.get("server", {}), f"{where}: [server]")
     run = _section(RunSection, data.get("run", {}), f"{where}: [run]")
@@ -210,7 +211,9 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
         policies_to_train = list(dict.fromkeys(ptt))
     else:
         policies_to_train = learners
-    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text)
+    from simbridge.trainer.datasets import parse_dataset_section   # [dataset] (imports this module)
+    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text,
+                         parse_dataset_section(data.get("dataset", {}), policies, where))
 
 
 # ---------------------------------------------------------------- sections
