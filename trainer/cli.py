@@ -110,7 +110,7 @@ def config_for(args) -> TrainerConfig:
         cfg.run.total_env_steps = args.total_env_steps
     if args.logdir:
         cfg.run.logdir = args.logdir
-    apply_dataset_args(cfg.dataset, args.record_dataset, args.warm_start, cfg.policies)
+    apply_dataset_args(cfg.dataset, args.record_dataset, args.warm_start, cfg.policies, ConfigError)
     apply_security_args(cfg, args)
     return cfg
 

@@ -67,6 +67,7 @@ import numpy as np
 
 from simbridge.server.experience import BATCH_MODES
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.trainer.datasets import DatasetConfigError, DatasetSection, parse_dataset_section
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
@@ -155,7 +156,7 @@ class TrainerConfig:
     policies_to_train: List[str]
     source: str = "<config>"
     text: str = ""  # the TOML text, saved next to the run
-    dataset: Any = None  # [dataset]: trainer/datasets.py's DatasetSection
+    dataset: DatasetSection = field(default_factory=DatasetSection)   # [dataset]: trainer/datasets.py
 
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
@@ -211,9 +212,11 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
         policies_to_train = list(dict.fromkeys(ptt))
     else:
         policies_to_train = learners
-    from simbridge.trainer.datasets import parse_dataset_section   # [dataset] (imports this module)
-    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text,
-                         parse_dataset_section(data.get("dataset", {}), policies, where))
+    try:
+        dataset = parse_dataset_section(data.get("dataset", {}), policies, where)
+    except DatasetConfigError as e:
+        raise ConfigError(str(e)) from None
+    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text, dataset)
 
 
 # ---------------------------------------------------------------- sections

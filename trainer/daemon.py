@@ -29,7 +29,7 @@ from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
-from simbridge.trainer import checkpoint, journal, recovery
+from simbridge.trainer import checkpoint, datasets, journal, recovery
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.learner_process import LearnerProcessDied
 from simbridge.trainer.config import ConfigError, TrainerConfig
@@ -93,7 +93,10 @@ class TrainerDaemon:
                                  self.reporter.report, self.checkpoint)
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
-        self.dataset_notes = self._datasets() if cfg.dataset is not None and cfg.dataset.used else []
+        try:
+            self.dataset_notes = self._datasets() if cfg.dataset.used else []
+        except datasets.DatasetConfigError as e:
+            raise ConfigError(str(e)) from None
         if cfg.run.journal:
             self._open_journal(state)
 
@@ -103,7 +106,7 @@ class TrainerDaemon:
         """[dataset]: the recorder on the learning loop's intake, and the warm starts' transitions
         queued for it (policies the config gives no spaces are built with the dataset's). Lines
         for the start-up message."""
-        from simbridge.trainer import datasets, warm_start
+        from simbridge.trainer import warm_start   # imports minari's readers: only when used
         ds, notes = self.cfg.dataset, []
         datasets.require_minari()
         for pid, source in ds.warm_start.items():

@@ -38,7 +38,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from simbridge.trainer.config import ConfigError
 from simbridge.wire import tree
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
                                     REWARDS, TERMINATEDS, TRUNCATEDS)
@@ -52,8 +51,9 @@ WRITE_EVERY_S = 2.0       # ... or this long after the first of them finished
 EXTRA_HINT = "install the datasets extra: pip install 'simbridge[datasets]' (minari and h5py)"
 
 
-class DatasetConfigError(ConfigError):
-    """A [dataset] or dataset mistake; the message says how to fix it."""
+class DatasetConfigError(ValueError):
+    """A [dataset] or dataset mistake; the message says how to fix it. (trainer/config.py and the
+    daemon raise it again as their ConfigError: this module cannot import theirs, which imports it.)"""
 
 
 @dataclass
@@ -112,16 +112,18 @@ def parse_dataset_section(raw, policies, where: str) -> DatasetSection:
     return out
 
 
-def apply_dataset_args(ds: DatasetSection, record: bool, warm_starts: List[str], policies) -> None:
-    """`simbridge-trainer run --record-dataset --warm-start POLICY=PATH` over the [dataset] table."""
+def apply_dataset_args(ds: DatasetSection, record: bool, warm_starts: List[str], policies,
+                       error=DatasetConfigError) -> None:
+    """`simbridge-trainer run --record-dataset --warm-start POLICY=PATH` over the [dataset] table;
+    mistakes raise `error` (the CLI's ConfigError)."""
     ds.record = ds.record or bool(record)
     for spec in warm_starts or ():
         pid, sep, source = spec.partition("=")
         if not sep or not pid or not source:
-            raise DatasetConfigError(f"--warm-start {spec!r}: use POLICY=PATH (or POLICY=DATASET_ID), e.g. "
+            raise error(f"--warm-start {spec!r}: use POLICY=PATH (or POLICY=DATASET_ID), e.g. "
                                      f"--warm-start default_policy=runs/a/datasets/simbridge/default_policy-v0")
         if pid not in policies:
-            raise DatasetConfigError(f"--warm-start {spec!r}: policy {pid!r} is not defined: use one of "
+            raise error(f"--warm-start {spec!r}: policy {pid!r} is not defined: use one of "
                                      f"{sorted(policies)}")
         ds.warm_start[pid] = source
 
@@ -206,6 +208,10 @@ class EpisodeRecorder:
 
     def __init__(self, cfg: DatasetSection, root: Path, spaces: Callable[[str], Tuple], resume: bool = False):
         require_minari()
+        existing = sorted(p.parent.parent.name for p in Path(root).glob(f"{NAMESPACE}/*/data/metadata.json"))
+        if existing and not resume:
+            raise DatasetConfigError(f"[dataset] datasets already exist in {root} ({', '.join(existing)}): remove "
+                                     f"them, or set [dataset] dir to another directory")
         self.cfg, self.root, self._spaces, self._resume = cfg, Path(root), spaces, resume
         self._open: "collections.OrderedDict[Tuple[str, int, int], _Trajectory]" = collections.OrderedDict()
         self._dropped_keys: "collections.OrderedDict[Tuple[str, int, int], None]" = collections.OrderedDict()

@@ -40,8 +40,9 @@ def _load(root: Path, policy: str):
 
 
 def _record(tmp_path, address: str) -> tuple:
-    """A daemon recording (fragments of 16 rows) what two simulators send: one logging its own
-    actions (40 episodes), one on Step with 3 slots served by the random policy (6 episodes)."""
+    """A daemon recording (fragments of 16 rows) what three simulators send: one logging its own
+    actions (40 episodes), one on Step with 3 slots served by the random policy (6 episodes), and
+    a multi-agent one (4 episodes of 3 carts each, policy "carts")."""
     logdir = tmp_path / "rec"
     cfg = tmp_path / "rec.toml"
     cfg.write_text(f"""
@@ -53,15 +54,21 @@ def _record(tmp_path, address: str) -> tuple:
         print_every_s = 0.5
         [policies.default_policy]
         algorithm = "random"
+        [policies.carts]
+        algorithm = "random"
+        [mapping]
+        rules = ["cart_*=carts"]
     """)
     daemon = start_server("recorder", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
                                                     "--record-dataset"), address, timeout=60, env=_env(), keep=5000)
     sims = [Proc("scripted", python_module("scripted_cartpole", "--address", address, "--episodes", "40",
                                            "--epsilon", "0.5"), env=_env()),
-            _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2")]
+            _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2"),
+            _sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "3",
+                 "--episodes", "4", "--seed", "3")]
     try:
         _wait(lambda: all(s.poll() is not None for s in sims), 120, "the simulators to finish", [daemon])
-        assert [s.poll() for s in sims] == [0, 0], "\n".join(l for s in sims for l in s.lines)
+        assert [s.poll() for s in sims] == [0, 0, 0], "\n".join(l for s in sims for l in s.lines)
         assert daemon.stop(timeout=60) == 0, "\n".join(daemon.lines)
     finally:
         _kill(daemon, *sims)
@@ -71,7 +78,7 @@ def _record(tmp_path, address: str) -> tuple:
 @pytest.mark.timeout(300)
 def test_record_then_learn_offline_from_the_dataset(tmp_path):
     address = f"127.0.0.1:{free_port()}"
-    logdir, (scripted, gym_sim), out = _record(tmp_path, address)
+    logdir, (scripted, gym_sim, ma_sim), out = _record(tmp_path, address)
 
     # The dataset: every episode the simulators finished (or cut at their exit), whole.
     episodes = scripted["episodes"] + gym_sim["episodes"] + gym_sim["cut_at_exit"]
@@ -94,6 +101,13 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     assert not collections.Counter(scripted["lengths"]) - collections.Counter(lengths)
     assert sum(n > 16 for n in scripted["lengths"]) >= 30
     assert ds.observation_space.shape == (4,) and ds.action_space.n == 2
+
+    # Multi-agent: each cart of each episode is an episode of its policy's dataset.
+    carts = _load(root, "carts")
+    assert carts.total_episodes == 3 * (ma_sim["episodes"] + ma_sim["cut_at_exit"]) == 12
+    assert carts.total_steps == ma_sim["agent_steps"]
+    per_episode = collections.Counter(int(ep.infos["eps_id"][0]) for ep in carts.iterate_episodes())
+    assert sorted(per_episode.values()) == [3, 3, 3, 3]
 
     # Offline: DQN learns from the dataset alone (no training simulator), then an evaluation
     # simulator (greedy, never trained on) meets a policy that balances from its first step.
@@ -202,3 +216,46 @@ def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
     assert "frozen" in capsys.readouterr().err
     assert cli.main(["run", "--config", str(cfg), "--warm-start", "p"]) == 2
     assert "POLICY=PATH" in capsys.readouterr().err
+
+
+def _rows(eps, agents, done, start=0):
+    """Rows as the bridge hands them to the learners (a MultiAgentBatch of one policy)."""
+    from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
+    n = len(eps)
+    obs = np.arange(start, start + n, dtype=np.float32)[:, None].repeat(4, 1)
+    return MultiAgentBatch({"p": SampleBatch(obs=obs, new_obs=obs + 1, actions=np.zeros(n, np.int64),
+                                             rewards=np.ones(n, np.float32), terminateds=np.asarray(done, bool),
+                                             truncateds=np.zeros(n, bool), eps_id=np.asarray(eps, np.int64),
+                                             agent_index=np.asarray(agents, np.int64))}, n)
+
+
+def test_recorder_bounds_open_episodes_and_their_length(tmp_path, caplog):
+    """More open trajectories than max_open_episodes: the one extended longest ago is dropped and
+    counted (its later rows too); one longer than max_episode_steps is written in pieces; those
+    open at the stop are written as truncated."""
+    import gymnasium as gym
+    from simbridge.trainer.datasets import EpisodeRecorder
+
+    spaces = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+    cfg = DatasetSection(record=True, max_open_episodes=2, max_episode_steps=5)
+    rec = EpisodeRecorder(cfg, tmp_path, lambda pid: spaces)
+    rec.add(_rows([1, 2, 1], [0, 0, 1], [False, False, False]))      # three open: (1, 0) dropped
+    assert rec.dropped_episodes == 1 and "max_open_episodes = 2" in caplog.text
+    rec.add(_rows([1, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0], [True, False, False, False, False, False]))
+    assert rec.dropped_rows == 2   # the dropped trajectory's first row and its last
+    assert rec.split_episodes == 1   # (2, 0) reached 6 > 5 steps: written, the rest goes on
+    summary = rec.close()
+    assert summary["p"]["episodes"] == 2 and summary["p"]["steps"] == 7   # (2, 0): 6 steps; (1, 1): 1
+    with pytest.raises(ValueError, match="already exist"):
+        EpisodeRecorder(cfg, tmp_path, lambda pid: spaces)
+    os.environ["MINARI_DATASETS_PATH"] = str(tmp_path)
+    try:
+        ds = minari.load_dataset("simbridge/p-v0")
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    eps = list(ds.iterate_episodes())
+    assert [len(e.rewards) for e in eps] == [6, 1]
+    assert eps[0].truncations[-1] and eps[1].truncations[-1] and not eps[0].terminations.any()
+    # Its rows' observations in order (row 1 of the first batch, rows 1-5 of the second), then the
+    # last row's new_obs.
+    assert eps[0].observations[:, 0].tolist() == [1, 1, 2, 3, 4, 5, 6]
