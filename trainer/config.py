@@ -41,6 +41,8 @@
     policies_to_train = ["p0"]         # top-level key (put it before the first [table]);
                                        # default: every learner policy
 
+    [dataset]                          # record / warm start: trainer/datasets.py, docs/datasets.md
+
 Spaces are optional: by default each policy is created when the first simulator
 that uses it connects, with the spaces its handshake declares. Declared spaces
 create the policy at startup, and simulators declaring other spaces are refused.
