@@ -196,11 +196,22 @@ class _Trajectory:
     def __init__(self):
         self.chunks: list = []
         self.steps = 0
-        self.last_new_obs = None
+        self.last_new_obs = None   # the last row's new_obs, one row (a leading dimension of 1)
         self.touched = 0
 
 
 _KEEP = (OBS, ACTIONS, REWARDS, TERMINATEDS, TRUNCATEDS, POLICY_VERSION, ACTION_LOGP)
+
+
+def _take(col, index):
+    return col[index] if isinstance(col, np.ndarray) else tree.take(col, index)
+
+
+def _rows(col, lo: int, hi: int):
+    """Rows lo:hi as a copy: an open trajectory must not keep its whole batch alive."""
+    if isinstance(col, np.ndarray):
+        return col[lo:hi].copy()
+    return tree.map_structure(lambda a: a[lo:hi].copy(), col)
 
 
 class EpisodeRecorder:
@@ -234,34 +245,33 @@ class EpisodeRecorder:
     def _add_policy_rows(self, pid: str, b) -> None:
         eps, agents = np.asarray(b[EPS_ID]), np.asarray(b[AGENT_INDEX])
         done = np.asarray(b[TERMINATEDS], bool) | np.asarray(b[TRUNCATEDS], bool)
-        # Group the rows by trajectory, keeping their order within each (a stable sort).
+        # Rows grouped by trajectory (a stable sort keeps their order within each): one gather per
+        # column for the whole batch, then a contiguous copy per trajectory.
         pairs = np.stack([eps, agents], axis=1)
         uniq, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(inverse.reshape(-1), kind="stable")
-        bounds = np.cumsum(np.bincount(inverse.reshape(-1), minlength=len(uniq)))[:-1]
-        groups = np.split(order, bounds)
+        inverse = inverse.reshape(-1)
+        order = np.argsort(inverse, kind="stable")
+        ends = np.cumsum(np.bincount(inverse, minlength=len(uniq)))
+        cols = {k: _take(b[k], order) for k in _KEEP if k in b}
+        new_obs, done = _take(b[NEW_OBS], order), done[order]
         for g in np.argsort(first):   # trajectories in the order they first appear
-            idx = groups[g]
+            lo, hi = (int(ends[g - 1]) if g else 0), int(ends[g])
             key = (pid, int(uniq[g][0]), int(uniq[g][1]))
             if key in self._dropped_keys:
-                self.dropped_rows += len(idx)
+                self.dropped_rows += hi - lo
                 continue
             traj = self._open.pop(key, None) or _Trajectory()
             self._tick += 1
             traj.touched = self._tick
             self._open[key] = traj   # most recently extended last
-            cols = {k: tree.take(b[k], idx) for k in _KEEP if k in b}
-            ends = np.flatnonzero(done[idx])
-            start = 0
-            for e in ends:   # a done row ends the trajectory; rows after it would be a new one (they never are)
-                self._extend(traj, {k: tree.take(v, slice(start, e + 1)) for k, v in cols.items()},
-                             tree.take(b[NEW_OBS], idx[e]))
+            start = lo
+            for e in lo + np.flatnonzero(done[lo:hi]):   # a done row ends the trajectory
+                self._extend(traj, {k: _rows(v, start, e + 1) for k, v in cols.items()}, _rows(new_obs, e, e + 1))
                 self._finish(key, self._open.pop(key))
                 traj = self._open[key] = _Trajectory()
                 start = e + 1
-            if start < len(idx):
-                self._extend(traj, {k: tree.take(v, slice(start, len(idx))) for k, v in cols.items()},
-                             tree.take(b[NEW_OBS], idx[-1]))
+            if start < hi:
+                self._extend(traj, {k: _rows(v, start, hi) for k, v in cols.items()}, _rows(new_obs, hi - 1, hi))
                 if traj.steps >= self.cfg.max_episode_steps:
                     self.split_episodes += 1
                     if self.split_episodes == 1:
@@ -300,7 +310,7 @@ class EpisodeRecorder:
         pid, eps_id, agent = key
         cols = {k: tree.concat([c[k] for c in traj.chunks]) for k in traj.chunks[0]}
         n = traj.steps
-        observations = tree.concat([cols[OBS], tree.map_structure(lambda a: np.asarray(a)[None], traj.last_new_obs)])
+        observations = tree.concat([cols[OBS], traj.last_new_obs])
         term = np.asarray(cols[TERMINATEDS], bool).copy()
         trunc = np.asarray(cols[TRUNCATEDS], bool).copy()
         if truncate and not (term[-1] or trunc[-1]):

