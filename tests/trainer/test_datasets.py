@@ -249,13 +249,16 @@ def test_recorder_bounds_open_episodes_and_their_length(tmp_path, caplog):
     assert summary["p"]["episodes"] == 2 and summary["p"]["steps"] == 7   # (2, 0): 6 steps; (1, 1): 1
     with pytest.raises(ValueError, match="already exist"):
         EpisodeRecorder(cfg, tmp_path, lambda pid: spaces)
+    resumed = EpisodeRecorder(cfg, tmp_path, lambda pid: spaces, resume=True)   # --resume appends
+    resumed.add(_rows([7, 7], [0, 0], [False, True]))
+    assert resumed.close()["p"]["episodes"] == 1
     os.environ["MINARI_DATASETS_PATH"] = str(tmp_path)
     try:
         ds = minari.load_dataset("simbridge/p-v0")
     finally:
         del os.environ["MINARI_DATASETS_PATH"]
     eps = list(ds.iterate_episodes())
-    assert [len(e.rewards) for e in eps] == [6, 1]
+    assert [len(e.rewards) for e in eps] == [6, 1, 2]
     assert eps[0].truncations[-1] and eps[1].truncations[-1] and not eps[0].terminations.any()
     # Its rows' observations in order (row 1 of the first batch, rows 1-5 of the second), then the
     # last row's new_obs.
