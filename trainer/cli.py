@@ -53,6 +53,7 @@ from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
+from simbridge.trainer.datasets import apply_dataset_args
 from simbridge.trainer.reporting import plot
 from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
 
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="host:port to serve on (overrides [server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
+    r.add_argument("--record-dataset", action="store_true", help="record every transition to Minari datasets, one "
+                                                                  "per policy, in LOGDIR/datasets (docs/datasets.md)")
+    r.add_argument("--warm-start", action="append", default=[], metavar="POLICY=PATH",
+                   help="learn from a Minari dataset before the simulators' experience (dqn, sac; repeatable)")
     r.add_argument("--log-level", default="INFO")
     add_security_args(r)
     sv = sub.add_parser("serve", help="serve a trained run's policies from its checkpoint, greedy, never learning")
@@ -105,6 +110,7 @@ def config_for(args) -> TrainerConfig:
         cfg.run.total_env_steps = args.total_env_steps
     if args.logdir:
         cfg.run.logdir = args.logdir
+    apply_dataset_args(cfg.dataset, args.record_dataset, args.warm_start, cfg.policies, ConfigError)
     apply_security_args(cfg, args)
     return cfg
 

@@ -41,6 +41,8 @@
     policies_to_train = ["p0"]         # top-level key (put it before the first [table]);
                                        # default: every learner policy
 
+    [dataset]                          # record / warm start: trainer/datasets.py, docs/datasets.md
+
 Spaces are optional: by default each policy is created when the first simulator
 that uses it connects, with the spaces its handshake declares. Declared spaces
 create the policy at startup, and simulators declaring other spaces are refused.
@@ -67,6 +69,7 @@ import numpy as np
 
 from simbridge.server.experience import BATCH_MODES
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.trainer.datasets import DatasetConfigError, DatasetSection, parse_dataset_section
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
@@ -155,6 +158,7 @@ class TrainerConfig:
     policies_to_train: List[str]
     source: str = "<config>"
     text: str = ""  # the TOML text, saved next to the run
+    dataset: DatasetSection = field(default_factory=DatasetSection)   # [dataset]: trainer/datasets.py
 
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
@@ -179,7 +183,7 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
     where = source
-    known_top = {"server", "run", "policies", "mapping", "policies_to_train"}
+    known_top = {"server", "run", "policies", "mapping", "policies_to_train", "dataset"}
     _no_unknown(data, known_top, f"{where}: top level")
     server = _section(ServerSection, data.get("server", {}), f"{where}: [server]")
     run = _section(RunSection, data.get("run", {}), f"{where}: [run]")
@@ -210,7 +214,11 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
         policies_to_train = list(dict.fromkeys(ptt))
     else:
         policies_to_train = learners
-    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text)
+    try:
+        dataset = parse_dataset_section(data.get("dataset", {}), policies, where)
+    except DatasetConfigError as e:
+        raise ConfigError(str(e)) from None
+    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text, dataset)
 
 
 # ---------------------------------------------------------------- sections

@@ -29,7 +29,7 @@ from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
-from simbridge.trainer import checkpoint, journal, recovery
+from simbridge.trainer import checkpoint, datasets, journal, recovery
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.learner_process import LearnerProcessDied
 from simbridge.trainer.config import ConfigError, TrainerConfig
@@ -93,8 +93,53 @@ class TrainerDaemon:
                                  self.reporter.report, self.checkpoint)
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
+        try:
+            self.dataset_notes = self._datasets() if cfg.dataset.used else []
+        except datasets.DatasetConfigError as e:
+            raise ConfigError(str(e)) from None
         if cfg.run.journal:
             self._open_journal(state)
+
+    # ---------------------------------------------------------- datasets (docs/datasets.md)
+
+    def _datasets(self) -> list:
+        """[dataset]: the recorder on the learning loop's intake, and the warm starts' transitions
+        queued for it (policies the config gives no spaces are built with the dataset's). Lines
+        for the start-up message."""
+        from simbridge.trainer import warm_start   # imports minari's readers: only when used
+        ds, notes = self.cfg.dataset, []
+        datasets.require_minari()
+        for pid, source in ds.warm_start.items():
+            if self.resume:
+                notes.append(f"warm start of {pid} skipped: a resumed run's checkpoint already counted it")
+                continue
+            data, what = warm_start.load(source, pid)
+            policy = self.runtime.policies.get(pid)
+            if policy is None:
+                try:
+                    policy = self.factory.build(pid, data.observation_space, data.action_space)
+                except (ValueError, TypeError) as e:
+                    raise ConfigError(f"{what}: cannot create policy {pid!r} for the dataset's observation "
+                                      f"{data.observation_space}, action {data.action_space}: {e}") from None
+                self.runtime.add_policy(pid, policy)
+            warm_start.check_learner(policy, pid, what)
+            warm_start.check_spaces(data, policy, pid, what)
+            rows = 0
+            for b in warm_start.batches(data):
+                self.loop.warm_start.append((pid, b))
+                rows += b.count
+            notes.append(f"warm start of {pid}: {rows:,} transitions ({data.total_episodes:,} episodes) from "
+                         f"{source}, learned from before any simulator's")
+        if ds.record:
+            root = ds.root(self.logdir)
+            self.loop.recorder = datasets.EpisodeRecorder(ds, root, self._spaces, resume=self.resume)
+            notes.append(f"recording {', '.join(ds.record_policies) or 'every policy'} to {root} "
+                         f"(Minari; MINARI_DATASETS_PATH={root} then minari.load_dataset(\"simbridge/<policy>-v0\"))")
+        return notes
+
+    def _spaces(self, pid: str):
+        p = self.runtime.policies[pid]
+        return p.observation_space, p.action_space
 
     # ---------------------------------------------------------- resume and checkpoints
 
@@ -262,6 +307,8 @@ class TrainerDaemon:
         print(f"simbridge-trainer listening on {server.address} ({what}); logdir {self.logdir}; policies "
               + ", ".join(f"{pid}={s.algorithm}{'' if self.cfg.trainable(pid) else ' (frozen)'}"
                           for pid, s in self.cfg.policies.items()), file=self.out, flush=True)
+        for note in self.dataset_notes:
+            print(f"simbridge-trainer: {note}", file=self.out, flush=True)
         if self.resume and "extra" in inspect.signature(self.reporter.report).parameters:
             self.reporter.report("resume", extra=self.resume_info)
         else:   # a Reporter without `extra` (see docs/durability.md): the console line has them
@@ -278,6 +325,10 @@ class TrainerDaemon:
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint",
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
+        if self.loop.recorder is not None:   # every row is in: open trajectories end as truncated
+            for pid, d in self.loop.recorder.close().items():
+                print(f"simbridge-trainer: dataset of {pid}: {d['episodes']:,} episodes, {d['steps']:,} steps in "
+                      f"{d['path']}", file=self.out, flush=True)
         try:   # before the last record: a learner process's weights and counts come with its state
             self.checkpoint(clean=True)
             print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",

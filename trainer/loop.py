@@ -32,6 +32,8 @@ class LearningLoop:
                  journal=None):
         self.runtime = runtime
         self.journal = journal   # told the update counts after each chunk of updates (None: none)
+        self.recorder = None     # trainer/datasets.py's EpisodeRecorder, when the run records
+        self.warm_start: List = []   # (policy id, SampleBatch) fed before any experience (trainer/warm_start.py)
         self.ingested: Dict[str, int] = collections.Counter()
         self.run_cfg = run
         self.stop_event = stop_event
@@ -49,6 +51,9 @@ class LearningLoop:
         run = self.run_cfg
         if run.learner_process:
             self._spares = [spawn_child() for _ in range(learners_expected)]
+        for pid, b in self.warm_start:
+            self.feed(pid, self.runtime.policies[pid], b)
+        self.warm_start = []
         self._next_report = time.monotonic() + run.print_every_s
         every = run.checkpoint_every_env_steps
         next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
@@ -86,20 +91,26 @@ class LearningLoop:
         return steps
 
     def ingest(self, batch) -> None:
+        if self.recorder is not None:   # the datasets see what the learners get, in the same order
+            self.recorder.add(batch)
         policies = self.runtime.policies
         for pid, b in batch.policy_batches.items():
             self.ingested[pid] += b.count
             p = policies.get(pid)
-            if p is None or not trains(p):
-                continue
-            proc = self.procs.get(pid)
-            if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
-                spare = self._spares.pop() if self._spares else None
-                proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
-            if proc is not None:
-                proc.add(b)
-            else:
-                p.add(b)
+            if p is not None and trains(p):
+                self.feed(pid, p, b)
+
+    def feed(self, pid: str, p, b) -> None:
+        """Rows into a trainable policy's learner (its process, with learner_process), uncounted:
+        ingest counts the bridge's rows; a warm start's (trainer/warm_start.py) come this way too."""
+        proc = self.procs.get(pid)
+        if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
+            spare = self._spares.pop() if self._spares else None
+            proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
+        if proc is not None:
+            proc.add(b)
+        else:
+            p.add(b)
 
     def _held_back(self) -> bool:
         """The rate limiter: no more experience while a learner process is too far behind."""

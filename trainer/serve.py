@@ -47,6 +47,7 @@ def frozen_config(ckpt_dir: Path) -> TrainerConfig:
                           f"each policy is; copy the run's config there")
     cfg = load_config(ckpt_dir / SAVED_CONFIG)
     cfg.policies_to_train = []
+    cfg.dataset.warm_start = {}   # nothing learns here; [dataset] record still records what is served
     return cfg
 
 
