@@ -1,7 +1,8 @@
 """`simbridge-trainer`: the bridge server with learners behind it, in one process.
 
     simbridge-trainer run [--config FILE] [--resume] [--address HOST:PORT]
-                          [--total-env-steps N] [--logdir DIR]
+                          [--total-env-steps N] [--logdir DIR] [--seed N] [--device DEV]
+                          [--set KEY=VALUE ...]
     simbridge-trainer serve --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
     simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
     simbridge-trainer plot RUN_DIR [--out PNG]
@@ -51,8 +52,10 @@ from pathlib import Path
 
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
+from simbridge.server.service import address_in_use
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
+from simbridge.trainer.config_values import parse_overrides
 from simbridge.trainer.reporting import plot
 from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
 
@@ -67,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="host:port to serve on (overrides [server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
+    r.add_argument("--seed", type=int, help="seed of the learners and their exploration (overrides [run] seed)")
+    r.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N (overrides [run] device)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key by its dotted path, the value read as TOML, checked like the "
+                        "file; repeatable. E.g. --set policies.default_policy.config.lr=3e-4 --set "
+                        "run.print_every_s=10. The effective config is saved as LOGDIR/" + SAVED_CONFIG)
     r.add_argument("--log-level", default="INFO")
     add_security_args(r)
     sv = sub.add_parser("serve", help="serve a trained run's policies from its checkpoint, greedy, never learning")
@@ -89,22 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_for(args) -> TrainerConfig:
-    if args.config:
-        cfg = load_config(args.config)
-    else:
-        cfg = load_config(DEFAULT_CONFIG)
-        saved = Path(args.logdir or cfg.run.logdir) / SAVED_CONFIG
-        if args.resume and saved.exists():
-            cfg = load_config(saved)
-            cfg.run.logdir = str(saved.parent)
-    if args.address:
-        cfg.server.address = args.address
-    if args.total_env_steps is not None:
-        if args.total_env_steps < 0:
-            raise ConfigError("--total-env-steps must be >= 0 (0: run until stopped)")
-        cfg.run.total_env_steps = args.total_env_steps
-    if args.logdir:
-        cfg.run.logdir = args.logdir
+    """The config file (or the embedded default; with --resume, the run's saved effective
+    config) with --set and the flags applied as overrides, all checked as the file is."""
+    overrides = parse_overrides(args.set)
+    flags = (("server.address", args.address), ("run.total_env_steps", args.total_env_steps),
+             ("run.logdir", args.logdir), ("run.seed", args.seed), ("run.device", args.device))
+    overrides += [(key, value) for key, value in flags if value is not None]
+    path = args.config or DEFAULT_CONFIG
+    if args.resume and not args.config:
+        logdir = args.logdir or load_config(DEFAULT_CONFIG, overrides).run.logdir
+        saved = Path(logdir) / SAVED_CONFIG
+        if saved.exists():
+            path = saved
+            overrides.append(("run.logdir", str(saved.parent)))
+    cfg = load_config(path, overrides)
     apply_security_args(cfg, args)
     return cfg
 
@@ -120,11 +127,15 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
 
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
     try:
         cfg = config_for(args)
         if not args.resume:
             refuse_used(Path(cfg.run.logdir))
+        if address_in_use(cfg.server.address):   # at once, before torch and the learners load
+            raise ConfigError(f"could not bind {cfg.server.address}: another process is listening on that "
+                              f"port: stop it, or pick another port with --address HOST:PORT (nothing was "
+                              f"written to {cfg.run.logdir})")
+        from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)

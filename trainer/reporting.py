@@ -48,6 +48,20 @@ class Reporter:
             return None
         return SummaryWriter(str(self.logdir), purge_step=purge_step)
 
+    def hparams(self, flat: Dict[str, object], text: str, policy_ids: List[str]) -> None:
+        """The effective config in TensorBoard: every key in the HParams tab (the stop metric,
+        return_mean_10, beside them) and the TOML as text."""
+        w = self._writer
+        if w is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+        values = {k: v for k, v in flat.items() if isinstance(v, (bool, int, float, str))}
+        metrics = {f"env/return_mean_10/{pid}": None for pid in policy_ids}
+        for summary in hparams(values, metrics):
+            w.file_writer.add_summary(summary)
+        w.add_text("config", "".join(f"    {line}\n" for line in text.splitlines()), 0)   # markdown code
+        w.flush()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
