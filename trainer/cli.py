@@ -5,7 +5,7 @@
                           [--set KEY=VALUE ...]
     simbridge-trainer serve --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
     simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
-    simbridge-trainer plot RUN_DIR [--out PNG]
+    simbridge-trainer plot RUN_DIR [--out PNG] [--target RETURN]
 
 `run` serves the policies of the config (default: the embedded
 trainer/configs/cartpole_dqn.toml) on a BridgeServer; simulators connect
@@ -50,6 +50,7 @@ import signal
 import sys
 from pathlib import Path
 
+import simbridge
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use
@@ -62,6 +63,7 @@ from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simbridge-trainer", description=f"{__doc__}\n{rundir.__doc__}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {simbridge.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="serve and train (until SIGTERM / Ctrl-C or total_env_steps)")
     r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw learning curves from RUN_DIR/metrics.jsonl")
     pl.add_argument("run_dir", metavar="RUN_DIR")
     pl.add_argument("--out", help="PNG to write (default: RUN_DIR/learning_curves.png)")
+    pl.add_argument("--target", type=float, help="draw this return as the target line, and where return(10) reached it")
     return p
 
 
@@ -196,7 +199,7 @@ def run_daemon(daemon) -> int:
 
 def cmd_plot(args) -> int:
     try:
-        out = plot(Path(args.run_dir), Path(args.out) if args.out else None)
+        out = plot(Path(args.run_dir), Path(args.out) if args.out else None, args.target)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2

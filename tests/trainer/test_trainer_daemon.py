@@ -285,7 +285,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
         rc = daemon.stop(timeout=30)
         out = "\n".join(daemon.lines)
         assert rc == 0, out
-        assert "[trainer] env steps" in out and "return(100) p0" in out and "p0: v" in out
+        assert "[trainer] env steps" in out and "return(10) p0" in out and "length(10) p0" in out and "p0: v" in out
         assert "stopping (SIGTERM)" in out
     finally:
         _kill(daemon, *sims)
