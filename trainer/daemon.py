@@ -49,6 +49,8 @@ class TrainerDaemon:
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
         self.stop_event = threading.Event()
+        self.serving = threading.Event()   # set once bound and serving on self.address
+        self.address = ""
         self.stop_reason = ""
         self.exit_code = 0   # 1: a learner process died (no final checkpoint)
         # Classes first: an unknown module or config key fails here, before serving.
@@ -249,7 +251,8 @@ class TrainerDaemon:
             server.stop(grace=0)
             raise
         server.start()
-        self.address = server.address
+        self.address = self.reporter.address = server.address
+        self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
         if self.resume and self.resume_info:
             i = self.resume_info
