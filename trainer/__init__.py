@@ -19,6 +19,9 @@ def __getattr__(name):
     if name == "parse_overrides":
         from simbridge.trainer.config_values import parse_overrides
         return parse_overrides
+    if name == "config_toml":
+        from simbridge.trainer.config_writer import config_toml
+        return config_toml
     if name in __all__:
         from simbridge.trainer import config
         return getattr(config, name)

@@ -52,14 +52,11 @@ simbridge.trainer.learner.Learner subclass (built as Class(obs_space, act_space,
 config=..., device=..., trainable=...)) or a simbridge.server.policies.Policy subclass
 that only acts (built as Class(obs_space, act_space, **config)).
 
-Parsing checks every key's type (config_values.py: dotted names, "did you mean") and everything
-else that can be checked without importing learners; `resolve_algorithm` imports the class and
-checks `policies.<id>.config` against the learner's defaults (the daemon calls it at startup,
-before anything is served or written). `load_config(path, overrides=[("run.seed", 3)])` applies
-`--set` style overrides before the checks; `config_toml(cfg)` is the effective config as TOML.
-
-A new section is a dataclass with a `check(self, where)` method, a line in SECTIONS and a field of
-TrainerConfig: parsing, type checks, overrides and the saved config.toml follow from those.
+Parsing checks every key's type (config_values.py) and all else that needs no learner import;
+`resolve_algorithm` checks `policies.<id>.config` against the learner's defaults (at the daemon's
+start, before anything is served or written). `overrides` (`--set`) apply before the checks;
+`config_toml(cfg)` is the effective config. A new section: a dataclass with `check(self, where)`,
+a line in SECTIONS and a field of TrainerConfig.
 """
 import dataclasses
 import importlib
@@ -69,13 +66,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
-import numpy as np
 
 from simbridge.server.experience import BATCH_MODES
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.trainer.config_spaces import space_from_table
 from simbridge.trainer.config_values import (ConfigError, Override, apply_overrides, check_keys, check_type,
-                                             dump_toml, flatten, hint_of_default, toml_value,
-                                             tomllib)
+                                             hint_of_default, tomllib)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
@@ -174,9 +170,13 @@ class TrainerConfig:
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
 
+    def section_tables(self) -> Dict[str, Dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
     @property
     def text(self) -> str:
         """The effective config as TOML (what config.toml beside the run holds)."""
+        from simbridge.trainer.config_writer import config_toml
         return config_toml(self)
 
 
@@ -236,53 +236,6 @@ def parse_config(text: str, source: str = "<config>", overrides: Sequence[Overri
         policies_to_train = learners
     return TrainerConfig(policies=policies, mapping=mapping, policies_to_train=policies_to_train,
                          source=source, overrides=overrides, **sections)
-
-
-# ---------------------------------------------------------------- writing
-
-def config_tables(cfg: TrainerConfig) -> Dict[str, Dict[str, Any]]:
-    """The effective config as TOML tables ({"server": {...}, "policies.p0": {...}, ...})."""
-    tables = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
-    for pid, spec in cfg.policies.items():
-        t: Dict[str, Any] = {"algorithm": spec.algorithm}
-        if spec.config:
-            t["config"] = dict(spec.config)
-        if spec.observation_space is not None:
-            t["observation_space"] = _space_table(spec.observation_space)
-            t["action_space"] = _space_table(spec.action_space)
-        tables[f"policies.{pid}"] = t
-    tables["mapping"] = {"rules": [f"{p}={pid}" for p, pid in cfg.mapping.rules], "default": cfg.mapping.default}
-    return tables
-
-
-def config_toml(cfg: TrainerConfig) -> str:
-    """The effective config (after overrides and the CLI's flags) as TOML that parses back to it."""
-    note = f"The effective config of this run: {cfg.source}"
-    if cfg.overrides:
-        note += "\nwith " + ", ".join(f"{k} = {toml_value(v)}" for k, v in cfg.overrides)
-    return dump_toml({"policies_to_train": cfg.policies_to_train}, config_tables(cfg), header=note)
-
-
-def flat_config(cfg: TrainerConfig) -> Dict[str, Any]:
-    """{"run.seed": 0, "policies.p0.config.lr": 0.0005, ...}: TensorBoard's hparams."""
-    tables: Dict[str, Any] = {}
-    for name, t in config_tables(cfg).items():
-        node = tables
-        for part in name.split("."):
-            node = node.setdefault(part, {})
-        node.update(t)
-    tables["policies_to_train"] = cfg.policies_to_train
-    return flatten(tables)
-
-
-def _space_table(space: gym.Space) -> Dict[str, Any]:
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
-    if isinstance(space, gym.spaces.MultiBinary):
-        return {"type": "MultiBinary", "n": space.n if isinstance(space.n, int) else list(space.n)}
-    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "dtype": str(space.dtype)}
 
 
 # ---------------------------------------------------------------- sections
@@ -379,8 +332,8 @@ def _policy(pid: str, raw, where: str) -> PolicySpec:
     cfg = dict(_expect(raw.get("config", {}), dict, f"{what} config"))
     if algo == RANDOM:
         _no_unknown(cfg, {"seed"}, f"{what} config (algorithm \"random\")")
-    obs = _space(raw["observation_space"], f"{what} observation_space") if "observation_space" in raw else None
-    act = _space(raw["action_space"], f"{what} action_space") if "action_space" in raw else None
+    obs = space_from_table(raw["observation_space"], f"{what} observation_space") if "observation_space" in raw else None
+    act = space_from_table(raw["action_space"], f"{what} action_space") if "action_space" in raw else None
     if (obs is None) != (act is None):
         raise ConfigError(f"{what}: declare both observation_space and action_space, or neither "
                           f"(then the first simulator's handshake provides them)")
@@ -391,39 +344,6 @@ def _is_import_path(s: str) -> bool:
     mod, sep, name = s.partition(":")
     return bool(sep and mod and name and all(p.isidentifier() for p in mod.split("."))
                 and all(p.isidentifier() for p in name.split(".")))
-
-
-_SPACE_KEYS = {
-    "Discrete": {"n", "start"},
-    "Box": {"low", "high", "shape", "dtype"},
-    "MultiDiscrete": {"nvec"},
-    "MultiBinary": {"n"},
-}
-
-
-def _space(raw, what: str) -> gym.Space:
-    _expect(raw, dict, what)
-    kind = raw.get("type")
-    if kind not in _SPACE_KEYS:
-        raise ConfigError(f"{what}: type = {kind!r}: use one of {sorted(_SPACE_KEYS)}, e.g. "
-                          f"{{ type = \"Discrete\", n = 2 }}")
-    _no_unknown(raw, _SPACE_KEYS[kind] | {"type"}, what)
-    try:
-        if kind == "Discrete":
-            return gym.spaces.Discrete(int(raw["n"]), start=int(raw.get("start", 0)))
-        if kind == "MultiDiscrete":
-            return gym.spaces.MultiDiscrete(np.asarray(raw["nvec"], np.int64))
-        if kind == "MultiBinary":
-            return gym.spaces.MultiBinary(raw["n"])
-        dtype = np.dtype(raw.get("dtype", "float32"))
-        shape = tuple(raw["shape"]) if "shape" in raw else None
-        low, high = raw["low"], raw["high"]
-        conv = (lambda v: np.asarray(v, dtype)) if shape is None else (lambda v: v)
-        return gym.spaces.Box(low=conv(low), high=conv(high), shape=shape, dtype=dtype)
-    except KeyError as e:
-        raise ConfigError(f"{what}: {kind} needs {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError) as e:
-        raise ConfigError(f"{what}: not a valid {kind}: {e}") from None
 
 
 def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection:

@@ -32,7 +32,8 @@ from simbridge.server.service import BridgeServer
 from simbridge.trainer import checkpoint, journal, recovery
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.learner_process import LearnerProcessDied
-from simbridge.trainer.config import ConfigError, TrainerConfig, flat_config
+from simbridge.trainer.config import ConfigError, TrainerConfig
+from simbridge.trainer.config_writer import flat_config
 from simbridge.trainer.factory import PolicyFactory, trains
 from simbridge.trainer.loop import LearningLoop
 from simbridge.trainer.reporting import Reporter

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from simbridge.trainer.config import (CONFIG_DIR, ConfigError, config_toml, flat_config, load_config, parse_config,
-                                      resolve_algorithm)
+from simbridge.trainer.config import CONFIG_DIR, ConfigError, load_config, parse_config, resolve_algorithm
 from simbridge.trainer.config_values import parse_overrides
+from simbridge.trainer.config_writer import config_toml, flat_config
 from simbridge.trainer.launch import child_env
 
 
