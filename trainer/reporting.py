@@ -112,8 +112,10 @@ class Reporter:
             rec["versions"][pid] = int(p.version)
             if hasattr(p, "updates"):
                 rec["updates"][pid] = int(p.updates)
-            if "lr" in (getattr(p, "config", None) or {}) and hasattr(p, "learning_rate"):
-                rec["lr"][pid] = float(p.learning_rate())
+            cfg = getattr(p, "config", None) or {}
+            if isinstance(cfg.get("lr"), (int, float)):   # decayed when the learner has lr_final (DQN, PPO)
+                decays = "lr_final" in cfg and "lr_timesteps" in cfg and hasattr(p, "learning_rate")
+                rec["lr"][pid] = float(p.learning_rate() if decays else cfg["lr"])
             m = {k: float(v) for k, v in (getattr(p, "last_metrics", None) or {}).items()
                  if isinstance(v, (int, float, np.floating)) and math.isfinite(float(v))}
             if m:
