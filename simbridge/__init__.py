@@ -11,4 +11,10 @@ The package is five rooms, each importing only the rooms below it (tools/lint_im
 
 ``simbridge.extras`` lets the console scripts name an optional extra that is not installed.
 """
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("simbridge")   # pyproject.toml's, as installed
+except PackageNotFoundError:   # a checkout on sys.path, not installed
+    __version__ = "0+unknown"
+del PackageNotFoundError, version

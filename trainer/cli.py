@@ -1,10 +1,11 @@
 """`simbridge-trainer`: the bridge server with learners behind it, in one process.
 
     simbridge-trainer run [--config FILE] [--resume] [--address HOST:PORT]
-                          [--total-env-steps N] [--logdir DIR]
+                          [--total-env-steps N] [--logdir DIR] [--seed N] [--device DEV]
+                          [--set KEY=VALUE ...]
     simbridge-trainer serve --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
     simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
-    simbridge-trainer plot RUN_DIR [--out PNG]
+    simbridge-trainer plot RUN_DIR [--out PNG] [--target RETURN]
 
 `run` serves the policies of the config (default: the embedded
 trainer/configs/cartpole_dqn.toml) on a BridgeServer; simulators connect
@@ -49,17 +50,21 @@ import signal
 import sys
 from pathlib import Path
 
+import simbridge
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
+from simbridge.server.service import address_in_use
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
-from simbridge.trainer.datasets import apply_dataset_args
+from simbridge.trainer.config_values import parse_overrides
+from simbridge.trainer.datasets import dataset_overrides
 from simbridge.trainer.reporting import plot
 from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simbridge-trainer", description=f"{__doc__}\n{rundir.__doc__}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {simbridge.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="serve and train (until SIGTERM / Ctrl-C or total_env_steps)")
     r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
@@ -68,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="host:port to serve on (overrides [server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
+    r.add_argument("--seed", type=int, help="seed of the learners and their exploration (overrides [run] seed)")
+    r.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N (overrides [run] device)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key by its dotted path, the value read as TOML, checked like the "
+                        "file; repeatable. E.g. --set policies.default_policy.config.lr=3e-4 --set "
+                        "run.print_every_s=10. The effective config is saved as LOGDIR/" + SAVED_CONFIG)
     r.add_argument("--record-dataset", action="store_true", help="record every transition to Minari datasets, one "
                                                                   "per policy, in LOGDIR/datasets (docs/datasets.md)")
     r.add_argument("--warm-start", action="append", default=[], metavar="POLICY=PATH",
@@ -90,27 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw learning curves from RUN_DIR/metrics.jsonl")
     pl.add_argument("run_dir", metavar="RUN_DIR")
     pl.add_argument("--out", help="PNG to write (default: RUN_DIR/learning_curves.png)")
+    pl.add_argument("--target", type=float, help="draw this return as the target line, and where return(10) reached it")
     return p
 
 
 def config_for(args) -> TrainerConfig:
-    if args.config:
-        cfg = load_config(args.config)
-    else:
-        cfg = load_config(DEFAULT_CONFIG)
-        saved = Path(args.logdir or cfg.run.logdir) / SAVED_CONFIG
-        if args.resume and saved.exists():
-            cfg = load_config(saved)
-            cfg.run.logdir = str(saved.parent)
-    if args.address:
-        cfg.server.address = args.address
-    if args.total_env_steps is not None:
-        if args.total_env_steps < 0:
-            raise ConfigError("--total-env-steps must be >= 0 (0: run until stopped)")
-        cfg.run.total_env_steps = args.total_env_steps
-    if args.logdir:
-        cfg.run.logdir = args.logdir
-    apply_dataset_args(cfg.dataset, args.record_dataset, args.warm_start, cfg.policies, ConfigError)
+    """The config file (or the embedded default; with --resume, the run's saved effective
+    config) with --set and the flags applied as overrides, all checked as the file is."""
+    overrides = parse_overrides(args.set)
+    flags = (("server.address", args.address), ("run.total_env_steps", args.total_env_steps),
+             ("run.logdir", args.logdir), ("run.seed", args.seed), ("run.device", args.device))
+    overrides += [(key, value) for key, value in flags if value is not None]
+    overrides += dataset_overrides(args.record_dataset, args.warm_start, ConfigError)
+    path = args.config or DEFAULT_CONFIG
+    if args.resume and not args.config:
+        logdir = args.logdir or load_config(DEFAULT_CONFIG, overrides).run.logdir
+        saved = Path(logdir) / SAVED_CONFIG
+        if saved.exists():
+            path = saved
+            overrides.append(("run.logdir", str(saved.parent)))
+    cfg = load_config(path, overrides)
     apply_security_args(cfg, args)
     return cfg
 
@@ -126,11 +136,15 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
 
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
     try:
         cfg = config_for(args)
         if not args.resume:
             refuse_used(Path(cfg.run.logdir))
+        if address_in_use(cfg.server.address):   # at once, before torch and the learners load
+            raise ConfigError(f"could not bind {cfg.server.address}: another process is listening on that "
+                              f"port: stop it, or pick another port with --address HOST:PORT (nothing was "
+                              f"written to {cfg.run.logdir})")
+        from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
@@ -191,7 +205,7 @@ def run_daemon(daemon) -> int:
 
 def cmd_plot(args) -> int:
     try:
-        out = plot(Path(args.run_dir), Path(args.out) if args.out else None)
+        out = plot(Path(args.run_dir), Path(args.out) if args.out else None, args.target)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2

@@ -54,21 +54,26 @@ simbridge.trainer.learner.Learner subclass (built as Class(obs_space, act_space,
 config=..., device=..., trainable=...)) or a simbridge.server.policies.Policy subclass
 that only acts (built as Class(obs_space, act_space, **config)).
 
-Parsing checks everything that can be checked without importing learners;
-`resolve_algorithm` imports the class (the daemon calls it at startup).
+Parsing checks every key's type (config_values.py) and all else that needs no learner import;
+`resolve_algorithm` checks `policies.<id>.config` against the learner's defaults (at the daemon's
+start, before anything is served or written). `overrides` (`--set`) apply before the checks;
+`config_toml(cfg)` is the effective config. A new section: a dataclass with `check(self, where)`,
+a line in SECTIONS and a field of TrainerConfig.
 """
 import dataclasses
 import importlib
-import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
-import numpy as np
 
 from simbridge.server.experience import BATCH_MODES
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.trainer.config_spaces import space_from_table
+from simbridge.trainer.config_values import (ConfigError, Override, apply_overrides, check_keys, check_type,
+                                             hint_of_default, tomllib)
 from simbridge.trainer.datasets import DatasetConfigError, DatasetSection, parse_dataset_section
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -78,10 +83,6 @@ DEFAULT_CONFIG = CONFIG_DIR / "cartpole_dqn.toml"
 ALGORITHMS = {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner",
               "ppo": "simbridge.trainer.ppo:PPOLearner"}
 RANDOM = "random"
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; the message says how to fix it."""
 
 
 @dataclass
@@ -103,6 +104,9 @@ class ServerSection:
     # A learner whose replay buffer and networks would need more is refused when a client first
     # binds it (RESOURCE_EXHAUSTED / SPACE_TOO_LARGE) instead of failing to allocate later.
     max_policy_memory_mb: int = 4096
+
+    def check(self, where: str) -> None:
+        _check_server(self, where)
 
 
 @dataclass
@@ -128,6 +132,13 @@ class RunSection:
     # The rate limiter's tolerance: intake waits while a learner process owes more updates than
     # this (its ratio is the policy's updates_per_step).
     max_updates_behind: int = 256
+
+    def check(self, where: str) -> None:
+        _check_run(self, where)
+
+
+# The flat [tables] of the config: name -> dataclass (typed fields with defaults and a `check`).
+SECTIONS = {"server": ServerSection, "run": RunSection}
 
 
 @dataclass
@@ -157,38 +168,54 @@ class TrainerConfig:
     mapping: MappingSection
     policies_to_train: List[str]
     source: str = "<config>"
-    text: str = ""  # the TOML text, saved next to the run
+    overrides: List[Override] = field(default_factory=list)   # --set and the CLI's flags, applied
     dataset: DatasetSection = field(default_factory=DatasetSection)   # [dataset]: trainer/datasets.py
 
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
 
+    def section_tables(self) -> Dict[str, Dict[str, Any]]:
+        tables = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        if self.dataset.used:   # so that --resume records and warm-starts as the run did
+            tables["dataset"] = dataclasses.asdict(self.dataset)
+        return tables
+
+    @property
+    def text(self) -> str:
+        """The effective config as TOML (what config.toml beside the run holds)."""
+        from simbridge.trainer.config_writer import config_toml
+        return config_toml(self)
+
 
 # ---------------------------------------------------------------- loading
 
-def load_config(path=None) -> TrainerConfig:
-    """Parse a TOML file (default: the embedded configs/cartpole_dqn.toml)."""
+def load_config(path=None, overrides: Sequence[Override] = ()) -> TrainerConfig:
+    """Parse a TOML file (default: the embedded configs/cartpole_dqn.toml); `overrides`:
+    (dotted key, value) pairs set before the checks, e.g. [("policies.default_policy.config.lr", 3e-4)]
+    (config_values.parse_overrides reads them from "KEY=VALUE" strings)."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config {str(path)!r}: {e.strerror}; pass an existing file "
                           f"with --config (examples: {CONFIG_DIR})") from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), overrides)
 
 
-def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
+def parse_config(text: str, source: str = "<config>", overrides: Sequence[Override] = ()) -> TrainerConfig:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
-    where = source
-    known_top = {"server", "run", "policies", "mapping", "policies_to_train", "dataset"}
+    overrides = list(overrides)
+    apply_overrides(data, overrides)
+    where = source if not overrides else f"{source} (overridden: {', '.join(k for k, _ in overrides)})"
+    known_top = {*SECTIONS, "policies", "mapping", "policies_to_train", "dataset"}
     _no_unknown(data, known_top, f"{where}: top level")
-    server = _section(ServerSection, data.get("server", {}), f"{where}: [server]")
-    run = _section(RunSection, data.get("run", {}), f"{where}: [run]")
-    _check_server(server, where)
-    _check_run(run, where)
+    sections = {}
+    for name, cls in SECTIONS.items():
+        sections[name] = _section(cls, data.get(name, {}), f"{where}: [{name}]", name)
+        sections[name].check(where)
 
     raw_policies = data.get("policies")
     if not raw_policies:
@@ -214,11 +241,12 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
         policies_to_train = list(dict.fromkeys(ptt))
     else:
         policies_to_train = learners
-    try:
+    try:   # [dataset] names policies, so it is checked after them (trainer/datasets.py)
         dataset = parse_dataset_section(data.get("dataset", {}), policies, where)
     except DatasetConfigError as e:
         raise ConfigError(str(e)) from None
-    return TrainerConfig(server, run, policies, mapping, policies_to_train, source, text, dataset)
+    return TrainerConfig(policies=policies, mapping=mapping, policies_to_train=policies_to_train,
+                         source=source, overrides=overrides, dataset=dataset, **sections)
 
 
 # ---------------------------------------------------------------- sections
@@ -231,36 +259,24 @@ def _expect(value, typ, what: str):
 
 
 def _no_unknown(raw: dict, known, what: str) -> None:
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        hint = ""
-        if "policies_to_train" in unknown:
-            hint = ("; policies_to_train is a top-level key: put it above the first [table] "
-                    "(TOML files keys that follow a [table] header under that table)")
-        raise ConfigError(f"{what}: unknown key(s) {unknown}; known: {sorted(known)}{hint}")
+    hint = ""
+    if "policies_to_train" in set(raw) - set(known):
+        hint = ("; policies_to_train is a top-level key: put it above the first [table] "
+                "(TOML files keys that follow a [table] header under that table)")
+    check_keys(raw, known, what, hint)
 
 
-def _section(cls, raw, what: str):
-    """A flat table -> dataclass, with type checks against the defaults."""
+def _section(cls, raw, what: str, name: str):
+    """A flat table -> dataclass, each value checked against the field's annotation."""
     _expect(raw, dict, what)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _no_unknown(raw, fields, what)
+    hints = typing.get_type_hints(cls)
+    _no_unknown(raw, hints, what)
     out = cls()
     for key, value in raw.items():
-        default = getattr(out, key)
-        if isinstance(default, bool) or key == "keep_replay_in_checkpoint":
-            ok = isinstance(value, bool)
-        elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        elif isinstance(default, int) or key == "seed":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            kind = "an integer" if key == "seed" else type(default).__name__
-            raise ConfigError(f"{what}: {key} = {value!r} should be {kind}")
-        setattr(out, key, value)
+        try:
+            setattr(out, key, check_type(f"{name}.{key}", value, hints[key]))
+        except ConfigError as e:
+            raise ConfigError(f"{what.rpartition(': ')[0]}: {e}") from None
     return out
 
 
@@ -327,8 +343,8 @@ def _policy(pid: str, raw, where: str) -> PolicySpec:
     cfg = dict(_expect(raw.get("config", {}), dict, f"{what} config"))
     if algo == RANDOM:
         _no_unknown(cfg, {"seed"}, f"{what} config (algorithm \"random\")")
-    obs = _space(raw["observation_space"], f"{what} observation_space") if "observation_space" in raw else None
-    act = _space(raw["action_space"], f"{what} action_space") if "action_space" in raw else None
+    obs = space_from_table(raw["observation_space"], f"{what} observation_space") if "observation_space" in raw else None
+    act = space_from_table(raw["action_space"], f"{what} action_space") if "action_space" in raw else None
     if (obs is None) != (act is None):
         raise ConfigError(f"{what}: declare both observation_space and action_space, or neither "
                           f"(then the first simulator's handshake provides them)")
@@ -339,39 +355,6 @@ def _is_import_path(s: str) -> bool:
     mod, sep, name = s.partition(":")
     return bool(sep and mod and name and all(p.isidentifier() for p in mod.split("."))
                 and all(p.isidentifier() for p in name.split(".")))
-
-
-_SPACE_KEYS = {
-    "Discrete": {"n", "start"},
-    "Box": {"low", "high", "shape", "dtype"},
-    "MultiDiscrete": {"nvec"},
-    "MultiBinary": {"n"},
-}
-
-
-def _space(raw, what: str) -> gym.Space:
-    _expect(raw, dict, what)
-    kind = raw.get("type")
-    if kind not in _SPACE_KEYS:
-        raise ConfigError(f"{what}: type = {kind!r}: use one of {sorted(_SPACE_KEYS)}, e.g. "
-                          f"{{ type = \"Discrete\", n = 2 }}")
-    _no_unknown(raw, _SPACE_KEYS[kind] | {"type"}, what)
-    try:
-        if kind == "Discrete":
-            return gym.spaces.Discrete(int(raw["n"]), start=int(raw.get("start", 0)))
-        if kind == "MultiDiscrete":
-            return gym.spaces.MultiDiscrete(np.asarray(raw["nvec"], np.int64))
-        if kind == "MultiBinary":
-            return gym.spaces.MultiBinary(raw["n"])
-        dtype = np.dtype(raw.get("dtype", "float32"))
-        shape = tuple(raw["shape"]) if "shape" in raw else None
-        low, high = raw["low"], raw["high"]
-        conv = (lambda v: np.asarray(v, dtype)) if shape is None else (lambda v: v)
-        return gym.spaces.Box(low=conv(low), high=conv(high), shape=shape, dtype=dtype)
-    except KeyError as e:
-        raise ConfigError(f"{what}: {kind} needs {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError) as e:
-        raise ConfigError(f"{what}: not a valid {kind}: {e}") from None
 
 
 def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection:
@@ -406,17 +389,19 @@ def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection
 
 # ---------------------------------------------------------------- algorithms
 
-def resolve_algorithm(spec: PolicySpec):
-    """The class behind spec.algorithm (None for "random"), with its config keys checked."""
+def resolve_algorithm(spec: PolicySpec, source: str = ""):
+    """The class behind spec.algorithm (None for "random"), with its config keys and their types
+    checked against the learner's defaults (ints accepted for floats, which become floats)."""
     # Here, not atop: parsing a config needs no torch (the CLI imports this module without it).
     from simbridge.server.policies import Policy
-    from simbridge.trainer.learner import COMMON_DEFAULTS, Learner
+    from simbridge.trainer.learner import Learner
 
     if spec.is_random:
         return None
     path = ALGORITHMS.get(spec.algorithm, spec.algorithm)
     mod_name, _, attr = path.partition(":")
-    what = f"[policies.{spec.policy_id}] algorithm = {spec.algorithm!r}"
+    where = f"{source}: " if source else ""
+    what = f"{where}[policies.{spec.policy_id}] algorithm = {spec.algorithm!r}"
     try:
         obj = importlib.import_module(mod_name)
     except ImportError as e:
@@ -431,9 +416,13 @@ def resolve_algorithm(spec: PolicySpec):
         raise ConfigError(f"{what}: {path} is not a simbridge.trainer.learner.Learner (or simbridge.server.policies.Policy) "
                           f"subclass")
     if issubclass(obj, Learner):
-        known = {**COMMON_DEFAULTS, **obj.DEFAULTS}
-        unknown = sorted(set(spec.config) - set(known))
-        if unknown:
-            raise ConfigError(f"[policies.{spec.policy_id}] config: unknown key(s) {unknown} for "
-                              f"{obj.__name__}; known: {sorted(known)}")
+        defaults, declared = obj.config_defaults(), obj.config_types()
+        _no_unknown(spec.config, defaults, f"{where}[policies.{spec.policy_id}] config ({obj.__name__})")
+        for key, value in spec.config.items():
+            try:
+                spec.config[key] = check_type(f"policies.{spec.policy_id}.config.{key}", value,
+                                              hint_of_default(defaults[key], declared.get(key)))
+            except ConfigError as e:
+                raise ConfigError(f"{where}{e} (the {obj.__name__} default is "
+                                  f"{defaults[key]!r})") from None
     return obj

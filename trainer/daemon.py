@@ -33,6 +33,7 @@ from simbridge.trainer import checkpoint, datasets, journal, recovery
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.learner_process import LearnerProcessDied
 from simbridge.trainer.config import ConfigError, TrainerConfig
+from simbridge.trainer.config_writer import flat_config
 from simbridge.trainer.factory import PolicyFactory, trains
 from simbridge.trainer.loop import LearningLoop
 from simbridge.trainer.reporting import Reporter
@@ -49,6 +50,8 @@ class TrainerDaemon:
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
         self.stop_event = threading.Event()
+        self.serving = threading.Event()   # set once bound and serving on self.address
+        self.address = ""
         self.stop_reason = ""
         self.exit_code = 0   # 1: a learner process died (no final checkpoint)
         # Classes first: an unknown module or config key fails here, before serving.
@@ -93,12 +96,11 @@ class TrainerDaemon:
                                  self.reporter.report, self.checkpoint)
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
-        try:
+        try:   # reads the warm-start datasets; the recorder writes nothing before the first episode
             self.dataset_notes = self._datasets() if cfg.dataset.used else []
         except datasets.DatasetConfigError as e:
             raise ConfigError(str(e)) from None
-        if cfg.run.journal:
-            self._open_journal(state)
+        self._state = state   # the journal opens in run(), once the port is bound
 
     # ---------------------------------------------------------- datasets (docs/datasets.md)
 
@@ -275,28 +277,28 @@ class TrainerDaemon:
         self.stop_event.set()
 
     def run(self) -> int:
-        if self.cfg.run.torch_threads:
-            torch.set_num_threads(self.cfg.run.torch_threads)
-        self.logdir.mkdir(parents=True, exist_ok=True)
-        if not self.resume:
-            (self.logdir / SAVED_CONFIG).write_text(self.cfg.text)
-        self.reporter.open(purge_step=self.resumed_env_steps if self.resume else None)
-        self._t0 = time.monotonic()
+        """Serves and trains until stopped; the exit code. The port is bound before anything is
+        written: a start that fails (a busy port, bad TLS files) leaves the logdir as it was."""
         s = self.cfg.server
-        self.checkpoint()   # a resume always finds one; a resumed run's journal replay is folded in
-        try:
+        try:   # binds now, serves once started
             server = BridgeServer(self.runtime, s.address, security=ServerSecurity(
                 tls_cert=s.tls_cert, tls_key=s.tls_key, tls_client_ca=s.tls_client_ca,
-                auth_token_file=s.auth_token_file, insecure=s.insecure)).start()
+                auth_token_file=s.auth_token_file, insecure=s.insecure))
         except SecurityConfigError as e:
             print(f"simbridge-trainer: error: {e}", file=sys.stderr)
-            self.reporter.close()
             return 2
         except RuntimeError as e:
-            print(f"simbridge-trainer: {e}; pick another with --address HOST:PORT", file=sys.stderr)
-            self.reporter.close()
+            print(f"simbridge-trainer: error: {e}: stop it, or pick another port with --address HOST:PORT "
+                  f"(nothing was written to {self.logdir})", file=sys.stderr)
             return 2
-        self.address = server.address
+        try:
+            self._prepare()
+        except BaseException:
+            server.stop(grace=0)
+            raise
+        server.start()
+        self.address = self.reporter.address = server.address
+        self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
         if self.resume and self.resume_info:
             i = self.resume_info
@@ -320,6 +322,24 @@ class TrainerDaemon:
         finally:
             self._shutdown(server)
         return self.exit_code
+
+    def _prepare(self) -> None:
+        """The run's files: the effective config, the journal, metrics, TensorBoard (with the
+        config as hparams), a first checkpoint (a resume always finds one; a resumed run's journal
+        replay is folded in)."""
+        if self.cfg.run.torch_threads:
+            torch.set_num_threads(self.cfg.run.torch_threads)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        if not self.resume:
+            (self.logdir / SAVED_CONFIG).write_text(self.cfg.text)
+        state, self._state = self._state, None
+        if self.cfg.run.journal:
+            self._open_journal(state)
+        self.reporter.open(purge_step=self.resumed_env_steps if self.resume else None)
+        if not self.resume:
+            self.reporter.hparams(flat_config(self.cfg), self.cfg.text, self.cfg.policies_to_train)
+        self._t0 = time.monotonic()
+        self.checkpoint()
 
     def _shutdown(self, server) -> None:
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint",

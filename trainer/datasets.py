@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from simbridge.trainer.config_values import ConfigError, check_keys
 from simbridge.wire import tree
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
                                     REWARDS, TERMINATEDS, TRUNCATEDS)
@@ -51,9 +52,8 @@ WRITE_EVERY_S = 2.0       # ... or this long after the first of them finished
 EXTRA_HINT = "install the datasets extra: pip install 'simbridge[datasets]' (minari and h5py)"
 
 
-class DatasetConfigError(ValueError):
-    """A [dataset] or dataset mistake; the message says how to fix it. (trainer/config.py and the
-    daemon raise it again as their ConfigError: this module cannot import theirs, which imports it.)"""
+class DatasetConfigError(ConfigError):
+    """A [dataset] or dataset mistake; the message says how to fix it."""
 
 
 @dataclass
@@ -82,9 +82,7 @@ def parse_dataset_section(raw, policies, where: str) -> DatasetSection:
     if not isinstance(raw, dict):
         raise DatasetConfigError(f"{what} must be a table, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(DatasetSection)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise DatasetConfigError(f"{what}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    check_keys(raw, fields, what)
     out = DatasetSection()
     for key, value in raw.items():
         default = getattr(out, key)
@@ -112,20 +110,18 @@ def parse_dataset_section(raw, policies, where: str) -> DatasetSection:
     return out
 
 
-def apply_dataset_args(ds: DatasetSection, record: bool, warm_starts: List[str], policies,
-                       error=DatasetConfigError) -> None:
-    """`simbridge-trainer run --record-dataset --warm-start POLICY=PATH` over the [dataset] table;
-    mistakes raise `error` (the CLI's ConfigError)."""
-    ds.record = ds.record or bool(record)
+def dataset_overrides(record: bool, warm_starts: List[str], error=DatasetConfigError) -> list:
+    """`simbridge-trainer run --record-dataset --warm-start POLICY=PATH` as config overrides
+    (dataset.record, dataset.warm_start.POLICY), so they are checked like the file and kept in the
+    run's config.toml for --resume; a malformed flag raises `error` (the CLI's ConfigError)."""
+    out = [("dataset.record", True)] if record else []
     for spec in warm_starts or ():
         pid, sep, source = spec.partition("=")
-        if not sep or not pid or not source:
+        if not sep or not pid or not source or "." in pid:
             raise error(f"--warm-start {spec!r}: use POLICY=PATH (or POLICY=DATASET_ID), e.g. "
-                                     f"--warm-start default_policy=runs/a/datasets/simbridge/default_policy-v0")
-        if pid not in policies:
-            raise error(f"--warm-start {spec!r}: policy {pid!r} is not defined: use one of "
-                                     f"{sorted(policies)}")
-        ds.warm_start[pid] = source
+                        f"--warm-start default_policy=runs/a/datasets/simbridge/default_policy-v0")
+        out.append((f"dataset.warm_start.{pid}", source))
+    return out
 
 
 def require_minari():

@@ -32,6 +32,9 @@ SIMULATORS = [
 class _Console:
     def __init__(self):
         self._lock = threading.Lock()
+        # Once the target is reached, the trainer's later progress lines are not shown: the one
+        # its stop writes counts the episodes the stop cut short (and so do not the plot's curves).
+        self.hide_after: Optional[int] = None   # env steps
 
     def say(self, msg: str) -> None:
         with self._lock:
@@ -40,6 +43,10 @@ class _Console:
     def on_line(self, name: str, line: str) -> None:
         if line.startswith("{"):  # the simulators' JSON summaries: shown in the summary instead
             return
+        if self.hide_after is not None and line.startswith("[trainer] env steps "):
+            steps = line[len("[trainer] env steps "):].split(" ", 1)[0].replace(",", "")
+            if steps.isdigit() and int(steps) > self.hide_after:
+                return
         with self._lock:
             print(line if line.startswith("[trainer]") else f"[{name}] {line}", flush=True)
 
@@ -66,34 +73,42 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logdir = Path(args.logdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
+    console = _Console()
+    stopping = threading.Event()
+
     def _interrupt(*_):
+        # Ctrl-C reaches the demo only (its children have sessions of their own): the first one
+        # stops the run in order, the trainer writing its checkpoint; later ones only say so.
+        if stopping.is_set():
+            console.say("still stopping (the trainer writes its checkpoint) ...")
+            return
+        stopping.set()
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
 
-    console = _Console()
     address = f"127.0.0.1:{free_port()}"
     console.say(f"starting the trainer daemon (DQN on CartPole) on {address}, logs in {logdir} ...")
     t0 = time.monotonic()
     try:
         trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--address", address,
                                                         "--logdir", str(logdir), "--log-level", "WARNING"),
-                               address, timeout=120.0, on_line=console.on_line)
+                               address, timeout=120.0, on_line=console.on_line, own_session=True)
     except RuntimeError as e:
         console.say(f"the trainer did not start: {e}")
         return 1
     except KeyboardInterrupt:
-        console.say("interrupted while the trainer was starting")
-        return 130
+        console.say("interrupted while the trainer was starting: stopped")
+        return 0
     console.say(f"trainer healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
     sims: List[Proc] = []
     failed: Optional[str] = None
-    interrupted = False
     reached: Optional[dict] = None
     t_run = time.monotonic()
     try:
         for name, what, cmd in SIMULATORS:
-            proc = Proc(name, python_module(*cmd, "--address", address, "--quiet"), console.on_line)
+            proc = Proc(name, python_module(*cmd, "--address", address, "--quiet"), console.on_line,
+                        own_session=True)
             sims.append(proc)
             console.say(f"  {name:12s} pid {proc.pid:7d}  {what}")
         console.say(f"learning until the last 10 episodes average {args.target:g} or {args.seconds:.0f} s pass "
@@ -111,31 +126,34 @@ def main(argv=None) -> int:
             r10 = (rec or {}).get("return_mean_10", {}).get(DEFAULT_POLICY)
             if r10 is not None and r10 >= args.target:
                 reached = rec  # reported below: stopping cuts open episodes short, which would count
+                console.hide_after = rec["env_steps"]
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
-        interrupted = True
-        console.say("interrupted")
+        console.say("interrupted (Ctrl-C)")
     finally:
+        stopping.set()
         elapsed = time.monotonic() - t_run
         console.say("stopping the simulators, then the trainer (it writes a checkpoint) ...")
         for s in sims:
             s.stop(timeout=10.0)
         trainer.stop(timeout=30.0)
     rec = reached or last_metrics(logdir) or {}
-    plot = Proc("plot", python_module("simbridge.trainer.cli", "plot", str(logdir)), console.on_line)
+    plot = Proc("plot", python_module("simbridge.trainer.cli", "plot", str(logdir), "--target", f"{args.target:g}"),
+                console.on_line, own_session=True)
     plot.popen.wait(timeout=120.0)
     plot.wait_output()
     r10 = rec.get("return_mean_10", {}).get(DEFAULT_POLICY)
-    console.say(f"after {rec.get('wall_s', elapsed):.0f} s: {rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes, "
-                f"mean return of the last 10 episodes {'-' if r10 is None else f'{r10:.1f}'}"
-                f"{' (target reached)' if reached else ''}")
+    metric = f"return(10) {'-' if r10 is None else f'{r10:.1f}'} (the mean return of the last 10 episodes)"
+    console.say(f"{'target reached' if reached else 'stopped'} after {rec.get('wall_s', elapsed):.0f} s at "
+                f"{rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes: {metric}"
+                f"{f' >= target {args.target:g}' if reached else f', target {args.target:g}'}")
     console.say(f"learning curves: {logdir / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {logdir}")
     console.say(f"go on from the checkpoint: simbridge-trainer run --resume --logdir {logdir}")
     if failed:
         console.say(f"FAILED: {failed}")
         return 1
-    return 130 if interrupted else 0
+    return 0   # stopped in order, interrupted or not: the checkpoint is written
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ class QNetwork(nn.Module):
 
 class DQNLearner(Learner):
     DEFAULTS = DQN_DEFAULTS
+    CONFIG_TYPES = {"lr_final": float}
 
     # ------------------------------------------------------------ networks
 

@@ -37,7 +37,7 @@ class PolicyFactory:
 
     def __init__(self, cfg: TrainerConfig):
         self.cfg = cfg
-        self.classes = {pid: resolve_algorithm(spec) for pid, spec in cfg.policies.items()}
+        self.classes = {pid: resolve_algorithm(spec, cfg.source) for pid, spec in cfg.policies.items()}
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()

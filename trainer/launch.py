@@ -52,14 +52,18 @@ class Proc:
     """A child process whose stdout+stderr lines go to `on_line` and are kept (the last `keep`)."""
 
     def __init__(self, name: str, argv: Sequence[str], on_line: Optional[LineHandler] = None,
-                 env: Optional[dict] = None, cwd: Optional[str] = None, keep: int = 200):
+                 env: Optional[dict] = None, cwd: Optional[str] = None, keep: int = 200,
+                 own_session: bool = False):
+        """own_session: out of the caller's process group, so that a Ctrl-C at the terminal reaches
+        the caller only, which then stops its children in its own order."""
         self.name = name
         self.argv = list(argv)
         self.lines: Deque[str] = collections.deque(maxlen=keep)
         self._on_line = on_line
         self.popen = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, bufsize=1,
-                                      env=env if env is not None else child_env(), cwd=cwd or str(ROOT))
+                                      env=env if env is not None else child_env(), cwd=cwd or str(ROOT),
+                                      start_new_session=own_session)
         self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
 

@@ -63,6 +63,20 @@ def pick_device(name: Optional[str] = None) -> torch.device:
 
 class Learner(Policy):
     DEFAULTS: Dict[str, Any] = {}
+    # The type of each config key whose default (None) does not say it; the others take their
+    # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
+    CONFIG_TYPES: Dict[str, Any] = {"seed": int}
+
+    @classmethod
+    def config_defaults(cls) -> Dict[str, Any]:
+        return {**COMMON_DEFAULTS, **cls.DEFAULTS}
+
+    @classmethod
+    def config_types(cls) -> Dict[str, Any]:
+        types: Dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            types.update(getattr(klass, "CONFIG_TYPES", {}))
+        return types
     # For memory_estimate: MLPs of shape [obs + act, *hidden, act + 1] the learner trains, and the
     # copies of their parameters it keeps (weights, target, acting copy, gradients, Adam's two moments).
     NETWORKS = 1

@@ -149,6 +149,7 @@ class PPOLearner(Learner):
     NETWORKS = 2       # policy and value
     PARAM_COPIES = 5   # weights, acting copy, gradients, Adam's two moments
     DEFAULTS = PPO_DEFAULTS
+    CONFIG_TYPES = {"lr_final": float, "max_policy_lag": int}
 
     @classmethod
     def memory_estimate(cls, observation_space, action_space, config=None) -> Dict[str, int]:

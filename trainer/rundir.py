@@ -5,7 +5,8 @@
                          learner/<policy>/<metric>, ...): `tensorboard --logdir DIR`
   checkpoint.pt          written atomically every checkpoint_every_env_steps and at exit
                          (SIGTERM, Ctrl-C, total_env_steps reached)
-  config.toml            the config the run started with; `run --resume --logdir DIR` reuses it
+  config.toml            the effective config the run started with (file, --set and flags applied);
+                         `run --resume --logdir DIR` reuses it
   journal/seg-*.sbj      the write-ahead journal ([run] journal): experience, counters and episodes
                          as they enter the bridge; `--resume` replays it (docs/durability.md)
 """

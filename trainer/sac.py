@@ -22,7 +22,7 @@ are read back (a device sync on CUDA) only every `metrics_every` updates: the
 metrics a train() call returns can be up to that many updates old.
 """
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
@@ -143,6 +143,7 @@ class TwinQ(nn.Module):
 class SACLearner(Learner):
     NETWORKS = 3   # the actor and the twin critics
     DEFAULTS = SAC_DEFAULTS
+    CONFIG_TYPES = {"target_entropy": Union[str, float]}
 
     # ------------------------------------------------------------ build
 

@@ -20,9 +20,10 @@ its requests fails (the policy client logs the rewards it carried on their own) 
 import collections
 import logging
 import queue
+import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import grpc
 
@@ -87,28 +88,93 @@ class Backoff:
 
 def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None,
                  security: Optional[ClientSecurity] = None) -> grpc.Channel:
-    """A channel to a simbridge server, ready; UNAVAILABLE naming the fix when none answers
-    (`fix`: what the caller's user should do instead, if not starting simbridge-server).
+    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
+    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
+    port and one where something other than gRPC answers (an HTTP server) fail at once; with
+    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
     `security`: TLS and token (default: ClientSecurity.from_env())."""
     security = security or ClientSecurity.from_env()
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
+                          f"[server] address)")
     channel = security.channel(address, options=[
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         *RECONNECT_OPTIONS])
+    fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
+    ready = grpc.channel_ready_future(channel)
+    deadline = time.monotonic() + connect_timeout_s
+    told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once
+    while True:
+        try:
+            ready.result(timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
+            return security.wrap(channel)
+        except grpc.FutureTimeoutError:
+            pass
+        what, hopeless = diagnose(address, security.uses_tls)
+        if hopeless or time.monotonic() >= deadline:
+            ready.cancel()
+            channel.close()
+            msg = f"no simbridge trainer at {address}: {what}: {fix}"
+            if security.uses_tls:
+                msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
+                        "verify or whose name does not match, fails the same way; see --tls-server-name)")
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, msg) from None
+        wait_s = 1.0
+        if not told:
+            told = True
+            log.warning("no simbridge trainer at %s yet: %s; waiting up to %.0f s for one: %s", address, what,
+                        connect_timeout_s, fix)
+
+
+def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
+    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
+    nothing listening (a trainer may still come), a host that does not answer, or something
+    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1)."""
+    host, _, port = address.rpartition(":")
     try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
-    except grpc.FutureTimeoutError:
-        channel.close()
-        fix = fix or f"start one with `simbridge-server --address {address}` or pass the right address"
-        if security.uses_tls:
-            fix += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
-                    "verify or whose name does not match, fails the same way; see --tls-server-name)")
-        raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                          f"no simbridge server answered at {address} within {connect_timeout_s:.0f}s: "
-                          f"{fix}") from None
-    return security.wrap(channel)
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+    except ConnectionRefusedError:
+        return "nothing listens there (connection refused)", False
+    except socket.gaierror as e:
+        return f"cannot resolve host {host!r} ({e.strerror})", True
+    except OSError as e:
+        return f"the host does not answer ({e.strerror or 'timed out'})", False
+    with sock:
+        if tls:
+            return "a server answers but the TLS handshake or the gRPC connection failed", True
+        try:
+            sock.sendall(_HTTP1_PROBE)
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+    if answer.startswith(b"HTTP/1"):
+        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
+                f"TensorBoard?)"), True
+    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
+        return "a gRPC server answers there but the connection did not get ready", False
+    if answer[:1] in (b"\x15", b"\x16"):
+        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
+    return "something listens there but does not answer as a gRPC server", False
+
+
+# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
+_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"
+
+
+def rpc_failure(e: BaseException) -> str:
+    """A failed call or stream in words ("UNAVAILABLE: Socket closed"), never gRPC's object text."""
+    if isinstance(e, grpc.RpcError) and callable(getattr(e, "code", None)):
+        details = e.details() if callable(getattr(e, "details", None)) else ""
+        return f"{e.code().name}: {details or 'no details'}"
+    if isinstance(e, StopIteration):
+        return "the server ended the stream"
+    return str(e) or type(e).__name__
 
 
 def call_unary(method, request, timeout_s: Optional[float] = None):
@@ -178,7 +244,7 @@ class Connection:
         if self._closing:
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
         backoff = Backoff(self.reconnect_timeout_s)
-        log.warning("connection to %s broke (%s); reconnecting", self.address, cause)
+        log.warning("connection to %s broke (%s); reconnecting", self.address, rpc_failure(cause))
         while True:
             if self._stream_q is not None:
                 self._stream_q.put(None)
@@ -187,9 +253,11 @@ class Connection:
                 break
             except BridgeError as e:
                 if e.code not in RETRYABLE or not backoff.wait():
+                    why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
                     raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                                      f"lost the simbridge server at {self.address} and could not reconnect "
-                                      f"within {self.reconnect_timeout_s:.0f}s: {e.message}") from None
+                                      f"lost the simbridge trainer at {self.address} and could not reconnect "
+                                      f"within {self.reconnect_timeout_s:.0f}s: {why}; restart it (`simbridge-"
+                                      f"trainer run --resume --logdir DIR` goes on where it stopped)") from None
         self.reconnects += 1
         if not resp.resumed:
             old = self.session_id

@@ -46,6 +46,14 @@ class Metrics:
                 sums[pid].append(s["agent_rewards"][aid])
         return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
 
+    def policy_length_means(self, last: int = 100) -> Dict[str, float]:
+        """Mean episode length (env steps) per policy, over the last `last` episodes it acted in."""
+        lengths: Dict[str, List[int]] = collections.defaultdict(list)
+        for s in self.recent:
+            for pid in set(s["agent_policies"].values()):
+                lengths[pid].append(s["length"])
+        return {pid: float(np.mean(v[-last:])) for pid, v in lengths.items()}
+
     def file_recent(self, summaries: Iterable[EpisodeSummary]) -> None:
         """Into the recent returns: training's, or the evaluation ones apart."""
         for s in summaries:

@@ -294,6 +294,7 @@ class BridgeRuntime:
                 "episode_return_mean": float(np.mean(returns)) if returns else None,
                 "policy_return_mean": self.metrics.policy_return_means(),
                 "policy_return_mean_10": self.metrics.policy_return_means(10),
+                "policy_length_mean_10": self.metrics.policy_length_means(10),
                 "policy_eval_return_mean": self.metrics.policy_return_means(evaluation=True),
                 "policy_versions": self.policies.versions(),
                 "experience_queue": self.experience.qsize(),

@@ -13,7 +13,9 @@ a deserializer that never raises, so bytes that are not the call's message are
 an INVALID_ARGUMENT / UNDECODABLE answer (counted, and logged once a minute per
 client) instead of gRPC's own INTERNAL and a traceback each.
 """
+import errno
 import logging
+import socket
 import threading
 from concurrent import futures
 from typing import Optional
@@ -198,6 +200,28 @@ def _internal(method: str, e: Exception) -> BridgeError:
                        Reason.SERVER_FAILURE)
 
 
+def address_in_use(address: str) -> bool:
+    """Whether some process listens on HOST:PORT now (as gRPC binds: SO_REUSEADDR, so sockets in
+    TIME_WAIT do not count). False for port 0 and for addresses this cannot resolve or test."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or int(port) == 0:
+        return False
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(sockaddr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return True
+    return False
+
+
 class BridgeServer:
     """A running bridge: gRPC server + runtime + session reaper.
 
@@ -240,6 +264,8 @@ class BridgeServer:
             self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        if address_in_use(address):   # before gRPC tries: its failure is a raw C++ log line
+            raise RuntimeError(f"could not bind {address}: another process is listening on that port")
         try:
             if self.security.tls:
                 self.port = self._server.add_secure_port(address, self.security.credentials)

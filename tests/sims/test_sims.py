@@ -175,7 +175,8 @@ def test_gym_sim_server_unreachable():
     proc = subprocess.run(python_module("simbridge.sims.gym_sim", "--address", "127.0.0.1:1", "--connect-timeout", "1"),
                           capture_output=True, text=True, timeout=30, env=child_env(), cwd=str(ROOT))
     assert proc.returncode == 2
-    assert "no simbridge server answered at 127.0.0.1:1" in proc.stderr
+    assert "no simbridge trainer at 127.0.0.1:1: nothing listens there (connection refused)" in proc.stderr
+    assert "simbridge-trainer run --address 127.0.0.1:1" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

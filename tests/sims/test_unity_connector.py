@@ -89,7 +89,7 @@ def test_no_server_fails_before_starting_unity(tmp_path):
     dead = f"127.0.0.1:{free_port()}"
     run = run_connector(dead, tmp_path, args=["--connect-timeout", 1])
     assert run.code == 2, run.explain()
-    assert f"no simbridge server answered at {dead}" in run.stderr
+    assert f"no simbridge trainer at {dead}" in run.stderr
     assert not list(tmp_path.glob("trace-*.jsonl"))  # the player was never started
 
 

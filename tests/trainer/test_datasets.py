@@ -14,7 +14,7 @@ import pytest
 
 from simbridge.trainer import cli
 from simbridge.trainer.config import ConfigError, parse_config
-from simbridge.trainer.datasets import DatasetSection, apply_dataset_args, dataset_id
+from simbridge.trainer.datasets import DatasetSection, dataset_id, dataset_overrides
 from simbridge.trainer.launch import Proc, python_module, start_server
 
 from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
@@ -163,9 +163,10 @@ def test_dataset_config_and_flags():
     assert ds.root("runs/x") == Path("runs/x/datasets")
     assert parse_config('[policies.p]\nalgorithm = "dqn"').dataset == DatasetSection()
     assert dataset_id("player.1") == "simbridge/player_1-v0"
-    d = DatasetSection()
-    apply_dataset_args(d, True, ["p=some/dir"], {"p": None})
+    flags = dataset_overrides(True, ["p=some/dir"])
+    d = parse_config('[policies.p]\nalgorithm = "dqn"', overrides=flags).dataset
     assert d.record and d.warm_start == {"p": "some/dir"}
+    assert parse_config(parse_config('[policies.p]\nalgorithm = "dqn"', overrides=flags).text).dataset == d
 
 
 @pytest.mark.parametrize("text,expected", [

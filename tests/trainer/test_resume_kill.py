@@ -180,7 +180,8 @@ def test_a_snapshot_of_a_running_trainer_resumes_exactly(tmp_path):
         assert r.resume_info["updates_lost"]["p0"] == live_updates - ckpt["policies"]["p0"]["state"]["updates"]
         assert q.updates_due() == 0   # lost updates are not replayed in a burst
     finally:
-        r.journal.close()
+        if r.journal is not None:   # opened by run(), once the port is bound
+            r.journal.close()
 
 
 @pytest.mark.timeout(90)
@@ -236,7 +237,8 @@ def test_sigkill_at_a_random_moment_then_resume(tmp_path):
         print(f"{why}; resumed {counts}, rows {rows}, replay {len(q.replay)}, checkpoint at "
               f"{ckpt['counters']['env_steps']} env steps, {r.resume_info}")
     finally:
-        r.journal.close()
+        if r.journal is not None:   # opened by run(), once the port is bound
+            r.journal.close()
 
     # The real CLI resumes to the same counts (reading the journal again, with what the resume
     # above wrote) and, at its step budget, stops cleanly.

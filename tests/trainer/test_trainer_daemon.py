@@ -276,13 +276,16 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
                     and recs[-1]["versions"].get("p0", 0) > 0 and {"p0", "p1"} <= set(recs[-1]["return_mean"]))
         _wait(trained_and_checkpointed, 60, "updates, returns and a checkpoint", [daemon, *sims])
         assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
-        assert (logdir / "config.toml").read_text() == cfg_path.read_text()
+        saved, given = load_config(logdir / "config.toml"), load_config(cfg_path)   # the effective config
+        assert (saved.server, saved.run, saved.mapping) == (given.server, given.run, given.mapping)
+        assert {pid: (p.algorithm, p.config) for pid, p in saved.policies.items()} == {
+            pid: (p.algorithm, p.config) for pid, p in given.policies.items()}
 
         # SIGTERM with simulators still connected: final metrics line + checkpoint, exit 0.
         rc = daemon.stop(timeout=30)
         out = "\n".join(daemon.lines)
         assert rc == 0, out
-        assert "[trainer] env steps" in out and "return(100) p0" in out and "p0: v" in out
+        assert "[trainer] env steps" in out and "return(10) p0" in out and "length(10) p0" in out and "p0: v" in out
         assert "stopping (SIGTERM)" in out
     finally:
         _kill(daemon, *sims)

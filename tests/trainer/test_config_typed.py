@@ -1,0 +1,107 @@
+"""The trainer config's types: every key checked at start-up (the learners' `config` overrides
+against their defaults too), "did you mean", `--set` overrides and the CLI's flags, and the
+effective config written back as TOML that parses to the same config.
+
+The CLI cases run `simbridge-trainer run` as a process and read what a user reads."""
+import subprocess
+import sys
+
+import pytest
+
+from simbridge.trainer.config import CONFIG_DIR, ConfigError, load_config, parse_config, resolve_algorithm
+from simbridge.trainer.config_values import parse_overrides
+from simbridge.trainer.config_writer import config_toml, flat_config
+from simbridge.trainer.launch import child_env
+
+
+def _resolved(text: str, overrides=()):
+    cfg = parse_config(text, "t.toml", overrides)
+    for spec in cfg.policies.values():
+        resolve_algorithm(spec, cfg.source)
+    return cfg
+
+
+DQN = '[policies.default_policy]\nalgorithm = "dqn"\n'
+
+BAD = [
+    # (config text, overrides, pieces of the message)
+    (DQN + 'config = { lr = "5e-4" }', (),
+     ["policies.default_policy.config.lr", "expected a float", "got a string", "without quotes: lr = 5e-4"]),
+    (DQN + "config = { lrr = 5e-4 }", (), ["'lrr'", "did you mean 'lr'?"]),
+    (DQN + "config = { double_q = 1 }", (), ["config.double_q", "true or false", "got an integer"]),
+    (DQN + 'config = { hidden = [64, "64"] }', (), ["config.hidden[1]", "an integer"]),
+    (DQN + "config = { hidden = 64 }", (), ["config.hidden", "a list of integers"]),
+    ('[policies.p]\nalgorithm = "sac"\nconfig = { target_entropy = true }', (), ["target_entropy", "a string or a float"]),
+    ('[policies.p]\nalgorithm = "ppo"\nconfig = { max_policy_lag = 1.5 }', (), ["max_policy_lag", "an integer"]),
+    ("[run]\nseed = \"3\"\n" + DQN, (), ["run.seed", "an integer", "without quotes: seed = 3"]),
+    ("[server]\ninsecure = \"yes\"\n" + DQN, (), ["server.insecure", "true or false"]),
+    ("[rn]\nseed = 1\n" + DQN, (), ["unknown key(s) ['rn']", "did you mean 'run'?"]),
+    (DQN, [("run.sed", 1)], ["(overridden: run.sed)", "did you mean 'seed'?"]),
+    (DQN, [("policies.default_policy.config.lr", "fast")], ["config.lr", "expected a float", "got a string"]),
+    (DQN, [("run.print_every_s", -1)], ["print_every_s must be > 0"]),
+]
+
+
+@pytest.mark.parametrize("text,overrides,pieces", BAD)
+def test_bad_values_fail_naming_key_type_and_fix(text, overrides, pieces):
+    with pytest.raises(ConfigError) as e:
+        _resolved(text, overrides)
+    msg = str(e.value)
+    assert msg.startswith("t.toml"), msg
+    for piece in pieces:
+        assert piece in msg, f"{piece!r} not in {msg!r}"
+
+
+def test_ints_are_floats_and_values_keep_their_types():
+    cfg = _resolved(DQN + "config = { lr = 1, tau = 0, hidden = [32, 32] }\n[run]\nprint_every_s = 3\n")
+    c = cfg.policies["default_policy"].config
+    assert c == {"lr": 1.0, "tau": 0.0, "hidden": [32, 32]} and type(c["lr"]) is float
+    assert cfg.run.print_every_s == 3.0 and type(cfg.run.print_every_s) is float
+
+
+def test_overrides_parse_as_toml_values():
+    assert parse_overrides(["a.b=3e-4", "run.device=cpu", 'x="s p"', "h=[64, 64]", "f=true"]) == [
+        ("a.b", 3e-4), ("run.device", "cpu"), ("x", "s p"), ("h", [64, 64]), ("f", True)]
+    for bad in ("novalue", "=3", "a..b=1"):
+        with pytest.raises(ConfigError, match="--set KEY=VALUE"):
+            parse_overrides([bad])
+    cfg = load_config(None, parse_overrides(["policies.default_policy.config.lr=3e-4", "run.seed=7",
+                                             "server.rollout_fragment_length=16"]))
+    assert cfg.policies["default_policy"].config["lr"] == 3e-4 and cfg.run.seed == 7
+    assert cfg.server.rollout_fragment_length == 16
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIG_DIR.glob("*.toml")))
+def test_the_effective_config_parses_back_to_the_same_config(name):
+    cfg = load_config(CONFIG_DIR / name, [("run.seed", 11)])
+    again = parse_config(config_toml(cfg), "config.toml")
+    for attr in ("server", "run", "mapping", "policies_to_train"):
+        assert getattr(again, attr) == getattr(cfg, attr), attr
+    for pid, spec in cfg.policies.items():
+        other = again.policies[pid]
+        assert (other.algorithm, other.config) == (spec.algorithm, spec.config)
+        assert other.observation_space == spec.observation_space and other.action_space == spec.action_space
+    flat = flat_config(cfg)
+    assert flat["run.seed"] == 11 and all(isinstance(v, (bool, int, float, str)) for v in flat.values())
+
+
+def _trainer(*args, timeout=60):
+    out = subprocess.run([sys.executable, "-m", "simbridge.trainer.cli", "run", *args], capture_output=True,
+                         text=True, timeout=timeout, env=child_env(), stdin=subprocess.DEVNULL)
+    return out
+
+
+def test_cli_refuses_a_bad_value_at_start_up_and_writes_nothing(tmp_path):
+    logdir = tmp_path / "run"
+    out = _trainer("--logdir", str(logdir), "--address", "127.0.0.1:0",
+                         "--set", 'policies.default_policy.config.lr="5e-4"')
+    assert out.returncode == 2, out
+    err = out.stderr.strip()
+    assert err.startswith("simbridge-trainer: error: ") and "Traceback" not in err, err
+    assert "policies.default_policy.config.lr" in err and "expected a float" in err, err
+    assert not logdir.exists()
+    out = _trainer("--logdir", str(logdir), "--device", "gpu")
+    assert out.returncode == 2 and "device = 'gpu'" in out.stderr, out.stderr
+    assert "\"cuda:N\"" in out.stderr and not logdir.exists()
+    out = _trainer("--logdir", str(logdir), "--set", "run.sed=1")
+    assert out.returncode == 2 and "did you mean 'seed'?" in out.stderr, out.stderr

@@ -1,0 +1,165 @@
+"""What a user sees when things go wrong, run as the user runs them: the real CLIs as processes,
+real servers (a trainer, an HTTP server, a bare listening socket) on loopback. Each test asserts
+the message a person reads names the fix, and that no raw gRPC or Python object text reaches them."""
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from simbridge.trainer.config import parse_config
+from simbridge.trainer.daemon import TrainerDaemon
+from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+
+RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
+
+
+def _clean(text: str) -> None:
+    for raw in RAW:
+        assert raw not in text, f"{raw!r} reached the user:\n{text}"
+
+
+def _sim(address: str, *args, timeout=60):
+    t0 = time.monotonic()
+    out = subprocess.run(python_module("simbridge.sims.gym_sim", "--address", address, *args), capture_output=True,
+                         text=True, timeout=timeout, env=child_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL)
+    return out, time.monotonic() - t0
+
+
+def test_a_simulator_without_a_trainer_says_so_and_how_to_start_one():
+    address = f"127.0.0.1:{free_port()}"
+    out, _ = _sim(address, "--connect-timeout", "2")
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"no simbridge trainer at {address} yet: nothing listens there (connection refused); waiting up to 2 s" \
+        in out.stderr, out.stderr
+    assert (f"simbridge-sim: error: no simbridge trainer at {address}: nothing listens there (connection refused): "
+            f"start one with `simbridge-trainer run --address {address}`") in out.stderr, out.stderr
+    _clean(out.stderr)
+
+
+def test_an_http_port_and_a_missing_port_fail_at_once_and_read_differently():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{httpd.server_address[1]}"
+        out, took = _sim(address, "--connect-timeout", "30")
+    finally:
+        httpd.shutdown()
+    assert out.returncode == 2
+    assert f"no simbridge trainer at {address}: an HTTP/1 server answers there" in out.stderr, out.stderr
+    assert "not a gRPC server" in out.stderr and took < 20, (took, out.stderr)   # not the 30 s wait
+    _clean(out.stderr)
+    out, took = _sim("127.0.0.1", "--connect-timeout", "30")
+    assert out.returncode == 2 and took < 20
+    assert "address '127.0.0.1' has no port: pass HOST:PORT, e.g. 127.0.0.1:50051" in out.stderr, out.stderr
+
+
+def _listening():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _tree(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_size) for p in path.rglob("*"))
+
+
+def test_a_busy_port_is_one_line_at_once_and_the_logdir_stays_as_it_was(tmp_path):
+    sock, address = _listening()
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    (logdir / "notes.txt").write_text("mine\n")
+    before = _tree(logdir)
+    try:
+        t0 = time.monotonic()
+        out = subprocess.run(python_module("simbridge.trainer.cli", "run", "--address", address, "--logdir", str(logdir)),
+                             capture_output=True, text=True, timeout=60, env=child_env(), stdin=subprocess.DEVNULL)
+        took = time.monotonic() - t0
+        assert out.returncode == 2
+        assert out.stderr == (f"simbridge-trainer: error: could not bind {address}: another process is listening on "
+                              f"that port: stop it, or pick another port with --address HOST:PORT (nothing was "
+                              f"written to {logdir})\n"), out.stderr
+        assert took < 5, took   # before torch and the learners load
+        assert _tree(logdir) == before
+        # Embedded (the bind in TrainerDaemon.run, after the learners are built): the same.
+        cfg = parse_config(f'[server]\naddress = "{address}"\n[run]\nlogdir = "{logdir}"\n'
+                           f'[policies.p]\nalgorithm = "random"\n')
+        assert TrainerDaemon(cfg).run() == 2
+        assert _tree(logdir) == before
+    finally:
+        sock.close()
+
+
+def test_an_idle_trainer_waits_aloud_once_and_a_reconnecting_simulator_reads_plainly(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+
+    def trainer(logdir):
+        return start_server("trainer", python_module(
+            "simbridge.trainer.cli", "run", "--address", address, "--logdir", str(logdir), "--log-level", "WARNING",
+            "--set", "run.print_every_s=0.2", "--set", "policies.default_policy.config.learning_starts=100"),
+            address, timeout=60)
+
+    first = trainer(tmp_path / "a")
+    sim = None
+    try:
+        time.sleep(2.0)   # ~10 report intervals with nothing connected
+        lines = list(first.lines)
+        waiting = [x for x in lines if x.startswith("[trainer] waiting for simulators")]
+        assert waiting == [f"[trainer] waiting for simulators on {address} (0 env steps so far; start one, e.g. "
+                           f"`simbridge-sim --address {address}`)"], lines
+        assert not any("env steps 0 (0/s)" in x for x in lines), lines
+        sim = Proc("sim", python_module("simbridge.sims.gym_sim", "--address", address, "--print-every", "1000"),
+                   env=child_env())
+        deadline = time.monotonic() + 60
+        while not any("return(10) default_policy" in x for x in first.lines):
+            assert time.monotonic() < deadline and sim.poll() is None, list(first.lines) + list(sim.lines)
+            time.sleep(0.1)
+        line = [x for x in first.lines if "return(10)" in x][-1]
+        assert "(100: " in line and "length(10) default_policy" in line, line
+        assert first.stop(timeout=30) == 0
+        second = trainer(tmp_path / "b")   # a restart: the simulator reconnects and goes on
+        try:
+            deadline = time.monotonic() + 60
+            while not any("going on with new episodes" in x for x in sim.lines):
+                assert time.monotonic() < deadline and sim.poll() is None, list(sim.lines)
+                time.sleep(0.1)
+        finally:
+            assert sim.stop(timeout=20) == 0
+            second.stop(timeout=30)
+        text = "\n".join(sim.lines)
+        assert f"connection to {address} broke (" in text, text
+        _clean(text)
+    finally:
+        for p in (sim, first):
+            if p is not None and p.poll() is None:
+                p.stop(timeout=10)
+
+
+def test_ctrl_c_of_the_demo_stops_it_in_order_and_exits_0(tmp_path):
+    logdir = tmp_path / "demo"
+    demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", str(logdir)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                            cwd=str(ROOT), start_new_session=True)   # its own group, like a terminal's job
+    lines = []
+    try:
+        for line in demo.stdout:
+            lines.append(line)
+            if "Ctrl-C stops early" in line:
+                break
+        time.sleep(1.0)
+        os.killpg(demo.pid, signal.SIGINT)   # what Ctrl-C at the terminal sends: the whole group
+        rest, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    text = "".join(lines) + rest
+    assert demo.returncode == 0, text
+    assert "demo: interrupted (Ctrl-C)" in text and "checkpoint" in text and "Error" not in text, text
+    assert (logdir / "checkpoint.pt").exists() and (logdir / "learning_curves.png").exists()
+    _clean(text)
