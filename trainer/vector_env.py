@@ -141,6 +141,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         self._standby: List[_Member] = []                          # connected, waiting for room
         self._obs = sb_spaces.zeros_like_space(observation_space, num_envs)
         self._encode = leaf_codec.batch_encoder(action_space)
+        self._decode = leaf_codec.batch_decoder(action_space)
         self._started = False
         self.closed = False
 
@@ -179,8 +180,12 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         if not self._started:
             raise RuntimeError("call reset() before step()")
         n = self.num_envs
+        what = f"step() actions (one row per sub-environment, {n} rows)"
         try:   # checked here, so a bad action is the learner's error, not the simulator's
-            self._encode(pb.Value(), actions, f"step() actions (one row per sub-environment, {n} rows)")
+            msg = pb.Value()
+            self._encode(msg, actions, what)
+            actions = self._decode(msg, n, what)   # the space's dtypes and shapes, as the wire's
+            sb_spaces.check_contains(self.single_action_space, actions, n, what)
         except BridgeError as e:
             raise ValueError(e.message) from None
         hub = self._hub

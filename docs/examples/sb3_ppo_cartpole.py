@@ -19,6 +19,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
+import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecMonitor
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    torch.set_num_threads(1)   # a 64x64 MLP: more threads only contend with the simulators
     space = gym.make("CartPole-v1")
     num_envs = 2 * a.slots if a.sims == 0 else a.sims * a.slots
     env = BridgeVectorEnv(num_envs, space.observation_space, space.action_space, address=a.address)
