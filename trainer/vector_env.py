@@ -45,6 +45,11 @@ from simbridge.wire.errors import BridgeError, Reason, failed_precondition
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
+def _row(rows, i):
+    """Row i, the learner's own copy (decoded rows are read-only views of the message)."""
+    return tree.map_structure(np.array, tree.take(rows, i))
+
+
 class _Member:
     """One simulator session: its slots, the sub-environments they fill, its parked Step."""
     __slots__ = ("sid", "n", "envs", "arrived", "answer", "closed", "last_obs")
@@ -271,7 +276,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
             self._end(m, step.done_idx, step.finals, trunc, infos, "final_step", step.terminated)
             return
         for j, slot in enumerate(step.done_idx.tolist()):
-            last = tree.take(step.finals, j) if step.finals is not None else tree.take(m.last_obs, slot)
+            last = _row(step.finals, j) if step.finals is not None else _row(m.last_obs, slot)
             self._add_info(infos, {"final_obs": last, "final_info": {}}, int(idx[slot]))   # fills infos
         self._place(m, step.obs, None)
 
@@ -282,7 +287,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
             i = int(m.envs[slot])
             cut = terminated is None or not terminated[slot]
             trunc[i] = trunc[i] or cut
-            last = tree.take(finals, j) if finals is not None else tree.take(m.last_obs, slot)
+            last = _row(finals, j) if finals is not None else _row(m.last_obs, slot)
             self._add_info(infos, {"final_obs": last, "final_info": {"simbridge_end": reason}}, i)
             self._envs[i] = None
         self._hub.members.pop(m.sid, None)
