@@ -89,8 +89,9 @@ class _Hub(StepPolicy):
             while m.answer is None and m.closed is None and not self.shut:
                 self.cond.wait(1.0)
             if m.answer is None:
-                raise failed_precondition(f"the learner stopped serving this session ({m.closed or 'closed'})",
-                                          Reason.SESSION_UNKNOWN)
+                raise failed_precondition(
+                    "the learner closed its BridgeVectorEnv (training is over, or the learner stopped)"
+                    if self.shut else f"this session was closed ({m.closed})", Reason.SESSION_UNKNOWN)
             answer, m.answer = m.answer, None
             return ActionBatch(answer)
 
@@ -148,6 +149,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         self._encode = leaf_codec.batch_encoder(action_space)
         self._decode = leaf_codec.batch_decoder(action_space)
         self._started = False
+        self._failed = ""
         self.closed = False
 
     def _no_other_policy(self, policy_id, observation_space, action_space):
@@ -174,7 +176,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(self._missing("reset()", self.connect_timeout_s))
+                    raise self._fail(TimeoutError(self._missing("reset()", self.connect_timeout_s)))
                 hub.cond.wait(min(left, 0.5))
         self._started = True
         return tree.map_structure(np.copy, self._obs), {}
@@ -224,8 +226,8 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                         break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(self._missing("step()", self.step_timeout_s) if not todo else
-                                       self._late(todo))
+                    raise self._fail(TimeoutError(self._missing("step()", self.step_timeout_s) if not todo
+                                                  else self._late(todo)))
                 hub.cond.wait(min(left, 0.5))
         return tree.map_structure(np.copy, self._obs), rewards, term, trunc, infos
 
@@ -309,9 +311,16 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                 f"{self.step_timeout_s:.0f}s (sessions {[m.sid[:8] for m in todo]}): a simulator is hung "
                 f"or very slow; raise step_timeout_s, or stop it (its episodes then end truncated)")
 
+    def _fail(self, e: Exception) -> Exception:
+        self._failed = str(e)   # some Steps were answered, others not: the batch cannot go on
+        return e
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this BridgeVectorEnv is closed")
+        if self._failed:
+            raise RuntimeError(f"an earlier call failed ({self._failed}): close this BridgeVectorEnv "
+                               f"and make a new one")
 
     def __repr__(self) -> str:
         return f"BridgeVectorEnv(num_envs={self.num_envs}, address={self.address!r})"

@@ -164,6 +164,8 @@ def test_no_simulator_times_out_naming_the_fix(venv):
     msg = str(e.value)
     assert "8 of 8 sub-environments have no simulator after 1s" in msg
     assert f"simbridge-sim --address {env.address} --slots 8" in msg
+    with pytest.raises(RuntimeError, match="close this BridgeVectorEnv and make a new one"):
+        env.reset()
 
 
 def test_bad_actions_are_the_learners_error():
@@ -178,3 +180,31 @@ def test_bad_actions_are_the_learners_error():
             env.step(np.array([0, 1, 2]))
     finally:
         env.close()
+
+
+def test_sb3_vecenv_reports_terminal_observations_and_time_limits(venv):
+    pytest.importorskip("stable_baselines3")
+    from simbridge.trainer.sb3 import SB3VecEnv
+    env = SB3VecEnv(venv(2))
+    errors: list = []
+    threading.Thread(target=counting_sim, args=(env.venv.address, 2, 0, 2, 3, errors), daemon=True).start()
+    obs = env.reset()
+    assert obs.shape == (2, 2)
+    slot = obs[:, 0].astype(int)
+    obs, rew, dones, infos = env.step(np.array([3, 4]))
+    assert not dones.any() and infos == [{}, {}] and rew.tolist() == [3, 4]
+    obs, rew, dones, infos = env.step(np.array([1, 2]))
+    assert dones.all() and not obs[:, 1].any()
+    for i in range(2):
+        np.testing.assert_array_equal(infos[i]["terminal_observation"], [slot[i], 2])
+        assert infos[i]["TimeLimit.truncated"] == bool(slot[i] % 2)   # odd slots end truncated
+    assert not errors
+
+
+def test_the_sb3_wrapper_without_sb3_names_the_extra():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['stable_baselines3'] = None\n"
+            "try:\n    import simbridge.trainer.sb3\nexcept ModuleNotFoundError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "pip install 'simbridge[sb3]'" in out, out
