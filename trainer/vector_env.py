@@ -171,7 +171,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         with hub.cond:
             while True:
                 self._take_arrivals()
-                self._admit(lambda m: self._place(m, m.arrived.obs, {}))
+                self._admit()
                 if all(m is not None for m in self._envs):
                     break
                 left = deadline - time.monotonic()
@@ -221,7 +221,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                         continue
                     todo.remove(m)
                 if not todo:
-                    self._admit(lambda m: self._place(m, m.arrived.obs, {}))
+                    self._admit()
                     if all(m is not None for m in self._envs):
                         break
                 left = deadline - time.monotonic()
@@ -250,7 +250,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                 self._standby.remove(m)
                 hub.members.pop(m.sid, None)
 
-    def _admit(self, place) -> None:
+    def _admit(self) -> None:
         """Standby sessions take free sub-environments, whole, first come first served."""
         for m in list(self._standby):
             free = [i for i, x in enumerate(self._envs) if x is None]
@@ -259,10 +259,10 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                 m.envs = np.asarray(free[:m.n])
                 for i in m.envs:
                     self._envs[i] = m
-                place(m)
+                self._place(m, m.arrived.obs)   # its first Step's observations
                 m.arrived = None
 
-    def _place(self, m: _Member, obs, _info) -> None:
+    def _place(self, m: _Member, obs) -> None:
         m.last_obs = obs
 
         def put(dst, src):
@@ -280,7 +280,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         for j, slot in enumerate(step.done_idx.tolist()):
             last = _row(step.finals, j) if step.finals is not None else _row(m.last_obs, slot)
             self._add_info(infos, {"final_obs": last, "final_info": {}}, int(idx[slot]))   # fills infos
-        self._place(m, step.obs, None)
+        self._place(m, step.obs)
 
     def _end(self, m: _Member, slots, finals, trunc, infos, reason: str, terminated=None) -> None:
         """The session's slots stop: their episodes end (truncated unless reported terminated)
