@@ -208,3 +208,29 @@ def test_the_sb3_wrapper_without_sb3_names_the_extra():
             "try:\n    import simbridge.trainer.sb3\nexcept ModuleNotFoundError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "pip install 'simbridge[sb3]'" in out, out
+
+
+def test_a_simulator_that_stops_ends_its_episodes_as_it_reports_and_is_replaced(venv):
+    """`simbridge-sim --max-steps` stops with a final Step: its slots' episodes end there
+    (truncated: cut by the budget), and a waiting simulator takes their sub-environments."""
+    env = venv(2, CARTPOLE.observation_space, CARTPOLE.action_space)
+    base = python_module("simbridge.sims.gym_sim", "--address", env.address, "--slots", 2, "--quiet")
+    sims = [Proc("short", base + ["--max-steps", "12"])]
+    try:
+        env.reset()
+        sims.append(Proc("next", base))   # waits for room
+        ends = []
+        for _ in range(10):
+            obs, rew, term, trunc, infos = env.step(np.zeros(2, np.int64))
+            if "final_info" in infos and "simbridge_end" in infos["final_info"]:
+                ends = [infos["final_info"]["simbridge_end"][i] for i in range(2)]
+                break
+        assert ends == ["final_step", "final_step"], ends
+        assert trunc.all() or term.any(), (term, trunc)
+        assert np.abs(obs).max() <= 0.05   # the next simulator's first observations
+        env.step(np.ones(2, np.int64))
+        assert sims[0].popen.wait(10) == 0
+    finally:
+        env.close()
+        for p in sims:
+            p.stop()
