@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH)'
-	$(PY) -m pip install -q -e '.[trainer,dev,unity,mujoco,datasets]'
+	$(PY) -m pip install -q -e '.[trainer,dev,unity,mujoco,datasets,sb3]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.wire import spaces as sb_spaces
-from simbridge.wire.errors import Reason, invalid_argument
+from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.tree import rows
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -77,6 +77,47 @@ class RandomPolicy(Policy):
             msg.head.kind = "random"
             self._portable = msg
         return self._portable
+
+
+@dataclass
+class SlotStep:
+    """One validated Step of a batched simulator (slots.py), as a StepPolicy sees it: the
+    outcome of the slots' previous actions and the observations to act on next."""
+    session_id: str
+    n: int                             # the session's slots
+    first: bool                        # the session's first Step: no outcome yet
+    final: bool                        # its last Step: every slot's episode ends, nothing acts after it
+    obs: Any                           # (n, ...) rows to act on (an ended slot's: its next episode's
+                                       # first); None on a final Step
+    rewards: Optional[np.ndarray]      # float32 (n,), None on the first Step
+    terminated: Optional[np.ndarray]   # bool (n,); terminated wins over truncated
+    truncated: Optional[np.ndarray]
+    done_idx: np.ndarray               # the slots whose episode ended (on a final Step: all)
+    finals: Any                        # (len(done_idx), ...) their last observations; None when
+                                       # the simulator sent none (all of them terminated)
+
+
+class StepPolicy(Policy):
+    """A policy that answers whole Steps of batched simulators, outcome included, instead of
+    bare observations: the seam through which a learner outside the bridge drives the
+    simulators (simbridge.trainer.vector_env). The slots call compute_step directly, not
+    through a DynamicBatcher: each session's Step may wait for its own answer while other
+    sessions' Steps come in. Row calls (GetAction) are refused: they carry no outcome."""
+
+    def compute_step(self, step: SlotStep) -> Optional[ActionBatch]:
+        """Actions for step.n rows (None for a final Step). Runs on the simulator's call thread,
+        without the runtime's lock; may block."""
+        raise NotImplementedError
+
+    def slots_closed(self, session_id: str, reason: str) -> None:
+        """The session's slots stopped (its client is gone, or it closed): called with the
+        runtime's lock held, so it must not block."""
+
+    def compute_actions(self, obs_batch, explore: bool = True) -> ActionBatch:
+        raise failed_precondition(
+            "this server drives batched simulators only (the Step call: CreateSession.num_slots = N, "
+            "e.g. `simbridge-sim --slots 4`); the row calls (GetAction) carry no rewards for it",
+            Reason.WRONG_SESSION_KIND)
 
 
 def random_policy_factory(policy_id: str, observation_space, action_space) -> Policy:

@@ -33,6 +33,7 @@ import numpy as np
 from simbridge.wire import checks, leaf_codec, tree
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import Episode, episode_summary
+from simbridge.server.policies import SlotStep, StepPolicy
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
@@ -180,8 +181,15 @@ class SlotCalls:
         # ---- act first: one forward pass for all slots (shared with other simulators by the
         # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
         actions = logp = versions = None
-        if not req.final:
+        policy = self.ctx.policies[bank.policy_id]
+        if isinstance(policy, StepPolicy):   # it sees the whole Step, outcome included
+            out = policy.compute_step(SlotStep(session.session_id, n, first, bool(req.final), obs, rewards,
+                                               term, trunc, done_idx, finals))
+            if not req.final:
+                actions, logp, version = out.actions, out.logp, policy.version
+        elif not req.final:
             actions, logp, version = self.ctx.policies.batcher(bank.policy_id, bank.evaluation).compute(obs, n)
+        if not req.final:
             versions, versions_bytes = bank.versions(version)
         if session.closed:
             raise failed_precondition("the session was closed", Reason.SESSION_UNKNOWN)
@@ -302,6 +310,9 @@ class SlotCalls:
         if bank is None or bank.closed:
             return 0
         bank.closed = True
+        policy = self.ctx.policies.get(bank.policy_id)
+        if isinstance(policy, StepPolicy):
+            policy.slots_closed(session.session_id, reason)
         if bank.fragment:
             self._hand_over(bank)
         if bank.held:   # complete_episodes: the cut episodes go as they are
