@@ -47,9 +47,11 @@ TASKS = {
     # Pendulum-v1: >= -200 within 10k env steps.
     "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="PENDULUM_PRESET", threshold=-200.0,
                          budget=10_000, fragment=200, sims=[["--slots", "1"]]),
-    # The simulator overrides 30% of the actions with its own choice, reported with log_action.
+    # The simulator overrides 30% of the actions with its own choice, reported with log_action; the
+    # learner counts on it doing so (trainer/dqn.py's logged_actions).
     "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
+                                overrides={"logged_actions": "environment"},
                                 sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
     # PPO, on-policy from the same stream: >= 475 within 100k env steps.
     "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
@@ -87,7 +89,7 @@ def learner_class(task: dict):
 
 def preset(task: dict, seed: int) -> dict:
     mod = sys.modules[learner_class(task).__module__]
-    return {**getattr(mod, task["preset"]), "seed": seed}
+    return {**getattr(mod, task["preset"]), **task.get("overrides", {}), "seed": seed}
 
 
 def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool,
