@@ -1,6 +1,7 @@
 """Learning benchmarks through the bridge: the trainer daemon and simulators as separate processes.
 
-    python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--out FILE]
+    python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--set KEY=JSON]
+                             [--out FILE]
 
 TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, ppo-pendulum,
 multiagent-cartpole.
@@ -222,11 +223,19 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
     p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="override a learner config key, value as JSON: --set logged_actions='\"ignore\"'")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
     task = dict(TASKS[args.task])
     if args.budget:
         task["budget"] = args.budget
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            task["overrides"] = {**task.get("overrides", {}), key: json.loads(value)}
+        except ValueError:
+            p.error(f"--set {item!r}: expected KEY=JSON, such as n_step=5 or logged_actions='\"ignore\"'")
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     runs = []
     for seed in seeds:
@@ -246,6 +255,7 @@ def main(argv=None) -> int:
                   "runs": runs}
         if not args.no_inprocess:
             result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
+    result["overrides"] = task.get("overrides", {})     # learner config keys beside the preset
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
     text = json.dumps(result)
     print(text, flush=True)
