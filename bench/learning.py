@@ -1,6 +1,7 @@
 """Learning benchmarks through the bridge: the trainer daemon and simulators as separate processes.
 
-    python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--out FILE]
+    python bench/learning.py TASK [--seeds 0,1,2] [--learner process|inline] [--no-inprocess] [--set KEY=JSON]
+                             [--out FILE]
 
 TASK is one of: dqn-cartpole, sac-pendulum, dqn-cartpole-logged, ppo-cartpole, ppo-pendulum,
 multiagent-cartpole.
@@ -47,9 +48,11 @@ TASKS = {
     # Pendulum-v1: >= -200 within 10k env steps.
     "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="PENDULUM_PRESET", threshold=-200.0,
                          budget=10_000, fragment=200, sims=[["--slots", "1"]]),
-    # The simulator overrides 30% of the actions with its own choice, reported with log_action.
+    # The simulator overrides 30% of the actions with its own choice, reported with log_action; the
+    # learner counts on it doing so (trainer/dqn.py's logged_actions).
     "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
+                                overrides={"logged_actions": "environment"},
                                 sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
     # PPO, on-policy from the same stream: >= 475 within 100k env steps.
     "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
@@ -87,7 +90,7 @@ def learner_class(task: dict):
 
 def preset(task: dict, seed: int) -> dict:
     mod = sys.modules[learner_class(task).__module__]
-    return {**getattr(mod, task["preset"]), "seed": seed}
+    return {**getattr(mod, task["preset"]), **task.get("overrides", {}), "seed": seed}
 
 
 def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool,
@@ -220,11 +223,19 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
     p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="override a learner config key, value as JSON: --set logged_actions='\"ignore\"'")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
     task = dict(TASKS[args.task])
     if args.budget:
         task["budget"] = args.budget
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            task["overrides"] = {**task.get("overrides", {}), key: json.loads(value)}
+        except ValueError:
+            p.error(f"--set {item!r}: expected KEY=JSON, such as n_step=5 or logged_actions='\"ignore\"'")
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     runs = []
     for seed in seeds:
@@ -244,6 +255,7 @@ def main(argv=None) -> int:
                   "runs": runs}
         if not args.no_inprocess:
             result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
+    result["overrides"] = task.get("overrides", {})     # learner config keys beside the preset
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
     text = json.dumps(result)
     print(text, flush=True)

@@ -26,7 +26,9 @@ Read top to bottom:
    bootstraps from its last observation). The loss averages Huber (or squared) errors of
    Q_b(s, a_b) - y over branches and rows. For a Discrete space (one branch) this is exactly
    (double) DQN. Since the target only uses (s, a, r, s'), transitions logged by the simulator
-   itself (LogAction: other policies, humans, scripts) are learned from like our own.
+   itself (LogAction: other policies, humans, scripts) are learned from like our own. When the
+   simulator keeps choosing a share of the actions while the policy acts, `logged_actions =
+   "environment"` makes the target count on it (LOGGED_ACTIONS below).
 
 4. Target network: every `target_update_interval` gradient updates,
        target <- tau * online + (1 - tau) * target
@@ -52,10 +54,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer import export
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.nstep import DISCOUNTS
-from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
+from simbridge.wire.columns import ACTION_LOGP, ACTIONS, NEW_OBS, OBS, POLICY_VERSION, REWARDS
 from simbridge.wire.preprocess import dict_key_columns, flat_dim
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -75,7 +78,25 @@ DQN_DEFAULTS = {
     "epsilon_initial": 1.0,
     "epsilon_final": 0.02,
     "epsilon_timesteps": 10_000,     # agent steps over which epsilon decays linearly
+    "logged_actions": "ignore",      # or "environment": see LOGGED_ACTIONS
 }
+
+# How the target treats the actions the simulator chooses itself (LogAction rows: policy_version
+# -1, action_logp NaN).
+#   "ignore" (the default): plain DQN. The logged rows are learned from like the learner's own,
+#       and the target assumes the learner chooses every action from s' on: right for
+#       demonstrations and datasets, which will not choose for it while it acts.
+#   "environment": the simulator keeps choosing some actions (a script, a human taking over), so
+#       they are part of the world the policy acts in. A share p of the decisions (the running
+#       fraction of logged rows this learner has seen) is not the learner's and the simulator's
+#       choice is unknown, so the target values s' as the mix
+#           (1 - p) * Q'(s', a*) + p * mean over allowed a of Q'(s', a)
+#       (uniform: nothing says which action the simulator prefers); with no logged rows, p = 0
+#       and this is plain DQN. Not the default: a learner fed only logged rows (a dataset) would
+#       get p = 1 and learn the values of the uniform policy. Measured on CartPole with 30% of the
+#       actions logged: docs/benchmarks.md. (Cutting n-step returns at logged actions, the other
+#       candidate, made that run worse: a mean of the last 10 of 107-166 at 50k steps: not built.)
+LOGGED_ACTIONS = ("environment", "ignore")
 
 # CartPole-v1: the mean return of the last 10 episodes reaches 475 within 50k env steps on
 # 3 of 3 seeds, fed by rollout fragments of 1 or 32 steps (measured with trainer/inprocess.py:
@@ -180,6 +201,10 @@ class DQNLearner(Learner):
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg["lr"], eps=cfg["adam_eps"], **fused)
         if cfg["loss"] not in ("huber", "mse"):
             raise ValueError(f"DQN loss must be 'huber' or 'mse', got {cfg['loss']!r}")
+        if cfg["logged_actions"] not in LOGGED_ACTIONS:
+            raise ValueError(f"DQN logged_actions must be one of {LOGGED_ACTIONS}, got {cfg['logged_actions']!r}")
+        # rows seen, and those whose action the simulator chose (float64: exact counts, kept in checkpoints)
+        self.row_counts = torch.zeros(2, dtype=torch.float64)
         self.mask_columns = dict_key_columns(self.observation_space, MASK_KEY)
         self.slot_index, self.slot_valid = self.q.index, self.q.valid  # flat action -> (branch, slot)
         if self.mask_columns is not None:
@@ -265,9 +290,26 @@ class DQNLearner(Learner):
 
     # ------------------------------------------------------------ learning
 
+    def add(self, batch: SampleBatch) -> None:
+        if self.trainable and batch.count:
+            logged = np.zeros(batch.count, bool)          # as the bridge records LogAction rows
+            if POLICY_VERSION in batch:
+                logged |= np.asarray(batch[POLICY_VERSION]) < 0
+            if ACTION_LOGP in batch:
+                logged |= np.isnan(np.asarray(batch[ACTION_LOGP], np.float64))
+            self.row_counts += torch.tensor([batch.count, int(logged.sum())], dtype=torch.float64)
+        super().add(batch)
+
+    def logged_share(self) -> float:
+        """p: the fraction of rows whose action the simulator chose (0 with logged_actions "ignore")."""
+        if self.config["logged_actions"] == "ignore" or self.row_counts[0] == 0:
+            return 0.0
+        return float(self.row_counts[1] / self.row_counts[0])
+
     @torch.no_grad()
     def td_target(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """y = r + discount * mean_b Q_target_b(s', a*_b), a* from the online net if double_q."""
+        """y = r + discount * mean_b V_b(s'), V_b = (1 - p) Q_target_b(s', a*_b) + p mean_a Q_target_b(s', a),
+        a* from the online net if double_q; p = logged_share() (0 without logged rows)."""
         next_q_target = self.q_target(batch[NEW_OBS])             # (B, branches, max_actions)
         chooser = self.q(batch[NEW_OBS]) if self.config["double_q"] else next_q_target
         allowed = self.allowed(batch[NEW_OBS])
@@ -275,6 +317,12 @@ class DQNLearner(Learner):
             chooser = chooser.masked_fill(~allowed, float("-inf"))
         next_actions = chooser.argmax(-1)
         next_q = next_q_target.gather(-1, next_actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
+        p = self.logged_share()
+        if p > 0.0:
+            ok = self.slot_valid if allowed is None else allowed   # (branches, max) or (B, branches, max)
+            ok = ok.expand_as(next_q_target)
+            uniform = next_q_target.masked_fill(~ok, 0.0).sum(-1) / ok.sum(-1)
+            next_q = (1.0 - p) * next_q + p * uniform
         return batch[REWARDS] + batch[DISCOUNTS] * next_q.mean(-1)
 
     def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
@@ -303,6 +351,19 @@ class DQNLearner(Learner):
 
         loss_v, q_v, grad_v = torch.stack([loss.detach(), q.detach().mean(), grad_norm.detach()]).tolist()
         return {"loss": loss_v, "q_mean": q_v, "grad_norm": grad_v, "epsilon": self.epsilon()}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def nets_state(self) -> dict:
+        state = super().nets_state()
+        state["row_counts"] = self.row_counts.clone()
+        return state
+
+    def load_nets_state(self, state: dict) -> None:
+        state = dict(state)
+        if "row_counts" in state:        # checkpoints from before logged_actions have none
+            self.row_counts = state.pop("row_counts").clone()
+        super().load_nets_state(state)
 
     @torch.no_grad()
     def update_target(self, tau: float) -> None:

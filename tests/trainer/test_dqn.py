@@ -82,6 +82,52 @@ def test_branching_target_is_mean_over_branches_of_target_at_online_argmax():
     assert learner.td_target(batch).item() == pytest.approx(1 + 0.5 * (2 + 4) / 2)
 
 
+def own_and_logged(n_own, n_logged):
+    """Rows of transitions(): the first n_own acted by the learner (version 0, a logp), the rest logged."""
+    batch = transitions(n_own + n_logged)
+    batch["policy_version"] = np.where(np.arange(n_own + n_logged) < n_own, 0, -1)
+    batch["action_logp"] = np.where(np.arange(n_own + n_logged) < n_own, -0.1, np.nan).astype(np.float32)
+    return batch
+
+
+def test_environment_target_values_next_state_as_the_mix_of_greedy_and_the_simulators_share():
+    """logged_actions "environment": with a share p of logged rows, s' is worth
+    (1 - p) Q'(s', a*) + p * mean_a Q'(s', a); with none, or "ignore", plain double DQN."""
+    space, obs_space = gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (3,), np.float32)
+    batch = {"new_obs": one_hot([1, 2]), "rewards": torch.tensor([1.0, 0.0]), "discounts": torch.tensor([0.5, 0.0])}
+    for mode, own, logged, p in [("environment", 30, 10, 0.25), ("environment", 40, 0, 0.0), ("ignore", 30, 10, 0.0)]:
+        learner = make(space, obs_space, logged_actions=mode, learning_starts=10 ** 6)
+        learner.add(own_and_logged(own, logged))
+        assert learner.logged_share() == p
+        learner.q = Table([[[0, 0]], [[1, 5]], [[2, 3]]])            # online a* = 1 in both states
+        learner.q_target = Table([[[0, 0]], [[10, 20]], [[30, 40]]])
+        want = 1 + 0.5 * ((1 - p) * 20 + p * 15)                      # second row terminated: 0
+        torch.testing.assert_close(learner.td_target(batch), torch.tensor([want, 0.0]), msg=mode)
+
+
+def test_environment_target_averages_over_allowed_actions_only():
+    learner = make(gym.spaces.Discrete(3), masked_space(3), logged_actions="environment", learning_starts=10 ** 6)
+    rows = own_and_logged(1, 1)
+    rows["obs"] = rows["new_obs"] = {"action_mask": np.ones((2, 3), np.int8), "obs_0": np.zeros((2, 2), np.float32)}
+    learner.add(rows)
+    assert learner.logged_share() == 0.5
+    learner.q = Fixed([[0.0, 5.0, 9.0]])
+    learner.q_target = Fixed([[1.0, 2.0, 30.0]])
+    new_obs = learner.obs_tensor({"action_mask": np.array([[1, 1, 0]], np.int8), "obs_0": np.zeros((1, 2), np.float32)})
+    y = learner.td_target({"new_obs": new_obs, "rewards": torch.zeros(1), "discounts": torch.ones(1)})
+    torch.testing.assert_close(y, torch.tensor([0.5 * 2.0 + 0.5 * (1.0 + 2.0) / 2]))   # 30 is masked
+
+
+def test_logged_share_survives_a_checkpoint_and_bad_modes_are_refused():
+    learner = make(logged_actions="environment", learning_starts=10 ** 6)
+    learner.add(own_and_logged(3, 1))
+    other = make(logged_actions="environment", learning_starts=10 ** 6)
+    other.load_state_dict(learner.state_dict())
+    assert other.logged_share() == learner.logged_share() == 0.25
+    with pytest.raises(ValueError, match="logged_actions"):
+        make(logged_actions="sometimes")
+
+
 # ------------------------------------------------------------------ branching
 
 def test_multidiscrete_branches_shapes_bounds_and_update():

@@ -12,6 +12,11 @@ decision periods, the wire messages.
                      A random policy keeps it ~25 steps; DQN learns to hold it.
   reach    "Reach"   1-D reach: observation [x, goal], action Box(1) moves x by
                      0.25 a; reward -|x - goal|, +1 and terminal within 0.1.
+  goal     "Goal"    sparse goal reaching, 1-D: observation [x, goal], action Box(1)
+                     moves x by 0.2 a (x kept in [-2, 2]); x starts at 0, the goal
+                     1 to its left or right. -0.01 per step, +1 and terminal within
+                     0.1 of the goal (5 steps at best: 0.95); max step 50
+                     (interrupted). Random: about -0.2 (most episodes run out).
   camera   "Camera"  visual observation only (C x H x W or H x W x C), actions
                      Discrete(3) moving a marker left/stay/right; terminal on the
                      middle column. Pixel values are integers / 255, so PNG and
@@ -135,6 +140,35 @@ class Reach(Scene):
         return -float(dist), False
 
 
+class Goal(Scene):
+    """The common Unity / robotics reward shape: a small step penalty, +1 at the goal. A
+    temperature large against these rewards makes wandering worth more than arriving."""
+    behavior = "Goal"
+    continuous = 1
+    max_step = 50
+    obs_specs = [vector(2)]
+    SPEED, RADIUS, STEP_PENALTY = 0.2, 0.1, 0.01
+
+    def __init__(self, n_agents, rng, opts):
+        super().__init__(n_agents, rng, opts)
+        self.x = np.zeros(n_agents)
+        self.goal = np.zeros(n_agents)
+
+    def reset(self, i):
+        super().reset(i)
+        self.x[i] = 0.0
+        self.goal[i] = self.rng.choice([-1.0, 1.0])
+
+    def observe(self, i):
+        return [np.array([self.x[i], self.goal[i]], np.float32)]
+
+    def act(self, i, cont, disc):
+        self.x[i] = np.clip(self.x[i] + self.SPEED * float(np.clip(cont[0], -1, 1)), -2.0, 2.0)
+        if abs(self.x[i] - self.goal[i]) < self.RADIUS:
+            return 1.0, True
+        return -self.STEP_PENALTY, False
+
+
 class Camera(Scene):
     behavior = "Camera"
     branches = (3,)
@@ -237,4 +271,4 @@ class Group(Scene):
         return self.t[i] > 0 and self.t[i] % 4 == 0
 
 
-SCENES = {"ball": Ball, "reach": Reach, "camera": Camera, "hybrid": Hybrid, "masked": Masked, "group": Group}
+SCENES = {"ball": Ball, "reach": Reach, "goal": Goal, "camera": Camera, "hybrid": Hybrid, "masked": Masked, "group": Group}
