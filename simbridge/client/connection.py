@@ -145,8 +145,10 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
     except OSError as e:
         return f"the host does not answer ({e.strerror or 'timed out'})", False
     with sock:
+        # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
+        # run files in between), and that looks the same as a failed handshake from here.
         if tls:
-            return "a server answers but the TLS handshake or the gRPC connection failed", True
+            return "a server answers but the TLS handshake or the gRPC connection failed", False
         try:
             sock.sendall(_HTTP1_PROBE)
             answer = sock.recv(64)
@@ -160,7 +162,7 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
         return "a gRPC server answers there but the connection did not get ready", False
     if answer[:1] in (b"\x15", b"\x16"):
         return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
-    return "something listens there but does not answer as a gRPC server", False
+    return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
 
 
 # An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.

@@ -93,6 +93,23 @@ def test_wrong_ca_fails_fast_and_names_tls(make_server, pki):
     assert srv.runtime.snapshot()["sessions"] == 0
 
 
+def test_tls_client_waits_for_a_trainer_that_has_bound_but_not_yet_started(pki):
+    # The trainer binds its port, writes its run files, then serves: a TLS simulator started in
+    # between must wait for it, not give up on the first unanswered handshake.
+    import threading
+    from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+    srv = BridgeServer(BridgeRuntime(BridgeConfig()), "127.0.0.1:0", security=ServerSecurity(
+        tls_cert=pki["server_cert"], tls_key=pki["server_key"]))
+    timer = threading.Timer(2.0, srv.start)
+    timer.start()
+    try:
+        action, _ = _act(f"localhost:{_port(srv)}", ClientSecurity.from_files(tls_ca=pki["ca"]), timeout=20)
+        assert ACT.contains(int(action))
+    finally:
+        timer.join()
+        srv.stop(grace=0)
+
+
 def test_plaintext_client_cannot_reach_a_tls_server(make_server, pki):
     srv = _serve(make_server, pki, tokens=False)
     with pytest.raises(BridgeError) as e:
