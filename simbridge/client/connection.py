@@ -13,17 +13,33 @@ every request carries RequestHeader.seq and the server applies each seq once, an
 repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), for at most
 the client's reconnect_timeout_s.
 
+Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
+connects to one, starting at `start_index` (a hash of the host name and process id, plus one for
+each client this process made before: the simulators of many processes spread over the
+addresses, and the clients of one process go round them), and skips an address that does not
+answer. When the server it is on goes away (its reconnect attempts fail for FAILOVER_AFTER_S, or
+at once when the server answers that it cannot resume), the client moves to the next address
+that answers and opens a NEW session there with the same CreateSessionRequest, then raises
+SessionLost, the same as when a restarted trainer no longer knows the session: the open
+episodes ended with the old server (which ends them truncated when it sees the session die),
+and the caller goes on with new episodes. Exactly once across hosts: a request whose answer
+never came is NOT resent to the new server (its seq belonged to the old session: the old server
+applied it or not, and counted it or not, alone); it is dropped with the old session's episodes.
+
 The engine knows nothing of what the requests carry: a client that wants to act when one of
 its requests fails (the policy client logs the rewards it carried on their own) passes
 `on_failed`, called with the failed request's kind and message before the error is raised.
 """
 import collections
+import itertools
 import logging
+import os
 import queue
 import socket
 import threading
 import time
-from typing import Callable, Optional, Tuple
+import zlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -41,6 +57,14 @@ _UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in (
     "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode",
     "close_session", "step")}
 _FRAMING_BYTES = 1024  # request header + stream envelope, generously
+# With other addresses to go to, how long a client tries to resume on the server it lost before
+# it moves: a broken stream to a live server resumes in milliseconds; a server that stopped
+# answering for this long has lost the session's open episodes anyway (they end at its timeout).
+FAILOVER_AFTER_S = 2.0
+# An address a client moved away from is tried last by the process's next clients for this long.
+_DOWN_FOR_S = 30.0
+_down_since: Dict[str, float] = {}
+_clients_made = itertools.count()
 
 
 class SessionLost(BridgeError):
@@ -86,25 +110,106 @@ class Backoff:
         return True
 
 
-def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None,
-                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
-    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
-    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
-    port and one where something other than gRPC answers (an HTTP server) fail at once; with
-    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
-    `security`: TLS and token (default: ClientSecurity.from_env())."""
-    security = security or ClientSecurity.from_env()
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+Addresses = Union[str, Sequence[str]]
+
+
+def parse_addresses(address: Addresses) -> List[str]:
+    """One address, a list of them, or a comma-separated string "h1:p1,h2:p2", as a list of
+    HOST:PORT (each checked); a BridgeError naming the fix for a bad one."""
+    items = address.split(",") if isinstance(address, str) else [str(a) for a in address]
+    out = [a.strip() for a in items if a.strip()]
+    if not out:
         raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
-                          f"[server] address)")
-    channel = security.channel(address, options=[
+                          f"no address given ({address!r}): pass HOST:PORT, or several as \"h1:p1,h2:p2\"")
+    for a in out:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"address {a!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
+                              f"[server] address)")
+    return list(dict.fromkeys(out))
+
+
+def start_index(n: int) -> int:
+    """Where a new client starts in a list of n addresses: a hash of this host and process, plus
+    the number of clients this process made before (deterministic for a given process; spreads
+    processes over the addresses, and a process's clients round them)."""
+    base = zlib.crc32(f"{socket.gethostname()}/{os.getpid()}".encode())
+    return (base + next(_clients_made)) % n
+
+
+def _try_order(addresses: List[str], start: int) -> List[str]:
+    """The addresses from `start` round, the ones a client of this process left recently last."""
+    ring = addresses[start:] + addresses[:start]
+    now = time.monotonic()
+    recent = {a for a in ring if now - _down_since.get(a, -_DOWN_FOR_S) < _DOWN_FOR_S}
+    return [a for a in ring if a not in recent] + [a for a in ring if a in recent]
+
+
+def _new_channel(address: str, security: ClientSecurity) -> grpc.Channel:
+    return security.channel(address, options=[
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         *RECONNECT_OPTIONS])
+
+
+def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[str] = None,
+                security: Optional[ClientSecurity] = None) -> Tuple[str, grpc.Channel]:
+    """The first of `addresses`, in their order, whose server answers, and a ready channel to it.
+    Each gets a short look in turn (one that cannot answer, an HTTP server say, is dropped at
+    once) until connect_timeout_s is spent; then a BridgeError naming every address and why."""
+    if len(addresses) == 1:
+        return addresses[0], open_channel(addresses[0], connect_timeout_s, fix, security)
+    security = security or ClientSecurity.from_env()
+    fix = fix or "start a trainer at one of them, or pass the trainers' addresses"
+    pending = {a: _new_channel(a, security) for a in addresses}
+    ready = {a: grpc.channel_ready_future(ch) for a, ch in pending.items()}
+    why: Dict[str, str] = {}
+    deadline = time.monotonic() + connect_timeout_s
+    told = False
+    try:
+        while True:
+            for a in list(pending):
+                try:
+                    ready[a].result(timeout=max(0.0, min(0.3, deadline - time.monotonic())))
+                    return a, security.wrap(pending.pop(a))
+                except grpc.FutureTimeoutError:
+                    pass
+                why[a], hopeless = diagnose(a, security.uses_tls)
+                if hopeless:
+                    ready[a].cancel()
+                    pending.pop(a).close()
+            if not pending or time.monotonic() >= deadline:
+                said = "; ".join(f"{a}: {why.get(a, 'not tried')}" for a in addresses)
+                raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                  f"no simbridge trainer at any of {len(addresses)} addresses ({said}): {fix}")
+            if not told:
+                told = True
+                log.warning("no simbridge trainer at any of %s yet; waiting up to %.0f s for one: %s",
+                            ", ".join(addresses), connect_timeout_s, fix)
+    finally:
+        for a, ch in pending.items():
+            ready[a].cancel()
+            ch.close()
+
+
+def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str] = None,
+                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
+    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
+    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
+    port and one where something other than gRPC answers (an HTTP server) fail at once; with
+    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
+    Several addresses (a list or "h1:p1,h2:p2"): one of them, from start_index (connect_any).
+    `security`: TLS and token (default: ClientSecurity.from_env())."""
+    addresses = parse_addresses(address)
+    if len(addresses) > 1:
+        return connect_any(_try_order(addresses, start_index(len(addresses))), connect_timeout_s, fix,
+                           security)[1]
+    address = addresses[0]
+    security = security or ClientSecurity.from_env()
+    channel = _new_channel(address, security)
     fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
     ready = grpc.channel_ready_future(channel)
     deadline = time.monotonic() + connect_timeout_s
@@ -192,13 +297,21 @@ class Connection:
     without waiting for their answers (read, and their errors raised, by a later call).
     transport "unary": one RPC per call."""
 
-    def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
+    def __init__(self, address: Addresses, service: str, create: pb.CreateSessionRequest, transport: str,
                  connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool,
                  on_failed: Optional[Callable[[str, object], None]] = None,
-                 security: Optional[ClientSecurity] = None):
+                 security: Optional[ClientSecurity] = None,
+                 on_session_lost: Optional[Callable[[], int]] = None):
+        """address: one HOST:PORT, or several (a list, or "h1:p1,h2:p2"): see the module's doc.
+        on_session_lost: called when the session is lost (a restarted server, or a move to another
+        one); returns how many open episodes ended with it (for the log line)."""
         if transport not in ("stream", "unary"):
             raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
-        self.address = address
+        self.addresses = parse_addresses(address)
+        self._service = service
+        self._security = security or ClientSecurity.from_env()
+        self._on_session_lost = on_session_lost or (lambda: 0)
+        self.moves = 0
         self.transport = transport
         self.pipeline = pipeline and transport == "stream"
         self.reconnect_timeout_s = reconnect_timeout_s
@@ -210,9 +323,9 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        self._channel = open_channel(address, connect_timeout_s, security=security)
-        self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
-            self._channel)
+        order = _try_order(self.addresses, start_index(len(self.addresses)))
+        self.address, self._channel = connect_any(order, connect_timeout_s, security=self._security)
+        self._stub = self._make_stub()
         self._stream_q: Optional[queue.SimpleQueue] = None
         self._responses = None
         self.session = self._open_session(resume=None)
@@ -220,6 +333,10 @@ class Connection:
         self.reconnects = 0
 
     # -------------------------------------------------------------- session
+
+    def _make_stub(self):
+        return (pb_grpc.ExternalMultiAgentEnvStub if self._service == "multi" else pb_grpc.ExternalEnvStub)(
+            self._channel)
 
     def _open_session(self, resume: Optional[str]) -> pb.CreateSessionResponse:
         req = pb.CreateSessionRequest()
@@ -243,7 +360,8 @@ class Connection:
     def _reconnect(self, cause: Exception) -> None:
         if self._closing:
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
-        backoff = Backoff(self.reconnect_timeout_s)
+        others = len(self.addresses) > 1
+        backoff = Backoff(min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s)
         log.warning("connection to %s broke (%s); reconnecting", self.address, rpc_failure(cause))
         while True:
             if self._stream_q is not None:
@@ -252,18 +370,22 @@ class Connection:
                 resp = self._open_session(resume=self.session_id)
                 break
             except BridgeError as e:
-                if e.code not in RETRYABLE or not backoff.wait():
-                    why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
-                    raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                                      f"lost the simbridge trainer at {self.address} and could not reconnect "
-                                      f"within {self.reconnect_timeout_s:.0f}s: {why}; restart it (`simbridge-"
-                                      f"trainer run --resume --logdir DIR` goes on where it stopped)") from None
+                if e.code in RETRYABLE and backoff.wait():
+                    continue
+                if e.code in RETRYABLE and others:
+                    self._move(diagnose(self.address, self._security.uses_tls)[0])
+                why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
+                raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                  f"lost the simbridge trainer at {self.address} and could not reconnect "
+                                  f"within {self.reconnect_timeout_s:.0f}s: {why}; restart it (`simbridge-"
+                                  f"trainer run --resume --logdir DIR` goes on where it stopped)") from None
         self.reconnects += 1
         if not resp.resumed:
             old = self.session_id
             self.session_id = resp.session_id
             self._outstanding.clear()
             self._seq = 0
+            self._on_session_lost()
             raise SessionLost(grpc.StatusCode.UNAVAILABLE,
                               f"the server no longer had session {old} (restarted or expired): its open "
                               f"episodes are gone; start new episodes (new session {resp.session_id})",
@@ -272,6 +394,35 @@ class Connection:
         if self.transport == "stream":
             for _, kind, msg in self._outstanding:
                 self._stream_q.put(_wrap(kind, msg))
+
+    def _move(self, why: str) -> None:
+        """The server at self.address went away: open a new session at the next address that
+        answers and raise SessionLost (the unanswered requests are dropped, not resent: see the
+        module's doc). A BridgeError naming every address when none answers."""
+        old, old_session = self.address, self.session_id
+        _down_since[old] = time.monotonic()
+        self._channel.close()
+        i = self.addresses.index(old)
+        order = self.addresses[i + 1:] + self.addresses[:i + 1]   # the lost one last: it may come back
+        try:
+            self.address, self._channel = connect_any(order, self.reconnect_timeout_s, security=self._security)
+            self._stub = self._make_stub()
+            self._outstanding.clear()
+            self._seq = 0
+            self.session = self._open_session(resume=None)
+        except BridgeError as e:
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                              f"lost the simbridge trainer at {old} ({why}) and found no other: {e.message}") from None
+        self.session_id = self.session.session_id
+        self.reconnects += 1
+        self.moves += 1
+        ended = self._on_session_lost()
+        log.warning("bridge at %s went away (%s); moved to %s (new session %s, %d open episodes ended)",
+                    old, why, self.address, self.session_id, ended)
+        raise SessionLost(grpc.StatusCode.UNAVAILABLE,
+                          f"the bridge at {old} went away ({why}): moved to {self.address}; the open episodes of "
+                          f"session {old_session} ended with it ({ended}); start new episodes (new session "
+                          f"{self.session_id})", close_connection=self.close)
 
     # -------------------------------------------------------------- calls
 

@@ -1,0 +1,138 @@
+"""Simulators and several bridge hosts: a client given [A, B] connects to one, moves to the other
+when its server goes away (a new session there, its open episodes ended, nothing reported twice),
+spreads over the addresses, and names every address when none answers. Real BridgeServers on
+loopback; a real simulator process for the CLI's --address "A,B". Budget: ~25 s on 2 cores."""
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simbridge.client.connection import SessionLost, parse_addresses
+from simbridge.client.policy_client import PolicyClient
+from simbridge.client.slot_client import SlotClient
+from simbridge.wire.errors import BridgeError, Reason
+
+OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
+ACT = gym.spaces.Discrete(2)
+
+
+def _pair(make_server):
+    a, b = make_server(), make_server()
+    return {a.address: a, b.address: b}
+
+
+def _steps(srv) -> int:
+    return srv.runtime.snapshot()["env_steps"]
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _run_episodes(client, episodes, length, sent):
+    for _ in range(episodes):
+        eid = client.start_episode()
+        obs = np.zeros(2, np.float32)
+        for t in range(length):
+            client.get_action(eid, obs)
+            sent[0] += 1
+            client.log_returns(eid, 1.0)
+        client.end_episode(eid, obs)
+    return eid
+
+
+def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server, caplog):
+    servers = _pair(make_server)
+    client = PolicyClient(",".join(servers), OBS, ACT, reconnect_timeout_s=10.0)
+    first = client._conn.address
+    (second,) = set(servers) - {first}
+    sent = [0]
+    _run_episodes(client, 3, 10, sent)
+    eid = client.start_episode()
+    client.get_action(eid, np.zeros(2, np.float32))
+    sent[0] += 1
+    client.log_returns(eid, 1.0)
+    client.flush()
+    servers[first].stop(grace=0)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="simbridge.client"), pytest.raises(SessionLost) as lost:
+        client.get_action(eid, np.zeros(2, np.float32))
+    assert time.monotonic() - t0 < 8.0
+    assert first in lost.value.message and second in lost.value.message
+    assert client._conn.address == second
+    moved = [r.getMessage() for r in caplog.records if "went away" in r.getMessage()]
+    assert moved and first in moved[0] and second in moved[0] and "1 open episodes ended" in moved[0]
+    # The episode that died with A is refused by the client, saying so.
+    with pytest.raises(BridgeError, match="already ended") as ended:
+        client.get_action(eid, np.zeros(2, np.float32))
+    assert ended.value.reason == Reason.EPISODE_ENDED
+    _run_episodes(client, 3, 10, sent)
+    client.flush()
+    assert _steps(servers[first]) + _steps(servers[second]) == sent[0]
+    assert _steps(servers[second]) == 30
+    assert servers[second].runtime.snapshot()["episodes"] == 3
+    client.close()
+
+
+def test_slot_client_with_8_slots_moves_and_counts_stay_exact(make_server):
+    servers = _pair(make_server)
+    rng = np.random.default_rng(0)
+    client = SlotClient(list(servers), OBS, ACT, num_slots=8, reconnect_timeout_s=10.0)
+    first = client._conn.address
+    (second,) = set(servers) - {first}
+    obs = rng.uniform(-1, 1, (8, 2)).astype(np.float32)
+    served = 0            # env steps whose actions came back (what a server counts, once)
+    client.step(obs)
+    served += 8
+    for _ in range(20):
+        client.step(obs, np.ones(8), np.zeros(8, bool), np.zeros(8, bool))
+        served += 8
+    servers[first].stop(grace=0)
+    with pytest.raises(SessionLost, match="8"):   # its 8 slots' episodes ended with A
+        client.step(obs, np.ones(8), np.zeros(8, bool), np.zeros(8, bool))
+    assert client._conn.address == second
+    client.step(obs)      # every slot's new episode, on B
+    served += 8
+    for _ in range(20):
+        client.step(obs, np.ones(8), np.zeros(8, bool), np.zeros(8, bool))
+        served += 8
+    client.close(np.ones(8), np.zeros(8, bool), np.zeros(8, bool), obs)
+    a, b = _steps(servers[first]), _steps(servers[second])
+    assert (a, b) == (168, 168) and a + b == served   # the unanswered step reached neither
+
+
+def test_clients_spread_over_the_addresses(make_server):
+    servers = _pair(make_server)
+    clients = [PolicyClient(list(servers), OBS, ACT) for _ in range(4)]
+    try:
+        used = [c._conn.address for c in clients]
+        assert set(used) == set(servers)
+        for srv in servers.values():
+            assert srv.runtime.snapshot()["sessions"] == 2
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_all_addresses_down_names_every_one():
+    down = [_free_address(), _free_address()]
+    t0 = time.monotonic()
+    with pytest.raises(BridgeError) as e:
+        PolicyClient(down, OBS, ACT, connect_timeout_s=1.0)
+    assert time.monotonic() - t0 < 6.0
+    assert all(a in e.value.message for a in down) and "connection refused" in e.value.message
+
+
+def test_bad_address_lists_name_the_fix():
+    assert parse_addresses(" 127.0.0.1:1, 127.0.0.1:2 ,") == ["127.0.0.1:1", "127.0.0.1:2"]
+    with pytest.raises(BridgeError, match="has no port"):
+        parse_addresses("127.0.0.1:1,localhost")
+    with pytest.raises(BridgeError, match="no address given"):
+        parse_addresses(" , ")
