@@ -14,38 +14,33 @@ repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), 
 the client's reconnect_timeout_s.
 
 Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
-connects to one, starting at `start_index` (a hash of the host name and process id, plus one for
-each client this process made before: the simulators of many processes spread over the
-addresses, and the clients of one process go round them), and skips an address that does not
-answer. When the server it is on goes away (its reconnect attempts fail for FAILOVER_AFTER_S, or
-at once when the server answers that it cannot resume), the client moves to the next address
-that answers and opens a NEW session there with the same CreateSessionRequest, then raises
-SessionLost, the same as when a restarted trainer no longer knows the session: the open
-episodes ended with the old server (which ends them truncated when it sees the session die),
-and the caller goes on with new episodes. Exactly once across hosts: a request whose answer
-never came is NOT resent to the new server (its seq belonged to the old session: the old server
-applied it or not, and counted it or not, alone); it is dropped with the old session's episodes.
+connects to one (simbridge.client.channels says which). When the server it is on goes away (its
+reconnect attempts fail for FAILOVER_AFTER_S; a server that answers, restarted, is the same
+address's restart), the client moves to the next address that answers and opens a NEW session there with
+the same CreateSessionRequest, then raises SessionLost, the same as when a restarted trainer no
+longer knows the session: the open episodes ended with the old server (which ends them truncated
+when it sees the session die), and the caller goes on with new episodes. Exactly once across
+hosts: a request whose answer never came is NOT resent to the new server (its seq belonged to
+the old session: the old server applied it or not, and counted it or not, alone); it is dropped
+with the old session's episodes.
 
 The engine knows nothing of what the requests carry: a client that wants to act when one of
 its requests fails (the policy client logs the rewards it carried on their own) passes
 `on_failed`, called with the failed request's kind and message before the error is raised.
 """
 import collections
-import itertools
 import logging
-import os
 import queue
-import socket
 import threading
 import time
-import zlib
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional
 
 import grpc
 
+from simbridge.client.channels import (Addresses, close_unwatched, connect_any, diagnose, mark_down,  # noqa: F401
+                                       open_channel, parse_addresses, start_index, try_order)
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
-from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
@@ -61,10 +56,6 @@ _FRAMING_BYTES = 1024  # request header + stream envelope, generously
 # it moves: a broken stream to a live server resumes in milliseconds; a server that stopped
 # answering for this long has lost the session's open episodes anyway (they end at its timeout).
 FAILOVER_AFTER_S = 2.0
-# An address a client moved away from is tried last by the process's next clients for this long.
-_DOWN_FOR_S = 30.0
-_down_since: Dict[str, float] = {}
-_clients_made = itertools.count()
 
 
 class SessionLost(BridgeError):
@@ -110,166 +101,6 @@ class Backoff:
         return True
 
 
-Addresses = Union[str, Sequence[str]]
-
-
-def parse_addresses(address: Addresses) -> List[str]:
-    """One address, a list of them, or a comma-separated string "h1:p1,h2:p2", as a list of
-    HOST:PORT (each checked); a BridgeError naming the fix for a bad one."""
-    items = address.split(",") if isinstance(address, str) else [str(a) for a in address]
-    out = [a.strip() for a in items if a.strip()]
-    if not out:
-        raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"no address given ({address!r}): pass HOST:PORT, or several as \"h1:p1,h2:p2\"")
-    for a in out:
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"address {a!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
-                              f"[server] address)")
-    return list(dict.fromkeys(out))
-
-
-def start_index(n: int) -> int:
-    """Where a new client starts in a list of n addresses: a hash of this host and process, plus
-    the number of clients this process made before (deterministic for a given process; spreads
-    processes over the addresses, and a process's clients round them)."""
-    base = zlib.crc32(f"{socket.gethostname()}/{os.getpid()}".encode())
-    return (base + next(_clients_made)) % n
-
-
-def _try_order(addresses: List[str], start: int) -> List[str]:
-    """The addresses from `start` round, the ones a client of this process left recently last."""
-    ring = addresses[start:] + addresses[:start]
-    now = time.monotonic()
-    recent = {a for a in ring if now - _down_since.get(a, -_DOWN_FOR_S) < _DOWN_FOR_S}
-    return [a for a in ring if a not in recent] + [a for a in ring if a in recent]
-
-
-def _new_channel(address: str, security: ClientSecurity) -> grpc.Channel:
-    return security.channel(address, options=[
-        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ("grpc.max_send_message_length", 256 * 1024 * 1024),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        *RECONNECT_OPTIONS])
-
-
-def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[str] = None,
-                security: Optional[ClientSecurity] = None) -> Tuple[str, grpc.Channel]:
-    """The first of `addresses`, in their order, whose server answers, and a ready channel to it.
-    Each gets a short look in turn (one that cannot answer, an HTTP server say, is dropped at
-    once) until connect_timeout_s is spent; then a BridgeError naming every address and why."""
-    if len(addresses) == 1:
-        return addresses[0], open_channel(addresses[0], connect_timeout_s, fix, security)
-    security = security or ClientSecurity.from_env()
-    fix = fix or "start a trainer at one of them, or pass the trainers' addresses"
-    pending = {a: _new_channel(a, security) for a in addresses}
-    ready = {a: grpc.channel_ready_future(ch) for a, ch in pending.items()}
-    why: Dict[str, str] = {}
-    deadline = time.monotonic() + connect_timeout_s
-    told = False
-    try:
-        while True:
-            for a in list(pending):
-                try:
-                    ready[a].result(timeout=max(0.0, min(0.3, deadline - time.monotonic())))
-                    return a, security.wrap(pending.pop(a))
-                except grpc.FutureTimeoutError:
-                    pass
-                why[a], hopeless = diagnose(a, security.uses_tls)
-                if hopeless:
-                    ready[a].cancel()
-                    pending.pop(a).close()
-            if not pending or time.monotonic() >= deadline:
-                said = "; ".join(f"{a}: {why.get(a, 'not tried')}" for a in addresses)
-                raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                                  f"no simbridge trainer at any of {len(addresses)} addresses ({said}): {fix}")
-            if not told:
-                told = True
-                log.warning("no simbridge trainer at any of %s yet; waiting up to %.0f s for one: %s",
-                            ", ".join(addresses), connect_timeout_s, fix)
-    finally:
-        for a, ch in pending.items():
-            ready[a].cancel()
-            ch.close()
-
-
-def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str] = None,
-                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
-    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
-    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
-    port and one where something other than gRPC answers (an HTTP server) fail at once; with
-    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
-    Several addresses (a list or "h1:p1,h2:p2"): one of them, from start_index (connect_any).
-    `security`: TLS and token (default: ClientSecurity.from_env())."""
-    addresses = parse_addresses(address)
-    if len(addresses) > 1:
-        return connect_any(_try_order(addresses, start_index(len(addresses))), connect_timeout_s, fix,
-                           security)[1]
-    address = addresses[0]
-    security = security or ClientSecurity.from_env()
-    channel = _new_channel(address, security)
-    fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
-    ready = grpc.channel_ready_future(channel)
-    deadline = time.monotonic() + connect_timeout_s
-    told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once
-    while True:
-        try:
-            ready.result(timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
-            return security.wrap(channel)
-        except grpc.FutureTimeoutError:
-            pass
-        what, hopeless = diagnose(address, security.uses_tls)
-        if hopeless or time.monotonic() >= deadline:
-            ready.cancel()
-            channel.close()
-            msg = f"no simbridge trainer at {address}: {what}: {fix}"
-            if security.uses_tls:
-                msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
-                        "verify or whose name does not match, fails the same way; see --tls-server-name)")
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE, msg) from None
-        wait_s = 1.0
-        if not told:
-            told = True
-            log.warning("no simbridge trainer at %s yet: %s; waiting up to %.0f s for one: %s", address, what,
-                        connect_timeout_s, fix)
-
-
-def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
-    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
-    nothing listening (a trainer may still come), a host that does not answer, or something
-    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1)."""
-    host, _, port = address.rpartition(":")
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-    except ConnectionRefusedError:
-        return "nothing listens there (connection refused)", False
-    except socket.gaierror as e:
-        return f"cannot resolve host {host!r} ({e.strerror})", True
-    except OSError as e:
-        return f"the host does not answer ({e.strerror or 'timed out'})", False
-    with sock:
-        if tls:
-            return "a server answers but the TLS handshake or the gRPC connection failed", True
-        try:
-            sock.sendall(_HTTP1_PROBE)
-            answer = sock.recv(64)
-        except OSError:
-            answer = b""
-    if answer.startswith(b"HTTP/1"):
-        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
-        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
-                f"TensorBoard?)"), True
-    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
-        return "a gRPC server answers there but the connection did not get ready", False
-    if answer[:1] in (b"\x15", b"\x16"):
-        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
-    return "something listens there but does not answer as a gRPC server", False
-
-
-# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
-_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"
 
 
 def rpc_failure(e: BaseException) -> str:
@@ -323,7 +154,7 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        order = _try_order(self.addresses, start_index(len(self.addresses)))
+        order = try_order(self.addresses, start_index(len(self.addresses)))
         self.address, self._channel = connect_any(order, connect_timeout_s, security=self._security)
         self._stub = self._make_stub()
         self._stream_q: Optional[queue.SimpleQueue] = None
@@ -400,8 +231,8 @@ class Connection:
         answers and raise SessionLost (the unanswered requests are dropped, not resent: see the
         module's doc). A BridgeError naming every address when none answers."""
         old, old_session = self.address, self.session_id
-        _down_since[old] = time.monotonic()
-        self._channel.close()
+        mark_down(old)
+        close_unwatched(self._channel)
         i = self.addresses.index(old)
         order = self.addresses[i + 1:] + self.addresses[:i + 1]   # the lost one last: it may come back
         try:
@@ -417,12 +248,12 @@ class Connection:
         self.reconnects += 1
         self.moves += 1
         ended = self._on_session_lost()
-        log.warning("bridge at %s went away (%s); moved to %s (new session %s, %d open episodes ended)",
+        log.warning("bridge at %s went away (%s); moved to %s (new session %s, %d open episode(s) ended)",
                     old, why, self.address, self.session_id, ended)
         raise SessionLost(grpc.StatusCode.UNAVAILABLE,
-                          f"the bridge at {old} went away ({why}): moved to {self.address}; the open episodes of "
-                          f"session {old_session} ended with it ({ended}); start new episodes (new session "
-                          f"{self.session_id})", close_connection=self.close)
+                          f"the bridge at {old} went away ({why}); moved to {self.address} (new session "
+                          f"{self.session_id}); the {ended} open episode(s) of session {old_session} ended with "
+                          f"the old one: start new episodes", close_connection=self.close)
 
     # -------------------------------------------------------------- calls
 

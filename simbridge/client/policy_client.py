@@ -15,10 +15,8 @@ and rewards queued before any other call, are sent as their own (pipelined)
 LogReturns; if a request carrying rewards fails, the rewards are resent
 alone, so a bad observation never costs a reward.
 
-`address` may name several bridge hosts (a list, or "h1:p1,h2:p2"): the client connects to
-one, and moves to another when that one goes away, raising SessionLost as a restarted trainer
-does (see simbridge.client.connection); calls naming an episode that ended with the old server
-raise an error that says so.
+`address` may name several bridge hosts (a list, or "h1:p1,h2:p2"): the client moves to another
+when its host goes away, raising SessionLost as a restarted trainer does (docs/scaling.md).
 
 Both number their requests (RequestHeader.seq). When the connection breaks the
 client reconnects, resumes its session and resends what was not answered; the
@@ -119,17 +117,16 @@ class _ClientBase:
         return len(self._cut)
 
     def _check_open(self, episode_ids) -> None:
-        """Calls naming an episode that ended with a lost session are refused here, saying so."""
-        if self._cut:
-            gone = [e for e in episode_ids if e in self._cut]
-            if gone:
-                raise BridgeError(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"episode {gone[0]!r} already ended (with its session, lost: the client "
-                                  f"is on a new session at {self._conn.address}): start a new episode",
-                                  Reason.EPISODE_ENDED)
+        """A call naming an episode that ended with a lost session is refused here, saying so."""
+        gone = [e for e in episode_ids if e in self._cut]
+        if gone:
+            raise BridgeError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"episode {gone[0]!r} already ended (with its session, lost: the client is on a "
+                              f"new session at {self._conn.address}): start a new episode", Reason.EPISODE_ENDED)
 
     def _queue_rewards(self, rows: pb.RewardRows) -> None:
-        self._check_open(rows.episode_ids)
+        if self._cut:
+            self._check_open(rows.episode_ids)
         if rows.terminated or rows.truncated:
             # The contract lets an agent marked done appear in that row only: rewards queued
             # for it move into the row that ends it, then everything goes out at once.
@@ -160,12 +157,8 @@ class _ClientBase:
             self._conn.call("log_returns", retry, wait=False)
 
     def _call(self, kind: str, msg, wait: bool = True):
-        if self._cut:
-            if kind == "end_episode":
-                self._check_open(msg.episode_ids)
-            elif kind in ("get_action", "log_action"):
-                for rows in msg.rows:
-                    self._check_open(rows.episode_ids)
+        if self._cut and kind in ("get_action", "log_action", "end_episode"):
+            self._check_open(msg.episode_ids if kind == "end_episode" else [e for r in msg.rows for e in r.episode_ids])
         if kind in ("get_action", "log_action", "end_episode") and self._rewards:
             msg.rewards.extend(self._rewards)  # applied first, all or nothing with the call
             self._rewards = []

@@ -15,14 +15,16 @@ import pytest
 from simbridge.client.connection import SessionLost, parse_addresses
 from simbridge.client.policy_client import PolicyClient
 from simbridge.client.slot_client import SlotClient
+from simbridge.server.sample_batch import MultiAgentBatch
+from simbridge.trainer.launch import ROOT, child_env, python_module
 from simbridge.wire.errors import BridgeError, Reason
 
 OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
 ACT = gym.spaces.Discrete(2)
 
 
-def _pair(make_server):
-    a, b = make_server(), make_server()
+def _pair(make_server, **config):
+    a, b = make_server(**config), make_server(**config)
     return {a.address: a, b.address: b}
 
 
@@ -68,7 +70,7 @@ def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server
     assert first in lost.value.message and second in lost.value.message
     assert client._conn.address == second
     moved = [r.getMessage() for r in caplog.records if "went away" in r.getMessage()]
-    assert moved and first in moved[0] and second in moved[0] and "1 open episodes ended" in moved[0]
+    assert moved and first in moved[0] and second in moved[0] and "1 open episode(s) ended" in moved[0]
     # The episode that died with A is refused by the client, saying so.
     with pytest.raises(BridgeError, match="already ended") as ended:
         client.get_action(eid, np.zeros(2, np.float32))
@@ -95,7 +97,7 @@ def test_slot_client_with_8_slots_moves_and_counts_stay_exact(make_server):
         client.step(obs, np.ones(8), np.zeros(8, bool), np.zeros(8, bool))
         served += 8
     servers[first].stop(grace=0)
-    with pytest.raises(SessionLost, match="8"):   # its 8 slots' episodes ended with A
+    with pytest.raises(SessionLost, match="the 8 open episode"):   # its 8 slots' episodes ended with A
         client.step(obs, np.ones(8), np.zeros(8, bool), np.zeros(8, bool))
     assert client._conn.address == second
     client.step(obs)      # every slot's new episode, on B
@@ -136,3 +138,54 @@ def test_bad_address_lists_name_the_fix():
         parse_addresses("127.0.0.1:1,localhost")
     with pytest.raises(BridgeError, match="no address given"):
         parse_addresses(" , ")
+
+
+def _wait(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _transitions(srv):
+    """(eps_id, agent_index, t) of every transition the server collected; a repeat is a duplicate."""
+    srv.runtime.flush()
+    batches = srv.runtime.experience.get_all()
+    if not batches:
+        return []
+    keys = []
+    for b in MultiAgentBatch.concat_samples(batches).policy_batches.values():
+        keys += list(zip(b["eps_id"].tolist(), b["agent_index"].tolist(), b["t"].tolist()))
+    return keys
+
+
+@pytest.mark.parametrize("slots", ["1", "4"])
+def test_simulator_process_moves_to_the_other_host(make_server, slots):
+    """simbridge-sim --address "A,B": the server it is on stops; it goes on with new episodes
+    on the other; the servers' step counts add up to the simulator's (bar the one step whose
+    answer A never sent, which A may have counted)."""
+    servers = _pair(make_server, experience_queue_size=100_000)
+    sim = subprocess.Popen(python_module("simbridge.sims.gym_sim", "--address", ",".join(servers), "--quiet",
+                                         "--slots", slots, "--seed", "0", "--connect-timeout", "10"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                           cwd=str(ROOT))
+    try:
+        _wait(lambda: any(_steps(s) >= 200 for s in servers.values()), 30, "steps on the first host")
+        first = next(a for a, s in servers.items() if _steps(s) > 0)
+        (second,) = set(servers) - {first}
+        servers[first].stop(grace=0)
+        _wait(lambda: _steps(servers[second]) >= 200, 30, "steps on the second host")
+        sim.terminate()
+        out, err = sim.communicate(timeout=30)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+    assert sim.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert f"bridge at {first} went away" in err and f"moved to {second}" in err, err
+    a, b = _steps(servers[first]), _steps(servers[second])
+    assert summary["steps"] <= a + b <= summary["steps"] + int(slots), (summary, a, b)
+    for srv in servers.values():
+        keys = _transitions(srv)
+        assert keys and len(keys) == len(set(keys))
