@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from simbridge.client.connection import SessionLost, parse_addresses
-from simbridge.client.policy_client import PolicyClient
+from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.sample_batch import MultiAgentBatch
 from simbridge.trainer.launch import ROOT, child_env, python_module
@@ -50,9 +50,10 @@ def _run_episodes(client, episodes, length, sent):
     return eid
 
 
-def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server, caplog):
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server, caplog, transport):
     servers = _pair(make_server)
-    client = PolicyClient(",".join(servers), OBS, ACT, reconnect_timeout_s=10.0)
+    client = PolicyClient(",".join(servers), OBS, ACT, reconnect_timeout_s=10.0, transport=transport)
     first = client._conn.address
     (second,) = set(servers) - {first}
     sent = [0]
@@ -80,6 +81,29 @@ def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server
     assert _steps(servers[first]) + _steps(servers[second]) == sent[0]
     assert _steps(servers[second]) == 30
     assert servers[second].runtime.snapshot()["episodes"] == 3
+    client.close()
+
+
+def test_multi_agent_client_moves_and_goes_on_with_new_episodes(make_server):
+    servers = _pair(make_server)
+    client = MultiAgentPolicyClient(list(servers), OBS, ACT, reconnect_timeout_s=10.0)
+    first = client._conn.address
+    (second,) = set(servers) - {first}
+    obs = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32) * 0.5}
+    eid = client.start_episode()
+    client.get_action(eid, obs)
+    servers[first].stop(grace=0)
+    with pytest.raises(SessionLost, match="the 1 open episode"):
+        client.log_returns(eid, {"a": 1.0, "b": 1.0})
+        client.get_action(eid, obs)
+    with pytest.raises(BridgeError, match="already ended"):
+        client.log_returns(eid, {"a": 1.0})
+    eid = client.start_episode()
+    assert set(client.get_action(eid, obs)) == {"a", "b"}
+    client.log_returns(eid, {"a": 1.0, "b": 0.0}, multiagent_done_dict={"__all__": True})
+    client.flush()
+    assert servers[second].runtime.snapshot()["episodes"] == 1
+    assert (_steps(servers[first]), _steps(servers[second])) == (1, 1)
     client.close()
 
 
