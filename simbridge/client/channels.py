@@ -23,6 +23,10 @@ from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 log = logging.getLogger("simbridge.client")
 
+# With other addresses to go to, how long a client tries to resume on the server it lost before
+# it moves: a broken stream to a live server resumes in milliseconds; a server that stopped
+# answering for this long has lost the session's open episodes anyway (they end at its timeout).
+FAILOVER_AFTER_S = 2.0
 _DOWN_FOR_S = 30.0
 _down_since: Dict[str, float] = {}
 _clients_made = itertools.count()
@@ -128,6 +132,15 @@ def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[st
             if ch is not None:
                 ready[a].cancel()
                 close_unwatched(ch)
+
+
+def connect_first(address: Addresses, connect_timeout_s: float,
+                  security: Optional[ClientSecurity] = None) -> Tuple[List[str], str, grpc.Channel]:
+    """A new client's connection: (all its addresses, the one it connected to, a ready channel)."""
+    addresses = parse_addresses(address)
+    chosen, channel = connect_any(try_order(addresses, start_index(len(addresses))), connect_timeout_s,
+                                  security=security)
+    return addresses, chosen, channel
 
 
 def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str] = None,

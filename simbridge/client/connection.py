@@ -37,8 +37,8 @@ from typing import Callable, Optional
 
 import grpc
 
-from simbridge.client.channels import (Addresses, close_unwatched, connect_any, diagnose, mark_down,  # noqa: F401
-                                       open_channel, parse_addresses, start_index, try_order)
+from simbridge.client.channels import (FAILOVER_AFTER_S, Addresses, close_unwatched, connect_any,  # noqa: F401
+                                       connect_first, diagnose, mark_down, open_channel, parse_addresses)
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -52,10 +52,6 @@ _UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in (
     "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode",
     "close_session", "step")}
 _FRAMING_BYTES = 1024  # request header + stream envelope, generously
-# With other addresses to go to, how long a client tries to resume on the server it lost before
-# it moves: a broken stream to a live server resumes in milliseconds; a server that stopped
-# answering for this long has lost the session's open episodes anyway (they end at its timeout).
-FAILOVER_AFTER_S = 2.0
 
 
 class SessionLost(BridgeError):
@@ -138,7 +134,6 @@ class Connection:
         one); returns how many open episodes ended with it (for the log line)."""
         if transport not in ("stream", "unary"):
             raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
-        self.addresses = parse_addresses(address)
         self._service = service
         self._security = security or ClientSecurity.from_env()
         self._on_session_lost = on_session_lost or (lambda: 0)
@@ -154,8 +149,7 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        order = try_order(self.addresses, start_index(len(self.addresses)))
-        self.address, self._channel = connect_any(order, connect_timeout_s, security=self._security)
+        self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
         self._stub = self._make_stub()
         self._stream_q: Optional[queue.SimpleQueue] = None
         self._responses = None

@@ -183,6 +183,36 @@ def _transitions(srv):
     return keys
 
 
+def test_local_inference_simulator_starts_over_on_the_other_host(make_server):
+    """simbridge-sim --inference local: its uploads to a host that went away end the client with
+    SessionLost; the simulator's new client connects to the other host and uploads there."""
+    servers = _pair(make_server, experience_queue_size=100_000)
+    sim = subprocess.Popen(python_module("simbridge.sims.gym_sim", "--address", ",".join(servers), "--quiet",
+                                         "--inference", "local", "--chunk-steps", "16", "--seed", "0"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                           cwd=str(ROOT))
+    uploaded = lambda srv: srv.runtime.snapshot()["uploaded_steps"]   # noqa: E731
+    try:
+        _wait(lambda: any(uploaded(s) >= 64 for s in servers.values()), 30, "uploads to the first host")
+        first = next(a for a, s in servers.items() if uploaded(s) > 0)
+        (second,) = set(servers) - {first}
+        servers[first].stop(grace=0)
+        _wait(lambda: uploaded(servers[second]) >= 64, 30, "uploads to the second host")
+        sim.terminate()
+        out, err = sim.communicate(timeout=30)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+    assert sim.returncode == 0, err
+    assert f"the bridge at {first} went away" in err, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert uploaded(servers[first]) + uploaded(servers[second]) <= summary["steps"]
+    for srv in servers.values():
+        keys = _transitions(srv)
+        assert keys and len(keys) == len(set(keys))
+
+
 @pytest.mark.parametrize("slots", ["1", "4"])
 def test_simulator_process_moves_to_the_other_host(make_server, slots):
     """simbridge-sim --address "A,B": the server it is on stops; it goes on with new episodes
