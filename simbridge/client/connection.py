@@ -14,15 +14,15 @@ repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), 
 the client's reconnect_timeout_s.
 
 Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
-connects to one (simbridge.client.channels says which). When the server it is on goes away (its
-reconnect attempts fail for FAILOVER_AFTER_S; a server that answers, restarted, is the same
-address's restart), the client moves to the next address that answers and opens a NEW session there with
-the same CreateSessionRequest, then raises SessionLost, the same as when a restarted trainer no
-longer knows the session: the open episodes ended with the old server (which ends them truncated
-when it sees the session die), and the caller goes on with new episodes. Exactly once across
-hosts: a request whose answer never came is NOT resent to the new server (its seq belonged to
-the old session: the old server applied it or not, and counted it or not, alone); it is dropped
-with the old session's episodes.
+connects to one (simbridge.client.channels says which). When the server it is on goes away
+(its reconnect attempts fail for FAILOVER_AFTER_S; a server that answers, restarted, is the
+same address's restart), the client moves to the next address that answers and opens a NEW
+session there with the same CreateSessionRequest, then raises SessionLost, the same as when a
+restarted trainer no longer knows the session: the open episodes ended with the old server
+(which ends them truncated when it sees the session die), and the caller goes on with new
+episodes. Exactly once across hosts: a request whose answer never came is NOT resent to the
+new server (its seq belonged to the old session: the old server applied it or not, and counted
+it or not, alone); it is dropped with the old session's episodes.
 
 The engine knows nothing of what the requests carry: a client that wants to act when one of
 its requests fails (the policy client logs the rewards it carried on their own) passes
@@ -95,8 +95,6 @@ class Backoff:
         time.sleep(self._delay)
         self._delay = min(self._delay * 2, self._max_s)
         return True
-
-
 
 
 def rpc_failure(e: BaseException) -> str:
