@@ -32,6 +32,9 @@ _down_since: Dict[str, float] = {}
 _clients_made = itertools.count()
 
 
+NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's words for a port closed
+
+
 def mark_down(address: str) -> None:
     """A client moved away from `address`: the process's next clients try it last for a while."""
     _down_since[address] = time.monotonic()
@@ -192,7 +195,7 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
     try:
         sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except ConnectionRefusedError:
-        return "nothing listens there (connection refused)", False
+        return NOTHING_LISTENS, False
     except socket.gaierror as e:
         return f"cannot resolve host {host!r} ({e.strerror})", True
     except OSError as e:

@@ -15,8 +15,8 @@ the client's reconnect_timeout_s.
 
 Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
 connects to one (simbridge.client.channels says which). When the server it is on goes away
-(its reconnect attempts fail for FAILOVER_AFTER_S; a server that answers, restarted, is the
-same address's restart), the client moves to the next address that answers and opens a NEW
+(nothing listens at its port any more, or its reconnect attempts fail for FAILOVER_AFTER_S; a
+server that answers, restarted, is the same address's restart), the client moves to the next address that answers and opens a NEW
 session there with the same CreateSessionRequest, then raises SessionLost, the same as when a
 restarted trainer no longer knows the session: the open episodes ended with the old server
 (which ends them truncated when it sees the session die), and the caller goes on with new
@@ -37,8 +37,9 @@ from typing import Callable, Optional
 
 import grpc
 
-from simbridge.client.channels import (FAILOVER_AFTER_S, Addresses, close_unwatched, connect_any,  # noqa: F401
-                                       connect_first, diagnose, mark_down, open_channel, parse_addresses)
+from simbridge.client.channels import (FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
+                                       close_unwatched, connect_any, connect_first, diagnose, mark_down,
+                                       open_channel, parse_addresses)
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -193,10 +194,15 @@ class Connection:
                 resp = self._open_session(resume=self.session_id)
                 break
             except BridgeError as e:
+                if e.code in RETRYABLE and others:
+                    # A closed port has lost the session for good (a restarted server would not know
+                    # it either): move at once; anything else gets FAILOVER_AFTER_S to come back.
+                    what = diagnose(self.address, self._security.uses_tls)[0]
+                    if what != NOTHING_LISTENS and backoff.wait():
+                        continue
+                    self._move(what)
                 if e.code in RETRYABLE and backoff.wait():
                     continue
-                if e.code in RETRYABLE and others:
-                    self._move(diagnose(self.address, self._security.uses_tls)[0])
                 why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
                 raise BridgeError(grpc.StatusCode.UNAVAILABLE,
                                   f"lost the simbridge trainer at {self.address} and could not reconnect "

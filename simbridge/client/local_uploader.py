@@ -12,7 +12,8 @@ from typing import Optional
 
 import grpc
 
-from simbridge.client.connection import FAILOVER_AFTER_S, RETRYABLE, Backoff, SessionLost, call_unary, mark_down
+from simbridge.client.connection import (FAILOVER_AFTER_S, NOTHING_LISTENS, RETRYABLE, Backoff, SessionLost,
+                                         call_unary, diagnose, mark_down)
 from simbridge.client.local_buffer import Chunk
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.wire.errors import BridgeError, Reason
@@ -108,15 +109,16 @@ class ServerSync:
                     refused.wait()
                     continue
                 if code in RETRYABLE:
-                    others = len(self.addresses) > 1
+                    others = len(self.addresses) > 1 and not self._closing
                     patience = min(self.reconnect_timeout_s, _CLOSING_RETRY_S) if self._closing else \
                         min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s
-                    if broken.wait(patience):
+                    what = diagnose(self.address)[0] if others else ""
+                    if what != NOTHING_LISTENS and broken.wait(patience):
                         self._count(upload_retries=1)
                         continue
-                    if others and not self._closing:
+                    if others:   # as the connection engine: a closed port at once, else after patience
                         mark_down(self.address)   # the next client of this process starts elsewhere
-                        self._session_lost(f"the bridge at {self.address} went away ({details})")
+                        self._session_lost(f"the bridge at {self.address} went away ({what or details})")
                         return
                     self._fatal = BridgeError(grpc.StatusCode.UNAVAILABLE,
                                               f"lost the simbridge server at {self.address} for "

@@ -85,6 +85,29 @@ def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server
     client.close()
 
 
+def test_a_host_that_listens_but_does_not_answer_gets_the_grace_then_the_client_moves(make_server):
+    """A closed port moves the client at once; a port where something still listens (a hung
+    host, here a bare socket) gets FAILOVER_AFTER_S to come back first."""
+    servers = _pair(make_server)
+    client = PolicyClient(list(servers), OBS, ACT, reconnect_timeout_s=10.0)
+    first = client._conn.address
+    eid = client.start_episode()
+    client.get_action(eid, np.zeros(2, np.float32))
+    servers[first].stop(grace=0)
+    host, port = first.rsplit(":", 1)
+    with socket.socket() as hung:
+        hung.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        hung.bind((host, int(port)))
+        hung.listen(8)
+        t0 = time.monotonic()
+        with pytest.raises(SessionLost, match="does not answer as a gRPC server"):
+            client.get_action(eid, np.zeros(2, np.float32))
+        waited = time.monotonic() - t0
+    assert channels.FAILOVER_AFTER_S <= waited < channels.FAILOVER_AFTER_S + 5
+    assert client._conn.address != first
+    client.close()
+
+
 def test_multi_agent_client_moves_and_goes_on_with_new_episodes(make_server):
     servers = _pair(make_server)
     client = MultiAgentPolicyClient(list(servers), OBS, ACT, reconnect_timeout_s=10.0)
