@@ -13,6 +13,17 @@ every request carries RequestHeader.seq and the server applies each seq once, an
 repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), for at most
 the client's reconnect_timeout_s.
 
+Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
+connects to one (simbridge.client.channels says which). When the server it is on goes away
+(nothing listens at its port any more, or its reconnect attempts fail for FAILOVER_AFTER_S; a
+server that answers, restarted, is the same address's restart), the client moves to the next address that answers and opens a NEW
+session there with the same CreateSessionRequest, then raises SessionLost, the same as when a
+restarted trainer no longer knows the session: the open episodes ended with the old server
+(which ends them truncated when it sees the session die), and the caller goes on with new
+episodes. Exactly once across hosts: a request whose answer never came is NOT resent to the
+new server (its seq belonged to the old session: the old server applied it or not, and counted
+it or not, alone); it is dropped with the old session's episodes.
+
 The engine knows nothing of what the requests carry: a client that wants to act when one of
 its requests fails (the policy client logs the rewards it carried on their own) passes
 `on_failed`, called with the failed request's kind and message before the error is raised.
@@ -20,16 +31,17 @@ its requests fails (the policy client logs the rewards it carried on their own) 
 import collections
 import logging
 import queue
-import socket
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import grpc
 
+from simbridge.client.channels import (FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
+                                       close_unwatched, connect_any, connect_first, diagnose, mark_down,
+                                       open_channel, parse_addresses)
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
-from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
@@ -86,89 +98,6 @@ class Backoff:
         return True
 
 
-def open_channel(address: str, connect_timeout_s: float, fix: Optional[str] = None,
-                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
-    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
-    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
-    port and one where something other than gRPC answers (an HTTP server) fail at once; with
-    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
-    `security`: TLS and token (default: ClientSecurity.from_env())."""
-    security = security or ClientSecurity.from_env()
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
-                          f"[server] address)")
-    channel = security.channel(address, options=[
-        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ("grpc.max_send_message_length", 256 * 1024 * 1024),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        *RECONNECT_OPTIONS])
-    fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
-    ready = grpc.channel_ready_future(channel)
-    deadline = time.monotonic() + connect_timeout_s
-    told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once
-    while True:
-        try:
-            ready.result(timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
-            return security.wrap(channel)
-        except grpc.FutureTimeoutError:
-            pass
-        what, hopeless = diagnose(address, security.uses_tls)
-        if hopeless or time.monotonic() >= deadline:
-            ready.cancel()
-            channel.close()
-            msg = f"no simbridge trainer at {address}: {what}: {fix}"
-            if security.uses_tls:
-                msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
-                        "verify or whose name does not match, fails the same way; see --tls-server-name)")
-            raise BridgeError(grpc.StatusCode.UNAVAILABLE, msg) from None
-        wait_s = 1.0
-        if not told:
-            told = True
-            log.warning("no simbridge trainer at %s yet: %s; waiting up to %.0f s for one: %s", address, what,
-                        connect_timeout_s, fix)
-
-
-def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
-    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
-    nothing listening (a trainer may still come), a host that does not answer, or something
-    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1)."""
-    host, _, port = address.rpartition(":")
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-    except ConnectionRefusedError:
-        return "nothing listens there (connection refused)", False
-    except socket.gaierror as e:
-        return f"cannot resolve host {host!r} ({e.strerror})", True
-    except OSError as e:
-        return f"the host does not answer ({e.strerror or 'timed out'})", False
-    with sock:
-        # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
-        # run files in between), and that looks the same as a failed handshake from here.
-        if tls:
-            return "a server answers but the TLS handshake or the gRPC connection failed", False
-        try:
-            sock.sendall(_HTTP1_PROBE)
-            answer = sock.recv(64)
-        except OSError:
-            answer = b""
-    if answer.startswith(b"HTTP/1"):
-        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
-        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
-                f"TensorBoard?)"), True
-    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
-        return "a gRPC server answers there but the connection did not get ready", False
-    if answer[:1] in (b"\x15", b"\x16"):
-        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
-    return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
-
-
-# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
-_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"
-
-
 def rpc_failure(e: BaseException) -> str:
     """A failed call or stream in words ("UNAVAILABLE: Socket closed"), never gRPC's object text."""
     if isinstance(e, grpc.RpcError) and callable(getattr(e, "code", None)):
@@ -194,13 +123,20 @@ class Connection:
     without waiting for their answers (read, and their errors raised, by a later call).
     transport "unary": one RPC per call."""
 
-    def __init__(self, address: str, service: str, create: pb.CreateSessionRequest, transport: str,
+    def __init__(self, address: Addresses, service: str, create: pb.CreateSessionRequest, transport: str,
                  connect_timeout_s: float, reconnect_timeout_s: float, pipeline: bool,
                  on_failed: Optional[Callable[[str, object], None]] = None,
-                 security: Optional[ClientSecurity] = None):
+                 security: Optional[ClientSecurity] = None,
+                 on_session_lost: Optional[Callable[[], int]] = None):
+        """address: one HOST:PORT, or several (a list, or "h1:p1,h2:p2"): see the module's doc.
+        on_session_lost: called when the session is lost (a restarted server, or a move to another
+        one); returns how many open episodes ended with it (for the log line)."""
         if transport not in ("stream", "unary"):
             raise ValueError(f"transport must be 'stream' or 'unary', got {transport!r}")
-        self.address = address
+        self._service = service
+        self._security = security or ClientSecurity.from_env()
+        self._on_session_lost = on_session_lost or (lambda: 0)
+        self.moves = 0
         self.transport = transport
         self.pipeline = pipeline and transport == "stream"
         self.reconnect_timeout_s = reconnect_timeout_s
@@ -212,9 +148,8 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
-        self._channel = open_channel(address, connect_timeout_s, security=security)
-        self._stub = (pb_grpc.ExternalMultiAgentEnvStub if service == "multi" else pb_grpc.ExternalEnvStub)(
-            self._channel)
+        self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
+        self._stub = self._make_stub()
         self._stream_q: Optional[queue.SimpleQueue] = None
         self._responses = None
         self.session = self._open_session(resume=None)
@@ -222,6 +157,10 @@ class Connection:
         self.reconnects = 0
 
     # -------------------------------------------------------------- session
+
+    def _make_stub(self):
+        return (pb_grpc.ExternalMultiAgentEnvStub if self._service == "multi" else pb_grpc.ExternalEnvStub)(
+            self._channel)
 
     def _open_session(self, resume: Optional[str]) -> pb.CreateSessionResponse:
         req = pb.CreateSessionRequest()
@@ -245,7 +184,8 @@ class Connection:
     def _reconnect(self, cause: Exception) -> None:
         if self._closing:
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
-        backoff = Backoff(self.reconnect_timeout_s)
+        others = len(self.addresses) > 1
+        backoff = Backoff(min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s)
         log.warning("connection to %s broke (%s); reconnecting", self.address, rpc_failure(cause))
         while True:
             if self._stream_q is not None:
@@ -254,18 +194,27 @@ class Connection:
                 resp = self._open_session(resume=self.session_id)
                 break
             except BridgeError as e:
-                if e.code not in RETRYABLE or not backoff.wait():
-                    why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
-                    raise BridgeError(grpc.StatusCode.UNAVAILABLE,
-                                      f"lost the simbridge trainer at {self.address} and could not reconnect "
-                                      f"within {self.reconnect_timeout_s:.0f}s: {why}; restart it (`simbridge-"
-                                      f"trainer run --resume --logdir DIR` goes on where it stopped)") from None
+                if e.code in RETRYABLE and others:
+                    # A closed port has lost the session for good (a restarted server would not know
+                    # it either): move at once; anything else gets FAILOVER_AFTER_S to come back.
+                    what = diagnose(self.address, self._security.uses_tls)[0]
+                    if what != NOTHING_LISTENS and backoff.wait():
+                        continue
+                    self._move(what)
+                if e.code in RETRYABLE and backoff.wait():
+                    continue
+                why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
+                raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                  f"lost the simbridge trainer at {self.address} and could not reconnect "
+                                  f"within {self.reconnect_timeout_s:.0f}s: {why}; restart it (`simbridge-"
+                                  f"trainer run --resume --logdir DIR` goes on where it stopped)") from None
         self.reconnects += 1
         if not resp.resumed:
             old = self.session_id
             self.session_id = resp.session_id
             self._outstanding.clear()
             self._seq = 0
+            self._on_session_lost()
             raise SessionLost(grpc.StatusCode.UNAVAILABLE,
                               f"the server no longer had session {old} (restarted or expired): its open "
                               f"episodes are gone; start new episodes (new session {resp.session_id})",
@@ -274,6 +223,35 @@ class Connection:
         if self.transport == "stream":
             for _, kind, msg in self._outstanding:
                 self._stream_q.put(_wrap(kind, msg))
+
+    def _move(self, why: str) -> None:
+        """The server at self.address went away: open a new session at the next address that
+        answers and raise SessionLost (the unanswered requests are dropped, not resent: see the
+        module's doc). A BridgeError naming every address when none answers."""
+        old, old_session = self.address, self.session_id
+        mark_down(old)
+        close_unwatched(self._channel)
+        i = self.addresses.index(old)
+        order = self.addresses[i + 1:] + self.addresses[:i + 1]   # the lost one last: it may come back
+        try:
+            self.address, self._channel = connect_any(order, self.reconnect_timeout_s, security=self._security)
+            self._stub = self._make_stub()
+            self._outstanding.clear()
+            self._seq = 0
+            self.session = self._open_session(resume=None)
+        except BridgeError as e:
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                              f"lost the simbridge trainer at {old} ({why}) and found no other: {e.message}") from None
+        self.session_id = self.session.session_id
+        self.reconnects += 1
+        self.moves += 1
+        ended = self._on_session_lost()
+        log.warning("bridge at %s went away (%s); moved to %s (new session %s, %d open episode(s) ended)",
+                    old, why, self.address, self.session_id, ended)
+        raise SessionLost(grpc.StatusCode.UNAVAILABLE,
+                          f"the bridge at {old} went away ({why}); moved to {self.address} (new session "
+                          f"{self.session_id}); the {ended} open episode(s) of session {old_session} ended with "
+                          f"the old one: start new episodes", close_connection=self.close)
 
     # -------------------------------------------------------------- calls
 

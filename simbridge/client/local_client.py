@@ -31,7 +31,9 @@ copy of the weights in its answer cache).
 
 A session the server no longer knows (it restarted) raises SessionLost on the
 next call, with the count of buffered steps that could not be delivered, as
-PolicyClient does; start over with a new client.
+PolicyClient does; start over with a new client. Given several addresses, a
+client whose server stays unreachable for FAILOVER_AFTER_S raises SessionLost
+the same way; the new client connects to another of them (docs/scaling.md).
 
 This module holds the simulator's calls; the experience columns are in
 local_buffer, the two background threads in local_uploader (with the
@@ -50,7 +52,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from simbridge.client.connection import call_unary, open_channel
+from simbridge.client.connection import call_unary, connect_first
 from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invalid, nbytes_of, row_writer
 from simbridge.client.local_layers import has_nan
 from simbridge.client.local_policy import LocalPolicy
@@ -107,7 +109,7 @@ class LocalPolicyClient(ServerSync):
         self._put_act = row_writer(action_space)
         self._copy_action = not isinstance(action_space, gym.spaces.Discrete)
 
-        self._channel = open_channel(address, connect_timeout_s, security=security)
+        self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, security)
         self._stub = pb_grpc.ExternalEnvStub(self._channel)
         try:
             created = call_unary(self._stub.CreateSession, pb.CreateSessionRequest(

@@ -12,7 +12,8 @@ from typing import Optional
 
 import grpc
 
-from simbridge.client.connection import RETRYABLE, Backoff, SessionLost, call_unary
+from simbridge.client.connection import (FAILOVER_AFTER_S, NOTHING_LISTENS, RETRYABLE, Backoff, SessionLost,
+                                         call_unary, diagnose, mark_down)
 from simbridge.client.local_buffer import Chunk
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.wire.errors import BridgeError, Reason
@@ -108,11 +109,17 @@ class ServerSync:
                     refused.wait()
                     continue
                 if code in RETRYABLE:
+                    others = len(self.addresses) > 1 and not self._closing
                     patience = min(self.reconnect_timeout_s, _CLOSING_RETRY_S) if self._closing else \
-                        self.reconnect_timeout_s
-                    if broken.wait(patience):
+                        min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s
+                    what = diagnose(self.address)[0] if others else ""
+                    if what != NOTHING_LISTENS and broken.wait(patience):
                         self._count(upload_retries=1)
                         continue
+                    if others:   # as the connection engine: a closed port at once, else after patience
+                        mark_down(self.address)   # the next client of this process starts elsewhere
+                        self._session_lost(f"the bridge at {self.address} went away ({what or details})")
+                        return
                     self._fatal = BridgeError(grpc.StatusCode.UNAVAILABLE,
                                               f"lost the simbridge server at {self.address} for "
                                               f"{patience:.0f}s: {details}")
@@ -131,12 +138,12 @@ class ServerSync:
                 self._refresh_now.set()
             return
 
-    def _session_lost(self) -> None:
+    def _session_lost(self, why: str = "") -> None:
         with self._cond:
             lost = sum(c.n for c in self._ready) + (self._current.n if self._current else 0)
+            why = why or f"the server no longer has session {self.session_id} (restarted or expired)"
             err = SessionLost(grpc.StatusCode.UNAVAILABLE,
-                              f"the server no longer has session {self.session_id} (restarted or expired): "
-                              f"{lost} buffered steps could not be delivered; start over with a new client",
+                              f"{why}: {lost} buffered steps could not be delivered; start over with a new client",
                               close_connection=self._close_without_flush)
             self._fatal = self._fatal or err
             self._cond.notify_all()

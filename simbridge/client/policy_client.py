@@ -15,6 +15,9 @@ and rewards queued before any other call, are sent as their own (pipelined)
 LogReturns; if a request carrying rewards fails, the rewards are resent
 alone, so a bad observation never costs a reward.
 
+`address` may name several bridge hosts (a list, or "h1:p1,h2:p2"): the client moves to another
+when its host goes away, raising SessionLost as a restarted trainer does (docs/scaling.md).
+
 Both number their requests (RequestHeader.seq). When the connection breaks the
 client reconnects, resumes its session and resends what was not answered; the
 server applies each seq once, so nothing is lost or doubled (the engine:
@@ -23,14 +26,16 @@ simbridge.client.connection).
 import collections
 from typing import Any, Dict, List, Optional, Sequence
 
+import grpc
 import gymnasium as gym
 import numpy as np
 from google.protobuf import struct_pb2
 
-from simbridge.client.connection import Connection, EarlierCallFailed, SessionLost, open_channel
+from simbridge.client.connection import Addresses, Connection, EarlierCallFailed, SessionLost, open_channel
 from simbridge.client.security import ClientSecurity
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors, tree
+from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 # The connection engine's names stay importable from here.
@@ -83,7 +88,7 @@ def _without_rows_of(queued: pb.RewardRows, done: pb.RewardRows) -> Optional[pb.
 class _ClientBase:
     _service = "single"
 
-    def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space,
+    def __init__(self, address: Addresses, observation_space: gym.Space, action_space: gym.Space,
                  agents: Optional[Dict[str, tuple]] = None, transport: str = "stream",
                  client_name: str = "python-client", connect_timeout_s: float = 30.0,
                  reconnect_timeout_s: float = 60.0, pipeline: bool = True, coalesce_rewards: bool = True,
@@ -97,12 +102,31 @@ class _ClientBase:
         for aid, (obs_sp, act_sp) in self.agent_spaces.items():
             create.agents.add(agent_id=aid, observation_space=sb_spaces.space_to_proto(obs_sp),
                               action_space=sb_spaces.space_to_proto(act_sp))
+        self._open: set = set()   # episode ids started and not ended
+        self._cut: set = set()    # episode ids that ended with a lost session
         self._conn = Connection(address, self._service, create, transport, connect_timeout_s,
-                                reconnect_timeout_s, pipeline, on_failed=self._resend_rewards, security=security)
+                                reconnect_timeout_s, pipeline, on_failed=self._resend_rewards, security=security,
+                                on_session_lost=self._episodes_cut)
         self.coalesce_rewards = coalesce_rewards
         self._rewards: List[pb.RewardRows] = []
 
+    def _episodes_cut(self) -> int:
+        """The session was lost: its open episodes ended with it, and its queued rewards."""
+        self._cut, self._open = self._open, set()
+        self._rewards = []
+        return len(self._cut)
+
+    def _check_open(self, episode_ids) -> None:
+        """A call naming an episode that ended with a lost session is refused here, saying so."""
+        gone = [e for e in episode_ids if e in self._cut]
+        if gone:
+            raise BridgeError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"episode {gone[0]!r} already ended (with its session, lost: the client is on a "
+                              f"new session at {self._conn.address}): start a new episode", Reason.EPISODE_ENDED)
+
     def _queue_rewards(self, rows: pb.RewardRows) -> None:
+        if self._cut:
+            self._check_open(rows.episode_ids)
         if rows.terminated or rows.truncated:
             # The contract lets an agent marked done appear in that row only: rewards queued
             # for it move into the row that ends it, then everything goes out at once.
@@ -133,6 +157,8 @@ class _ClientBase:
             self._conn.call("log_returns", retry, wait=False)
 
     def _call(self, kind: str, msg, wait: bool = True):
+        if self._cut and kind in ("get_action", "log_action", "end_episode"):
+            self._check_open(msg.episode_ids if kind == "end_episode" else [e for r in msg.rows for e in r.episode_ids])
         if kind in ("get_action", "log_action", "end_episode") and self._rewards:
             msg.rewards.extend(self._rewards)  # applied first, all or nothing with the call
             self._rewards = []
@@ -161,8 +187,15 @@ class _ClientBase:
         if episode_ids:
             msg.episode_ids.extend(episode_ids)
             self._call("start_episode", msg, wait=False)  # ids known: no need to wait
+            self._open.update(episode_ids)
             return list(episode_ids)
-        return list(self._call("start_episode", msg).episode_ids)
+        ids = list(self._call("start_episode", msg).episode_ids)
+        self._open.update(ids)
+        return ids
+
+    def _ended(self, episode_ids, start_episode_ids=()) -> None:
+        self._open.difference_update(episode_ids)
+        self._open.update(start_episode_ids or ())
 
     def flush(self) -> None:
         """Wait until the server has applied every call so far; raise the first error."""
@@ -189,7 +222,7 @@ class PolicyClient(_ClientBase):
     once with observations shaped (N, *obs_shape) and cost one round trip.
     """
 
-    def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space, **kwargs):
+    def __init__(self, address: Addresses, observation_space: gym.Space, action_space: gym.Space, **kwargs):
         super().__init__(address, observation_space, action_space, None, **kwargs)
         self.last_policy_versions: List[int] = []
 
@@ -247,6 +280,7 @@ class PolicyClient(_ClientBase):
         rows.episode_ids.extend(episode_ids)
         sb_spaces.fill_value(rows.observations, self.observation_space, observations)
         self._call("end_episode", msg, wait=False)
+        self._ended(msg.episode_ids, msg.start_episode_ids)
 
 
 class MultiAgentPolicyClient(_ClientBase):
@@ -335,6 +369,8 @@ class MultiAgentPolicyClient(_ClientBase):
                 space = self._space(group[0], 0)
                 sb_spaces.fill_value(rows.final_observations, space, sb_spaces.stack_values(space, [finals[a] for a in group]))
             self._queue_rewards(rows)
+        if done.get("__all__") or trunc.get("__all__"):
+            self._ended([episode_id])
 
     def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,
                     truncated: bool = False) -> None:
@@ -343,6 +379,7 @@ class MultiAgentPolicyClient(_ClientBase):
             for aids in self._groups(observation_dict).values():
                 self._fill_rows(msg.final_observations.add(), episode_id, aids, observation_dict)
         self._call("end_episode", msg, wait=False)
+        self._ended(msg.episode_ids, msg.start_episode_ids)
 
     # ---------------------------------------------------------- rows of many episodes
     # Batched forms for simulators that run many episodes at once, each row one
@@ -399,3 +436,4 @@ class MultiAgentPolicyClient(_ClientBase):
             if evaluation:
                 msg.start_evaluation = True
         self._call("end_episode", msg, wait=False)
+        self._ended(msg.episode_ids, msg.start_episode_ids)

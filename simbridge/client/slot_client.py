@@ -13,6 +13,11 @@ In the manner of envrax's BatchedEnv, seen from the simulator's side:
 order, one per terminated-or-truncated slot) while `obs` already holds the
 first observation of its next episode. One message each way per step for all
 slots; the server keeps one episode per slot.
+
+`address` may name several bridge hosts (a list, or "h1:p1,h2:p2"): when the one the client is
+on goes away, it moves to another and `step` raises SessionLost; the next `step` (observations
+only, no outcome: the slots' episodes ended with the old server) starts every slot's new
+episode there.
 """
 from typing import Any, Optional
 
@@ -21,13 +26,13 @@ import numpy as np
 
 from simbridge.wire import leaf_codec, tensors
 from simbridge.wire import spaces as sb_spaces
-from simbridge.client.connection import Connection
+from simbridge.client.connection import Addresses, Connection
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
 class SlotClient:
-    def __init__(self, address: str, observation_space: gym.Space, action_space: gym.Space, num_slots: int,
+    def __init__(self, address: Addresses, observation_space: gym.Space, action_space: gym.Space, num_slots: int,
                  training_enabled: bool = True, transport: str = "stream", client_name: str = "slot-client",
                  connect_timeout_s: float = 30.0, reconnect_timeout_s: float = 60.0,
                  security: Optional[ClientSecurity] = None, evaluation: bool = False):
@@ -46,7 +51,8 @@ class SlotClient:
         if evaluation:
             create.slots_evaluation = True
         self._conn = Connection(address, "single", create, transport, connect_timeout_s,
-                                reconnect_timeout_s, pipeline=False, security=security)
+                                reconnect_timeout_s, pipeline=False, security=security,
+                                on_session_lost=lambda: num_slots)
         self.policy_versions: Optional[np.ndarray] = None
         self.policy_id = ""
 

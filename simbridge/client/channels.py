@@ -1,0 +1,225 @@
+"""Finding a bridge host: a ready channel to one address (`open_channel`), or to one of several
+(`connect_any`), and why none gets ready, in words (`diagnose`).
+
+Several addresses come as a list or "h1:p1,h2:p2" (`parse_addresses`). A client starts at
+`start_index`: a hash of the host name and process id, plus one for each client this process made
+before, so simulator processes spread over the addresses and the clients of one process go round
+them. An address a client of this process moved away from (`mark_down`) is tried last for 30 s.
+"""
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import zlib
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from simbridge.client.security import ClientSecurity
+from simbridge.wire.errors import BridgeError
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
+
+log = logging.getLogger("simbridge.client")
+
+# With other addresses to go to, how long a client tries to resume on the server it lost before
+# it moves: a broken stream to a live server resumes in milliseconds; a server that stopped
+# answering for this long has lost the session's open episodes anyway (they end at its timeout).
+FAILOVER_AFTER_S = 2.0
+_DOWN_FOR_S = 30.0
+_down_since: Dict[str, float] = {}
+_clients_made = itertools.count()
+
+
+NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's words for a port closed
+
+
+def mark_down(address: str) -> None:
+    """A client moved away from `address`: the process's next clients try it last for a while."""
+    _down_since[address] = time.monotonic()
+
+
+Addresses = Union[str, Sequence[str]]
+
+
+def parse_addresses(address: Addresses) -> List[str]:
+    """One address, a list of them, or a comma-separated string "h1:p1,h2:p2", as a list of
+    HOST:PORT (each checked); a BridgeError naming the fix for a bad one."""
+    items = address.split(",") if isinstance(address, str) else [str(a) for a in address]
+    out = [a.strip() for a in items if a.strip()]
+    if not out:
+        raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"no address given ({address!r}): pass HOST:PORT, or several as \"h1:p1,h2:p2\"")
+    for a in out:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"address {a!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
+                              f"[server] address)")
+    return list(dict.fromkeys(out))
+
+
+def start_index(n: int) -> int:
+    """Where a new client starts in a list of n addresses: a hash of this host and process, plus
+    the number of clients this process made before (deterministic for a given process; spreads
+    processes over the addresses, and a process's clients round them)."""
+    base = zlib.crc32(f"{socket.gethostname()}/{os.getpid()}".encode())
+    return (base + next(_clients_made)) % n
+
+
+def try_order(addresses: List[str], start: int) -> List[str]:
+    """The addresses from `start` round, the ones a client of this process left recently last."""
+    ring = addresses[start:] + addresses[:start]
+    now = time.monotonic()
+    recent = {a for a in ring if now - _down_since.get(a, -_DOWN_FOR_S) < _DOWN_FOR_S}
+    return [a for a in ring if a not in recent] + [a for a in ring if a in recent]
+
+
+def close_unwatched(channel: grpc.Channel) -> None:
+    """Close a channel whose ready future was just cancelled or met: gRPC's polling thread goes
+    on watching it for up to 0.2 s, and a channel closed under it raises in that thread."""
+    timer = threading.Timer(0.5, channel.close)
+    timer.daemon = True
+    timer.start()
+
+
+def _new_channel(address: str, security: ClientSecurity) -> grpc.Channel:
+    return security.channel(address, options=[
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        *RECONNECT_OPTIONS])
+
+
+def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[str] = None,
+                security: Optional[ClientSecurity] = None) -> Tuple[str, grpc.Channel]:
+    """The first of `addresses`, in their order, whose server answers, and a ready channel to it.
+    Each gets a short look in turn (one that cannot answer, an HTTP server say, is dropped at
+    once) until connect_timeout_s is spent; then a BridgeError naming every address and why."""
+    if len(addresses) == 1:
+        return addresses[0], open_channel(addresses[0], connect_timeout_s, fix, security)
+    security = security or ClientSecurity.from_env()
+    fix = fix or "start a trainer at one of them, or pass the trainers' addresses"
+    pending = dict.fromkeys(addresses)     # a channel each, made at its first turn
+    ready = {}
+    why: Dict[str, str] = {}
+    deadline = time.monotonic() + connect_timeout_s
+    told = False
+    try:
+        while True:
+            for a in list(pending):
+                if pending[a] is None:
+                    pending[a] = _new_channel(a, security)
+                    ready[a] = grpc.channel_ready_future(pending[a])
+                try:
+                    ready[a].result(timeout=max(0.0, min(0.3, deadline - time.monotonic())))
+                    return a, security.wrap(pending.pop(a))
+                except grpc.FutureTimeoutError:
+                    pass
+                why[a], hopeless = diagnose(a, security.uses_tls)
+                if hopeless:
+                    ready[a].cancel()
+                    close_unwatched(pending.pop(a))
+            if not pending or time.monotonic() >= deadline:
+                said = "; ".join(f"{a}: {why.get(a, 'not tried')}" for a in addresses)
+                raise BridgeError(grpc.StatusCode.UNAVAILABLE,
+                                  f"no simbridge trainer at any of {len(addresses)} addresses ({said}): {fix}")
+            if not told:
+                told = True
+                log.warning("no simbridge trainer at any of %s yet; waiting up to %.0f s for one: %s",
+                            ", ".join(addresses), connect_timeout_s, fix)
+    finally:
+        for a, ch in pending.items():
+            if ch is not None:
+                ready[a].cancel()
+                close_unwatched(ch)
+
+
+def connect_first(address: Addresses, connect_timeout_s: float,
+                  security: Optional[ClientSecurity] = None) -> Tuple[List[str], str, grpc.Channel]:
+    """A new client's connection: (all its addresses, the one it connected to, a ready channel)."""
+    addresses = parse_addresses(address)
+    chosen, channel = connect_any(try_order(addresses, start_index(len(addresses))), connect_timeout_s,
+                                  security=security)
+    return addresses, chosen, channel
+
+
+def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str] = None,
+                 security: Optional[ClientSecurity] = None) -> grpc.Channel:
+    """A channel to a simbridge server, ready; a BridgeError naming the fix when none answers
+    (`fix`: what the caller's user should do instead of starting a trainer). An address without a
+    port and one where something other than gRPC answers (an HTTP server) fail at once; with
+    nothing listening it waits up to connect_timeout_s (a trainer may be starting), saying so once.
+    Several addresses (a list or "h1:p1,h2:p2"): one of them, from start_index (connect_any).
+    `security`: TLS and token (default: ClientSecurity.from_env())."""
+    addresses = parse_addresses(address)
+    if len(addresses) > 1:
+        return connect_any(try_order(addresses, start_index(len(addresses))), connect_timeout_s, fix,
+                           security)[1]
+    address = addresses[0]
+    security = security or ClientSecurity.from_env()
+    channel = _new_channel(address, security)
+    fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
+    ready = grpc.channel_ready_future(channel)
+    deadline = time.monotonic() + connect_timeout_s
+    told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once
+    while True:
+        try:
+            ready.result(timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
+            return security.wrap(channel)
+        except grpc.FutureTimeoutError:
+            pass
+        what, hopeless = diagnose(address, security.uses_tls)
+        if hopeless or time.monotonic() >= deadline:
+            ready.cancel()
+            close_unwatched(channel)
+            msg = f"no simbridge trainer at {address}: {what}: {fix}"
+            if security.uses_tls:
+                msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
+                        "verify or whose name does not match, fails the same way; see --tls-server-name)")
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, msg) from None
+        wait_s = 1.0
+        if not told:
+            told = True
+            log.warning("no simbridge trainer at %s yet: %s; waiting up to %.0f s for one: %s", address, what,
+                        connect_timeout_s, fix)
+
+
+def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
+    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
+    nothing listening (a trainer may still come), a host that does not answer, or something
+    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1)."""
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+    except ConnectionRefusedError:
+        return NOTHING_LISTENS, False
+    except socket.gaierror as e:
+        return f"cannot resolve host {host!r} ({e.strerror})", True
+    except OSError as e:
+        return f"the host does not answer ({e.strerror or 'timed out'})", False
+    with sock:
+        # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
+        # run files in between), and that looks the same as a failed handshake from here.
+        if tls:
+            return "a server answers but the TLS handshake or the gRPC connection failed", False
+        try:
+            sock.sendall(_HTTP1_PROBE)
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+    if answer.startswith(b"HTTP/1"):
+        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
+                f"TensorBoard?)"), True
+    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
+        return "a gRPC server answers there but the connection did not get ready", False
+    if answer[:1] in (b"\x15", b"\x16"):
+        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
+    return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
+
+
+# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
+_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"
