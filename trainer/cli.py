@@ -46,6 +46,7 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -138,14 +139,20 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = config_for(args)
-        if not args.resume:
+        rank = None
+        if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
+            from simbridge.trainer import distributed   # needs torch: see the comment atop
+            rank = distributed.rank_from_env()
+            for note in distributed.prepare_config(cfg, rank) if rank is not None else ():
+                print(f"simbridge-trainer: rank {rank.rank}: {note}", flush=True)
+        if not args.resume and (rank is None or rank.writes):
             refuse_used(Path(cfg.run.logdir))
         if address_in_use(cfg.server.address):   # at once, before torch and the learners load
             raise ConfigError(f"could not bind {cfg.server.address}: another process is listening on that "
                               f"port: stop it, or pick another port with --address HOST:PORT (nothing was "
                               f"written to {cfg.run.logdir})")
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
-        daemon = TrainerDaemon(cfg, resume=args.resume)
+        daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2

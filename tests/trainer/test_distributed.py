@@ -1,0 +1,202 @@
+"""A data-parallel group of two trainer ranks (trainer/distributed.py) on two separate "hosts": two
+network namespaces this test makes, joined by a veth pair, each with its own 10.x address, its own
+rank and its own simulator, talking to the other only over that link. Where namespaces cannot be
+made (not root, no `ip`), the same group on loopback with two ports, and the test says why.
+
+Asserted: the ranks end with bitwise-equal weights at the same version; rank 0's records (the
+group's) count exactly the env steps and episodes both simulators sent; DQN learns CartPole through
+the group; a rank killed mid-run stops the other with a clear message instead of a hang.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from simbridge.trainer.launch import Proc, child_env, free_port, python_module, wait_for_health
+
+PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timesteps = 50000, batch_size = 128, '
+          'buffer_size = 100000, learning_starts = 1000, updates_per_step = 1.0, hidden = [128, 128], '
+          'tau = 0.005, epsilon_initial = 1.0, epsilon_final = 0.02, epsilon_timesteps = 10000, seed = 0 }')
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+class Hosts:
+    """Two places to run a rank: `wrap(i, argv)` runs argv on host i; `addr[i]` is its address."""
+
+    def __init__(self):
+        self.namespaces = []
+        self.why = ""
+
+    def make(self) -> "Hosts":
+        tag = uuid.uuid4().hex[:6]
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return self._loopback("not root" if os.geteuid() != 0 else "no `ip` command")
+        names = [f"sbd{tag}a", f"sbd{tag}b"]
+        net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+        try:
+            for ns in names:
+                _ip("netns", "add", ns)
+                self.namespaces.append(ns)
+            _ip("link", "add", f"v{tag}a", "netns", names[0], "type", "veth", "peer", "name", f"v{tag}b",
+                "netns", names[1])
+            for i, ns in enumerate(names):
+                _ip("-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", f"v{tag}{'ab'[i]}")
+                _ip("-n", ns, "link", "set", f"v{tag}{'ab'[i]}", "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except (subprocess.CalledProcessError, OSError) as e:
+            self.close()
+            msg = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+            return self._loopback(f"`ip netns` failed: {msg}")
+        self.host = [f"{net}.1", f"{net}.2"]
+        self.ifname = [f"v{tag}a", f"v{tag}b"]
+        self.port = [50051, 50051]   # each host has its own ports
+        return self
+
+    def _loopback(self, why: str) -> "Hosts":
+        self.why = f"network namespaces unavailable ({why}): the two ranks run on loopback with two ports"
+        print(self.why)
+        self.host, self.ifname, self.port = ["127.0.0.1", "127.0.0.1"], ["lo", "lo"], [free_port(), free_port()]
+        return self
+
+    def addr(self, i: int) -> str:
+        return f"{self.host[i]}:{self.port[i]}"
+
+    def wrap(self, i: int, argv):
+        return ["ip", "netns", "exec", self.namespaces[i], *argv] if self.namespaces else list(argv)
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        self.namespaces = []
+
+
+@pytest.fixture
+def hosts():
+    h = Hosts().make()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def start_group(tmp_path, hosts: Hosts, budget: int, extra_run: str = ""):
+    """Two ranks, each serving on its own host; returns (procs, logdir)."""
+    logdir = tmp_path / "run"
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f"""[server]
+address = "127.0.0.1:0"
+rollout_fragment_length = 32
+[run]
+logdir = "{logdir}"
+total_env_steps = {budget}
+print_every_s = 0.5
+checkpoint_every_env_steps = 1000000
+seed = 0
+{extra_run}
+[policies.default_policy]
+algorithm = "dqn"
+config = {PRESET}
+""")
+    master = free_port() if not hosts.namespaces else 29500
+    procs = []
+    for i in range(2):
+        env = child_env({"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": hosts.host[0],
+                         "MASTER_PORT": str(master), "GLOO_SOCKET_IFNAME": hosts.ifname[i],
+                         "SIMBRIDGE_DIST_TIMEOUT_S": "30"})
+        argv = python_module("simbridge.trainer.cli", "run", "--config", cfg, "--address", hosts.addr(i),
+                             "--logdir", logdir if i == 0 else tmp_path / f"rank{i}", "--insecure")
+        procs.append(Proc(f"rank{i}", hosts.wrap(i, argv), env=env, keep=400))
+    return procs, logdir
+
+
+def wait_health(hosts: Hosts, procs, i: int) -> None:
+    if hosts.namespaces:   # the health check must run inside the namespace too
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any("joined the group" in line for line in procs[i].lines):
+                return
+            assert procs[i].poll() is None, "\n".join(procs[i].lines)
+            time.sleep(0.2)
+        raise AssertionError(f"rank {i} never joined:\n" + "\n".join(procs[i].lines))
+    wait_for_health(hosts.addr(i), timeout=120, proc=procs[i])
+
+
+def sim(hosts: Hosts, i: int, *args):
+    return subprocess.Popen(hosts.wrap(i, python_module("simbridge.sims.gym_sim", "--address", hosts.addr(i),
+                                                        "--quiet", "--seed", str(i), *args)),
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(logdir):
+    path = logdir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def digests(proc):
+    return re.findall(r"policy default_policy at (version \d+, weights sha256 \w+)", "\n".join(proc.lines))
+
+
+def stop(procs):
+    codes = []
+    for p in procs:
+        if p.poll() is None:
+            p.popen.send_signal(15)
+    for p in procs:
+        codes.append(p.stop(timeout=60))
+    return codes
+
+
+def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
+    steps = 7000   # per simulator
+    procs, logdir = start_group(tmp_path, hosts, budget=0)
+    sims = []
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
+        outs = [json.loads(s.communicate(timeout=150)[0].strip().splitlines()[-1]) for s in sims]
+        # Every rank's last counts reach rank 0 by the exchange at the stop.
+        codes = stop(procs)
+    finally:
+        for s in sims:
+            if s.poll() is None:
+                s.kill()
+        stop(procs)
+    out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
+    assert codes == [0, 0], out
+    d0, d1 = digests(procs[0]), digests(procs[1])
+    assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
+    recs = records(logdir)
+    last = recs[-1]
+    assert last["event"] == "stop"
+    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
+    assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
+    assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
+    best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
+    assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
+
+
+def test_a_killed_rank_stops_the_group_with_a_message(tmp_path, hosts):
+    procs, logdir = start_group(tmp_path, hosts, budget=0)
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        procs[1].popen.kill()
+        deadline = time.monotonic() + 45
+        while procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert procs[0].poll() == 1, "rank 0 did not stop after rank 1 was killed:\n" + "\n".join(procs[0].lines)
+    finally:
+        stop(procs)
+    text = "\n".join(procs[0].lines)
+    assert "lost the process group" in text and "--resume" in text, text
+    assert (logdir / "checkpoint.pt").exists()
