@@ -309,6 +309,8 @@ class TrainerDaemon:
         self.address = self.reporter.address = server.address
         self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
+        if self.resume and not self.writes:
+            what = "resuming: the weights come from rank 0's checkpoint"
         if self.resume and self.resume_info:
             i = self.resume_info
             what += (f", journal replayed to {self.runtime.metrics.env_steps:,} env steps and "

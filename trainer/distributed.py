@@ -13,17 +13,21 @@ ended). From it every rank computes the same decision:
 - the replay ratio's clock, per policy: the group's rows / world size (rows per rank on
   average), so `updates_per_step` means what it means on one process, with each update's
   batch drawn on every rank (a global batch of world x batch_size);
-- how many updates to run now: the learner's own rule (`Learner.updates_due`) on that clock,
-  once every rank holds at least batch_size rows (a rank still filling its shard holds the
-  group back, and still takes part in the exchange: nobody deadlocks);
+- how many updates to run now: the learner's own rule (its `_update_target` on that clock, less
+  the updates done), once one rank holds a batch. Every rank runs them, so every all_reduce has
+  all its ranks: a rank whose shard is still smaller than a batch (no simulator yet) runs them
+  on filler rows (one row sent once by the fullest rank) with weight 0, and the average is over
+  the ranks with data;
 - on rank 0, the other ranks' counts and episode summaries, folded into its runtime's metrics:
   rank 0's progress lines, metrics.jsonl, TensorBoard and checkpoint are the group's.
 
 The updates themselves run in every rank in the same order, and each optimizer step first
 averages the gradients of its parameters over the ranks (one all_reduce of the flattened
-gradients): the weights stay bitwise equal, and the version (the update count) too. A policy
-trains once every rank has it: rank 0 then broadcasts its networks, optimizers and counts
-(torch.save bytes, read back with the safe loader), so the ranks start equal.
+gradients): the weights stay bitwise equal, and the version (the update count) too. When a
+policy first exists on some rank (the config's spaces, a resumed checkpoint, or a simulator's
+handshake), rank 0 (or the first rank that has it) broadcasts its spaces, networks, optimizers
+and counts (torch.save bytes, read back with the safe loader); the other ranks build it from
+them, so the ranks start equal.
 
 The learners train in the loop's own thread here (`learner_process` is forced off): the
 collectives must be issued by every rank in the same order at the points the exchange decides,
@@ -136,10 +140,17 @@ def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
-def average_gradients(learner: Learner, world: int) -> None:
-    """Makes each optimizer of the learner average its parameters' gradients over the ranks
-    before it steps. Every rank steps the same optimizers in the same order (same code, same
-    decisions), so the all_reduces pair up; the sum is the same tensor on every rank."""
+class Share:
+    """What this rank's next updates weigh: 1 with its own samples, 0 with filler rows (a rank
+    whose shard is still smaller than a batch); `ready`: the ranks that weigh 1."""
+    weight = 1.0
+    ready = 1
+
+
+def average_gradients(learner: Learner, share: Share) -> None:
+    """Makes each optimizer of the learner average its parameters' gradients over the ranks that
+    have data before it steps. Every rank steps the same optimizers in the same order (same code,
+    same decisions), so the all_reduces pair up; the sum is the same tensor on every rank."""
     for obj in list(vars(learner).values()):
         if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_simbridge_averaged", False):
             continue
@@ -149,8 +160,10 @@ def average_gradients(learner: Learner, world: int) -> None:
             grads = [p.grad for g in _opt.param_groups for p in g["params"] if p.grad is not None]
             if grads:
                 flat = torch._utils._flatten_dense_tensors(grads)
+                if share.weight != 1.0:
+                    flat *= share.weight
                 dist.all_reduce(flat)
-                flat /= world
+                flat /= share.ready
                 for g, v in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
                     g.copy_(v)
             return _step(*args, **kwargs)
@@ -185,9 +198,11 @@ class Group:
         self.group_fed: Dict[str, int] = {pid: 0 for pid in self.pids}   # the group's, since the start
         self.base: Dict[str, int] = {}     # per policy: rank 0's agent steps when the loop started (resume)
         self.synced: set = set()
+        self.share = Share()
+        self.filler: Dict[str, dict] = {}   # per policy: one replay row, shapes for a rank without data
         self.env_steps = 0                 # the group's, as of the last exchange
-        self.min_rows: Dict[str, int] = {}
-        self.everywhere: Dict[str, bool] = {}
+        self.rows: Dict[str, List[int]] = {}   # per policy: each rank's replay size
+        self.has: Dict[str, List[bool]] = {}   # per policy: which ranks have it
         self.episodes: List[dict] = []     # ended here, not yet sent (ranks other than 0)
         if not info.writes:
             runtime.episode_end_callbacks.append(self.episodes.append)   # runtime lock held
@@ -230,9 +245,9 @@ class Group:
         env = sum(int(r[1]) for r in rows)
         self.env_steps += env
         for i, pid in enumerate(self.pids):
-            self.everywhere[pid] = all(r[5 + 3 * i] > 0 for r in rows)
+            self.has[pid] = [bool(r[5 + 3 * i] > 0) for r in rows]
             self.group_fed[pid] += sum(int(r[6 + 3 * i]) for r in rows)
-            self.min_rows[pid] = min(int(r[7 + 3 * i]) for r in rows)
+            self.rows[pid] = [int(r[7 + 3 * i]) for r in rows]
         if self.info.writes:
             self._fold(rows[1:])
         return {"stop": any(r[0] > 0 for r in rows), "more": any(r[4] > 0 for r in rows)}
@@ -271,36 +286,77 @@ class Group:
 
     # ------------------------------------------------------------ weights
 
-    def sync(self, pid: str, learner: Learner) -> None:
-        """Rank 0's networks, optimizers and update counts to every rank (once per policy)."""
-        payload = None
-        if self.info.writes:
-            payload = _dumps({"nets": learner.nets_state(), "updates": learner.updates,
+    def sync(self, pid: str) -> Learner:
+        """The policy's spaces, networks, optimizers and update counts from the first rank that has
+        it (rank 0 when it does) to every rank, once; the ranks without it build it first."""
+        from simbridge.server.sessions import SpaceSpec
+        from simbridge.trainer.checkpoint import space_bytes, space_from_bytes
+        src = self.has[pid].index(True)
+        learner, payload = self.runtime.policies.get(pid), None
+        if self.info.rank == src:
+            payload = _dumps({"obs": space_bytes(learner.observation_space), "act": space_bytes(learner.action_space),
+                              "nets": learner.nets_state(), "updates": learner.updates,
                               "forgiven": learner.updates_forgiven, "base": self.base.get(pid, 0)})
         try:
-            state = _loads(self._broadcast_bytes(payload))
+            state = _loads(self._broadcast_bytes(payload, src))
         except RuntimeError as e:
             raise lost(e, self.info.rank) from None
-        if not self.info.writes:
+        if self.info.rank != src:
+            spec = SpaceSpec(space_from_bytes(state["obs"]), space_from_bytes(state["act"]))
+            self.runtime.policies.ensure(pid, spec, f"rank {src}'s {pid}")   # refuses other spaces
+            learner = self.runtime.policies.get(pid)
             learner.load_nets_state(state["nets"])
             learner.updates, learner.updates_forgiven = state["updates"], state["forgiven"]
             learner.sync_acting()
         self.base[pid] = state["base"]
-        average_gradients(learner, self.info.world)
+        average_gradients(learner, self.share)
         self.synced.add(pid)
+        return learner
 
     def clock(self, pid: str) -> int:
         """The replay ratio's clock: rows per rank, the group's average (plus a resumed start)."""
         return self.base.get(pid, 0) + self.group_fed[pid] // self.info.world
 
-    def _broadcast_bytes(self, data: Optional[bytes]) -> bytes:
+    def train(self, pid: str, learner: Learner, max_updates: int) -> bool:
+        """The updates due on the group's clock, at most max_updates, run on every rank (with the
+        same count: the clock, update count and forgiven updates are the same everywhere). A rank
+        with fewer rows than a batch runs them on filler rows with weight 0: it takes part in each
+        all_reduce and its weights stay equal, without a sample of its own. True while more are owed."""
+        cfg, rows = learner.config, self.rows[pid]
+        ready = [r for r, n in enumerate(rows) if n >= cfg["batch_size"]]
+        if not ready or learner.agent_steps < cfg["learning_starts"]:
+            return False
+        due = max(0, learner._update_target() - learner.updates - learner.updates_forgiven)
+        if due == 0:
+            return False
+        if len(ready) < len(rows) and pid not in self.filler:
+            src = max(range(len(rows)), key=lambda r: (rows[r], -r))   # the same choice on every rank
+            row = {k: v[:1].cpu() for k, v in learner.replay.sample(1).items()} if src == self.info.rank else None
+            self.filler[pid] = _loads(self._broadcast_bytes(_dumps(row) if row is not None else None, src))
+        mine = self.info.rank in ready
+        self.share.weight, self.share.ready = (1.0 if mine else 0.0), len(ready)
+        n, metrics = min(due, max_updates), {}
+        for _ in range(n):
+            if mine:
+                batch = learner.replay.sample(cfg["batch_size"], learner.generator)
+            else:
+                batch = {k: v.to(learner.device).repeat(cfg["batch_size"], *[1] * (v.dim() - 1))
+                         for k, v in self.filler[pid].items()}
+            metrics = learner.update(batch)
+            learner.updates += 1
+        learner.sync_acting()
+        if mine:
+            learner.last_metrics = metrics
+        return due > n
+
+    def _broadcast_bytes(self, data: Optional[bytes], src: int) -> bytes:
         n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
-        dist.broadcast(n, 0)
+        dist.broadcast(n, src)
         if data is not None:
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
         else:
             buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
-        dist.broadcast(buf, 0)
+        dist.broadcast(buf, src)
         return buf.cpu().numpy().tobytes()
 
 

@@ -77,19 +77,18 @@ class DistributedLoop(LearningLoop):
         """The updates the exchange made due, the same on every rank; True while more are owed."""
         g, owed = self.group, False
         for pid in g.pids:
-            p = self.runtime.policies.get(pid)
-            if not _learns(p) or not g.everywhere.get(pid):
-                continue
             if pid not in g.synced:
-                g.sync(pid, p)
-            p.agent_steps = g.clock(pid)   # the same on every rank: so are the due updates and lr
-            if g.min_rows[pid] < p.config["batch_size"]:
+                if not any(g.has.get(pid, ())):
+                    continue
+                g.sync(pid)   # every rank has it now, with rank 0's (or the first holder's) weights
+            p = self.runtime.policies.get(pid)
+            if not _learns(p):
                 continue
+            p.agent_steps = g.clock(pid)   # the same on every rank: so are the due updates and lr
             try:
-                p.train(max_updates=TRAIN_CHUNK)
+                owed |= g.train(pid, p, TRAIN_CHUNK)
             except RuntimeError as e:   # a collective inside an optimizer step
                 raise lost(e, g.info.rank) from None
-            owed |= p.updates_due() > 0
         return owed
 
     def finish(self) -> None:
