@@ -107,6 +107,9 @@ def prepare_config(cfg: TrainerConfig, info: RankInfo) -> List[str]:
                               f"each rank's own on-policy rows); use dqn or sac, or a single trainer")
     notes = []
     cfg.server.address = rank_address(cfg.server.address, info.local_rank)
+    if cfg.run.device in ("auto", "cuda") and torch.cuda.is_available():   # one GPU per rank of a host
+        cfg.run.device = f"cuda:{info.local_rank % torch.cuda.device_count()}"
+        notes.append(f"device {cfg.run.device}")
     if cfg.run.seed is not None:   # each rank explores differently; rank 0's weights are broadcast
         cfg.run.seed += 1000 * info.rank
     if cfg.run.learner_process:
@@ -121,6 +124,8 @@ def prepare_config(cfg: TrainerConfig, info: RankInfo) -> List[str]:
 def init_group(info: RankInfo, device: torch.device) -> str:
     """Joins the process group (env:// rendezvous at MASTER_ADDR:MASTER_PORT); the backend's name."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=info.rank, world_size=info.world,
                             timeout=datetime.timedelta(seconds=timeout_s()))
     return backend

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 
 import pytest
 
@@ -39,6 +40,8 @@ class Hosts:
 
     def make(self) -> "Hosts":
         tag = uuid.uuid4().hex[:6]
+        if os.environ.get("SIMBRIDGE_TEST_LOOPBACK"):   # to run the fallback where namespaces work
+            return self._loopback("SIMBRIDGE_TEST_LOOPBACK is set")
         if os.geteuid() != 0 or shutil.which("ip") is None:
             return self._loopback("not root" if os.geteuid() != 0 else "no `ip` command")
         names = [f"sbd{tag}a", f"sbd{tag}b"]
@@ -64,7 +67,7 @@ class Hosts:
 
     def _loopback(self, why: str) -> "Hosts":
         self.why = f"network namespaces unavailable ({why}): the two ranks run on loopback with two ports"
-        print(self.why)
+        warnings.warn(self.why)   # shown in pytest's summary
         self.host, self.ifname, self.port = ["127.0.0.1", "127.0.0.1"], ["lo", "lo"], [free_port(), free_port()]
         return self
 
@@ -165,6 +168,7 @@ def stop(procs):
     return codes
 
 
+@pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
     steps = 8000   # per simulator (return(10) >= 150 came at 11-14k env steps of the group)
     procs, logdir = start_group(tmp_path, hosts, budget=0)
@@ -197,6 +201,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
 
 
+@pytest.mark.timeout(240)
 def test_a_killed_rank_stops_the_group_and_resume_restarts_it_from_rank0s_checkpoint(tmp_path, hosts):
     """Rank 0 has no simulator here: it still takes part in every update (weight 0), and builds the
     policy from rank 1's handshake. After the kill, --resume gives both ranks rank 0's checkpoint."""
@@ -231,3 +236,36 @@ def test_a_killed_rank_stops_the_group_and_resume_restarts_it_from_rank0s_checkp
     assert d0 and d0 == d1 and int(d0[0].split()[1].rstrip(",")) > killed_at, out
     resumed = re.search(r"resumed at ([\d,]+) env steps", "\n".join(procs[0].lines))
     assert resumed and int(resumed.group(1).replace(",", "")) >= 800, out
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set: start the ranks with torchrun"),
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "integers expected"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=2 is outside WORLD_SIZE=2"),
+], ids=["no-master", "not-integer", "rank-outside"])
+def test_a_bad_rank_environment_is_one_line_naming_the_fix(monkeypatch, capsys, tmp_path, env, expect):
+    from simbridge.trainer import cli
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["run", "--logdir", str(tmp_path / "run"), "--address", f"127.0.0.1:{free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simbridge-trainer: error: ") and expect in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_what_a_group_cannot_do_is_refused_before_it_starts(monkeypatch, capsys, tmp_path):
+    from simbridge.trainer import cli
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    cfg = tmp_path / "ppo.toml"
+    cfg.write_text('[policies.default_policy]\nalgorithm = "ppo"\n')
+    assert cli.main(["run", "--config", str(cfg), "--logdir", str(tmp_path / "run")]) == 2
+    assert "PPO cannot train in a distributed run yet" in capsys.readouterr().err
+
+
+def test_each_rank_of_a_host_serves_on_its_own_port():
+    from simbridge.trainer.distributed import rank_address
+    assert rank_address("10.0.0.1:50051", 0) == "10.0.0.1:50051"
+    assert rank_address("0.0.0.0:50051", 3) == "0.0.0.0:50054"
+    assert rank_address("[::1]:50051", 1) == "[::1]:50052"
+    assert rank_address("127.0.0.1:0", 2) == "127.0.0.1:0"
