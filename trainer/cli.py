@@ -24,6 +24,11 @@ itself between intakes. Either way the queue is small, so a learner that falls
 behind blocks the bridge's puts and slows the simulators instead of dropping
 experience.
 
+Started by torchrun (WORLD_SIZE and RANK set), `run` is one rank of a
+data-parallel group: its own server (the port plus LOCAL_RANK) and simulators,
+gradients averaged over the ranks, rank 0 writing the run's files; a restart
+by torchrun's --max-restarts resumes from rank 0's checkpoint (docs/scaling.md).
+
 `serve` and `export` take a finished run's directory (trainer/serve.py): `serve`
 answers simulators with its policies, greedy unless --explore, and never
 learns; `export` writes one policy's ONNX model and checks it against torch.
@@ -138,6 +143,11 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if "WORLD_SIZE" in os.environ and restart not in ("", "0") and not args.resume:
+            # torchrun --max-restarts started the group again after a rank failed: from the checkpoint.
+            print(f"simbridge-trainer: torchrun restart {restart}: resuming from rank 0's checkpoint", flush=True)
+            args.resume = True
         cfg = config_for(args)
         rank = None
         if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
@@ -196,9 +206,13 @@ def cmd_export(args) -> int:
 
 def run_daemon(daemon) -> int:
     """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
+    signals = []   # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost
+                   # process group that torchrun then signals) still writes its final checkpoint
+
     def on_signal(signum, frame):
-        if daemon.stop_event.is_set():
+        if signals:
             raise KeyboardInterrupt  # a second signal: stop without waiting (the last checkpoint stays)
+        signals.append(signum)
         daemon.request_stop(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)

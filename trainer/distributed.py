@@ -126,8 +126,16 @@ def init_group(info: RankInfo, device: torch.device) -> str:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=info.rank, world_size=info.world,
-                            timeout=datetime.timedelta(seconds=timeout_s()))
+    timeout = datetime.timedelta(seconds=timeout_s())
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    # torchrun's agent may keep its store across restarts: the keys of an earlier attempt's group (its
+    # ranks' addresses) would be read by this one. Each attempt's keys get a prefix of their own.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world,
+                          is_master=info.rank == 0 and not agent_store, timeout=timeout,
+                          multi_tenant=not agent_store)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"simbridge/attempt{restart}/", store),
+                            rank=info.rank, world_size=info.world, timeout=timeout)
     return backend
 
 
@@ -165,8 +173,8 @@ def average_gradients(learner: Learner, share: Share) -> None:
             grads = [p.grad for g in _opt.param_groups for p in g["params"] if p.grad is not None]
             if grads:
                 flat = torch._utils._flatten_dense_tensors(grads)
-                if share.weight != 1.0:
-                    flat *= share.weight
+                if share.weight == 0.0:   # filler rows: nothing of theirs counts (not even a NaN)
+                    flat.zero_()
                 dist.all_reduce(flat)
                 flat /= share.ready
                 for g, v in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
