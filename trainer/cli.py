@@ -24,6 +24,11 @@ itself between intakes. Either way the queue is small, so a learner that falls
 behind blocks the bridge's puts and slows the simulators instead of dropping
 experience.
 
+Started by torchrun (WORLD_SIZE and RANK set), `run` is one rank of a
+data-parallel group: its own server (the port plus LOCAL_RANK) and simulators,
+gradients averaged over the ranks, rank 0 writing the run's files; a restart
+by torchrun's --max-restarts resumes from rank 0's checkpoint (docs/scaling.md).
+
 `serve` and `export` take a finished run's directory (trainer/serve.py): `serve`
 answers simulators with its policies, greedy unless --explore, and never
 learns; `export` writes one policy's ONNX model and checks it against torch.
@@ -46,6 +51,7 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -137,15 +143,26 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if "WORLD_SIZE" in os.environ and restart not in ("", "0") and not args.resume:
+            # torchrun --max-restarts started the group again after a rank failed: from the checkpoint.
+            print(f"simbridge-trainer: torchrun restart {restart}: resuming from rank 0's checkpoint", flush=True)
+            args.resume = True
         cfg = config_for(args)
-        if not args.resume:
+        rank = None
+        if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
+            from simbridge.trainer import distributed   # needs torch: see the comment atop
+            rank = distributed.rank_from_env()
+            for note in distributed.prepare_config(cfg, rank) if rank is not None else ():
+                print(f"simbridge-trainer: rank {rank.rank}: {note}", flush=True)
+        if not args.resume and (rank is None or rank.writes):
             refuse_used(Path(cfg.run.logdir))
         if address_in_use(cfg.server.address):   # at once, before torch and the learners load
             raise ConfigError(f"could not bind {cfg.server.address}: another process is listening on that "
                               f"port: stop it, or pick another port with --address HOST:PORT (nothing was "
                               f"written to {cfg.run.logdir})")
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
-        daemon = TrainerDaemon(cfg, resume=args.resume)
+        daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2
@@ -189,9 +206,13 @@ def cmd_export(args) -> int:
 
 def run_daemon(daemon) -> int:
     """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
+    signals = []   # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost
+                   # process group that torchrun then signals) still writes its final checkpoint
+
     def on_signal(signum, frame):
-        if daemon.stop_event.is_set():
+        if signals:
             raise KeyboardInterrupt  # a second signal: stop without waiting (the last checkpoint stays)
+        signals.append(signum)
         daemon.request_stop(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -43,9 +43,12 @@ from simbridge.trainer.rundir import SAVED_CONFIG
 class TrainerDaemon:
     """Runtime + server + learners + logging for one run. `run()` blocks until stopped."""
 
-    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None):
-        """preloaded: {policy id: Policy} served as they are (`simbridge-trainer serve`)."""
+    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None, rank=None):
+        """preloaded: {policy id: Policy} served as they are (`simbridge-trainer serve`). rank: this
+        process's place in a data-parallel group (trainer/distributed.py); only rank 0 writes files."""
         self.cfg = cfg
+        self.rank = rank
+        self.writes = rank is None or rank.writes
         self.out = out or sys.stdout
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
@@ -78,7 +81,7 @@ class TrainerDaemon:
         self.resume_info: dict = {}
         self.open_from = 0   # episode numbers below this one are never "open at a kill"
 
-        state = self._resume() if resume else None
+        state = self._resume() if resume and self.writes else None
         for pid, policy in (preloaded or {}).items():
             self.runtime.add_policy(pid, policy)
         for pid, spec in cfg.policies.items():
@@ -91,9 +94,13 @@ class TrainerDaemon:
                                   f"{spec.observation_space}, action {spec.action_space}: {e}") from None
             self.runtime.add_policy(pid, policy)
         self.resumed_env_steps = state["counters"]["env_steps"] if state else 0
-        self.reporter = Reporter(self.runtime, self.logdir, self.out, s.experience_queue_size, self.wall_s)
-        self.loop = LearningLoop(self.runtime, cfg.run, self.stop_event, self.request_stop,
-                                 self.reporter.report, self.checkpoint)
+        if rank is None:
+            self.reporter = Reporter(self.runtime, self.logdir, self.out, s.experience_queue_size, self.wall_s)
+            self.loop = LearningLoop(self.runtime, cfg.run, self.stop_event, self.request_stop,
+                                     self.reporter.report, self.checkpoint)
+        else:
+            from simbridge.trainer import distributed_loop
+            self.reporter, self.loop = distributed_loop.attach(self)
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
         try:   # reads the warm-start datasets; the recorder writes nothing before the first episode
@@ -241,6 +248,8 @@ class TrainerDaemon:
     def checkpoint(self, clean: bool = False) -> None:
         """clean: the final one of a stop; the episodes open now end with their sessions, so a
         resume does not end them again (as open at a kill) from their journaled transitions."""
+        if not self.writes:   # rank 0 checkpoints the group
+            return
         ctx = self.runtime.ctx
         with ctx.lock:   # counters, summaries and the journal's cut at one instant
             snap = self.runtime.snapshot()
@@ -300,6 +309,8 @@ class TrainerDaemon:
         self.address = self.reporter.address = server.address
         self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
+        if self.resume and not self.writes:
+            what = "resuming: the weights come from rank 0's checkpoint"
         if self.resume and self.resume_info:
             i = self.resume_info
             what += (f", journal replayed to {self.runtime.metrics.env_steps:,} env steps and "
@@ -316,6 +327,9 @@ class TrainerDaemon:
         else:   # a Reporter without `extra` (see docs/durability.md): the console line has them
             self.reporter.report("resume" if self.resume else "start")
         try:
+            if self.rank is not None:
+                from simbridge.trainer import distributed_loop
+                distributed_loop.join(self)   # waits for every rank (bounded): the loop's collectives need them
             self.loop.run(self.checkpoints.env_steps, learners_expected=sum(
                 1 for pid, cls in self.factory.classes.items()
                 if self.cfg.trainable(pid) and cls is not None and issubclass(cls, Learner)))
@@ -329,6 +343,8 @@ class TrainerDaemon:
         replay is folded in)."""
         if self.cfg.run.torch_threads:
             torch.set_num_threads(self.cfg.run.torch_threads)
+        if not self.writes:   # rank 0 writes the group's files
+            return
         self.logdir.mkdir(parents=True, exist_ok=True)
         if not self.resume:
             (self.logdir / SAVED_CONFIG).write_text(self.cfg.text)
@@ -345,14 +361,18 @@ class TrainerDaemon:
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint",
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
+        if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group
+            from simbridge.trainer import distributed_loop
+            distributed_loop.leave(self)
         if self.loop.recorder is not None:   # every row is in: open trajectories end as truncated
             for pid, d in self.loop.recorder.close().items():
                 print(f"simbridge-trainer: dataset of {pid}: {d['episodes']:,} episodes, {d['steps']:,} steps in "
                       f"{d['path']}", file=self.out, flush=True)
         try:   # before the last record: a learner process's weights and counts come with its state
             self.checkpoint(clean=True)
-            print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
-                  file=self.out, flush=True)
+            if self.writes:
+                print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
+                      file=self.out, flush=True)
         except LearnerProcessDied as e:   # its networks are gone: the last checkpoint stays
             print(f"simbridge-trainer: no final checkpoint: {e}", file=sys.stderr, flush=True)
             self.exit_code = 1

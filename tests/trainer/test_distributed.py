@@ -1,0 +1,271 @@
+"""A data-parallel group of two trainer ranks (trainer/distributed.py) on two separate "hosts": two
+network namespaces this test makes, joined by a veth pair, each with its own 10.x address, its own
+rank and its own simulator, talking to the other only over that link. Where namespaces cannot be
+made (not root, no `ip`), the same group on loopback with two ports, and the test says why.
+
+Asserted: the ranks end with bitwise-equal weights at the same version; rank 0's records (the
+group's) count exactly the env steps and episodes both simulators sent; DQN learns CartPole through
+the group; a rank killed mid-run stops the other with a clear message instead of a hang.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+
+import pytest
+
+from simbridge.trainer.launch import Proc, child_env, free_port, python_module, wait_for_health
+
+PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timesteps = 50000, batch_size = 128, '
+          'buffer_size = 100000, learning_starts = 1000, updates_per_step = 1.0, hidden = [128, 128], '
+          'tau = 0.005, epsilon_initial = 1.0, epsilon_final = 0.02, epsilon_timesteps = 10000, seed = 0 }')
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+class Hosts:
+    """Two places to run a rank: `wrap(i, argv)` runs argv on host i; `addr[i]` is its address."""
+
+    def __init__(self):
+        self.namespaces = []
+        self.why = ""
+
+    def make(self) -> "Hosts":
+        tag = uuid.uuid4().hex[:6]
+        if os.environ.get("SIMBRIDGE_TEST_LOOPBACK"):   # to run the fallback where namespaces work
+            return self._loopback("SIMBRIDGE_TEST_LOOPBACK is set")
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return self._loopback("not root" if os.geteuid() != 0 else "no `ip` command")
+        names = [f"sbd{tag}a", f"sbd{tag}b"]
+        net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+        try:
+            for ns in names:
+                _ip("netns", "add", ns)
+                self.namespaces.append(ns)
+            _ip("link", "add", f"v{tag}a", "netns", names[0], "type", "veth", "peer", "name", f"v{tag}b",
+                "netns", names[1])
+            for i, ns in enumerate(names):
+                _ip("-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", f"v{tag}{'ab'[i]}")
+                _ip("-n", ns, "link", "set", f"v{tag}{'ab'[i]}", "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except (subprocess.CalledProcessError, OSError) as e:
+            self.close()
+            msg = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+            return self._loopback(f"`ip netns` failed: {msg}")
+        self.host = [f"{net}.1", f"{net}.2"]
+        self.ifname = [f"v{tag}a", f"v{tag}b"]
+        self.port = [50051, 50051]   # each host has its own ports
+        return self
+
+    def _loopback(self, why: str) -> "Hosts":
+        self.why = f"network namespaces unavailable ({why}): the two ranks run on loopback with two ports"
+        warnings.warn(self.why)   # shown in pytest's summary
+        self.host, self.ifname, self.port = ["127.0.0.1", "127.0.0.1"], ["lo", "lo"], [free_port(), free_port()]
+        return self
+
+    def addr(self, i: int) -> str:
+        return f"{self.host[i]}:{self.port[i]}"
+
+    def wrap(self, i: int, argv):
+        return ["ip", "netns", "exec", self.namespaces[i], *argv] if self.namespaces else list(argv)
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        self.namespaces = []
+
+
+@pytest.fixture
+def hosts():
+    h = Hosts().make()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+SMALL = ('{ batch_size = 32, learning_starts = 200, hidden = [32, 32], buffer_size = 5000, updates_per_step = 0.5, '
+         'seed = 0 }')
+
+
+def start_group(tmp_path, hosts: Hosts, budget: int, resume: bool = False, preset: str = PRESET):
+    """Two ranks, each serving on its own host; returns (procs, logdir)."""
+    logdir = tmp_path / "run"
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f"""[server]
+address = "127.0.0.1:0"
+rollout_fragment_length = 32
+[run]
+logdir = "{logdir}"
+total_env_steps = {budget}
+print_every_s = 0.5
+checkpoint_every_env_steps = 1000000
+seed = 0
+[policies.default_policy]
+algorithm = "dqn"
+config = {preset}
+""")
+    master = free_port() if not hosts.namespaces else 29500 + resume
+    procs = []
+    for i in range(2):
+        env = child_env({"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": hosts.host[0],
+                         "MASTER_PORT": str(master), "GLOO_SOCKET_IFNAME": hosts.ifname[i],
+                         "SIMBRIDGE_DIST_TIMEOUT_S": "30"})
+        argv = python_module("simbridge.trainer.cli", "run", "--config", cfg, "--address", hosts.addr(i),
+                             "--logdir", logdir if i == 0 else tmp_path / f"rank{i}", "--insecure",
+                             *(["--resume"] if resume else []))
+        procs.append(Proc(f"rank{i}", hosts.wrap(i, argv), env=env, keep=400))
+    return procs, logdir
+
+
+def wait_health(hosts: Hosts, procs, i: int) -> None:
+    if hosts.namespaces:   # the health check must run inside the namespace too
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any("joined the group" in line for line in procs[i].lines):
+                return
+            assert procs[i].poll() is None, "\n".join(procs[i].lines)
+            time.sleep(0.2)
+        raise AssertionError(f"rank {i} never joined:\n" + "\n".join(procs[i].lines))
+    wait_for_health(hosts.addr(i), timeout=120, proc=procs[i])
+
+
+def sim(hosts: Hosts, i: int, *args):
+    return subprocess.Popen(hosts.wrap(i, python_module("simbridge.sims.gym_sim", "--address", hosts.addr(i),
+                                                        "--quiet", "--seed", str(i), *args)),
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(logdir):
+    path = logdir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def digests(proc):
+    return re.findall(r"policy default_policy at (version \d+, weights sha256 \w+)", "\n".join(proc.lines))
+
+
+def stop(procs):
+    """One SIGTERM to each rank at once (a second would mean "now, no checkpoint"); their exit codes."""
+    for p in procs:
+        if p.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    codes = []
+    for p in procs:
+        try:
+            p.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+        codes.append(p.stop())
+    return codes
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
+    steps = 8000   # per simulator (return(10) >= 150 came at 11-14k env steps of the group)
+    procs, logdir = start_group(tmp_path, hosts, budget=0)
+    sims = []
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
+        outs = [json.loads(s.communicate(timeout=150)[0].strip().splitlines()[-1]) for s in sims]
+        # Every rank's last counts reach rank 0 by the exchange at the stop.
+        codes = stop(procs)
+    finally:
+        for s in sims:
+            if s.poll() is None:
+                s.kill()
+        stop(procs)
+    out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
+    assert codes == [0, 0], out
+    d0, d1 = digests(procs[0]), digests(procs[1])
+    assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
+    recs = records(logdir)
+    last = recs[-1]
+    assert last["event"] == "stop"
+    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
+    assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
+    assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
+    best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
+    at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
+    print(f"return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; {hosts.why or 'namespaces'}")
+    assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_rank_stops_the_group_and_resume_restarts_it_from_rank0s_checkpoint(tmp_path, hosts):
+    """Rank 0 has no simulator here: it still takes part in every update (weight 0), and builds the
+    policy from rank 1's handshake. After the kill, --resume gives both ranks rank 0's checkpoint."""
+    procs, logdir = start_group(tmp_path, hosts, budget=0, preset=SMALL)
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        assert sim(hosts, 1, "--max-steps", "1000").wait(60) == 0
+        procs[1].popen.kill()
+        deadline = time.monotonic() + 45
+        while procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert procs[0].poll() == 1, "rank 0 did not stop after rank 1 was killed:\n" + "\n".join(procs[0].lines)
+    finally:
+        stop(procs)
+    text = "\n".join(procs[0].lines)
+    assert "lost the process group" in text and "--resume" in text, text
+    killed_at = int(digests(procs[0])[0].split()[1].rstrip(","))
+    assert killed_at > 20 and records(logdir)[-1]["versions"]["default_policy"] == killed_at
+
+    procs, _ = start_group(tmp_path, hosts, budget=0, resume=True, preset=SMALL)
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        assert sim(hosts, 1, "--max-steps", "300").wait(60) == 0
+        codes = stop(procs)
+    finally:
+        stop(procs)
+    out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
+    assert codes == [0, 0], out
+    d0, d1 = digests(procs[0]), digests(procs[1])
+    assert d0 and d0 == d1 and int(d0[0].split()[1].rstrip(",")) > killed_at, out
+    resumed = re.search(r"resumed at ([\d,]+) env steps", "\n".join(procs[0].lines))
+    assert resumed and int(resumed.group(1).replace(",", "")) >= 800, out
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set: start the ranks with torchrun"),
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "integers expected"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=2 is outside WORLD_SIZE=2"),
+], ids=["no-master", "not-integer", "rank-outside"])
+def test_a_bad_rank_environment_is_one_line_naming_the_fix(monkeypatch, capsys, tmp_path, env, expect):
+    from simbridge.trainer import cli
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["run", "--logdir", str(tmp_path / "run"), "--address", f"127.0.0.1:{free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simbridge-trainer: error: ") and expect in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_what_a_group_cannot_do_is_refused_before_it_starts(monkeypatch, capsys, tmp_path):
+    from simbridge.trainer import cli
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    cfg = tmp_path / "ppo.toml"
+    cfg.write_text('[policies.default_policy]\nalgorithm = "ppo"\n')
+    assert cli.main(["run", "--config", str(cfg), "--logdir", str(tmp_path / "run")]) == 2
+    assert "PPO cannot train in a distributed run yet" in capsys.readouterr().err
+
+
+def test_each_rank_of_a_host_serves_on_its_own_port():
+    from simbridge.trainer.distributed import rank_address
+    assert rank_address("10.0.0.1:50051", 0) == "10.0.0.1:50051"
+    assert rank_address("0.0.0.0:50051", 3) == "0.0.0.0:50054"
+    assert rank_address("[::1]:50051", 1) == "[::1]:50052"
+    assert rank_address("127.0.0.1:0", 2) == "127.0.0.1:0"
