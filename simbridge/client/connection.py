@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 import grpc
 
-from simbridge.client.channels import (FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
+from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
                                        close_unwatched, connect_any, connect_first, diagnose, mark_down,
                                        open_channel, parse_addresses)
 from simbridge.client.security import ClientSecurity
@@ -198,7 +198,7 @@ class Connection:
                     # A closed port has lost the session for good (a restarted server would not know
                     # it either): move at once; anything else gets FAILOVER_AFTER_S to come back.
                     what = diagnose(self.address, self._security.uses_tls)[0]
-                    if what != NOTHING_LISTENS and backoff.wait():
+                    if what not in CLOSED and backoff.wait():
                         continue
                     self._move(what)
                 if e.code in RETRYABLE and backoff.wait():
