@@ -39,6 +39,10 @@ Cases (--cases):
              decoded), 1, 64 and 256 slots: bare_step{1,64,256}_*. step_lockstep_vs_bare,
              batched64_vs_bare, batched256_vs_bare: SlotClient against it (and *_without_env:
              with the simulator's own step time left out, the bare client steps none).
+  iter_stream, iter_step_lockstep, iter_batched64, iter_batched256
+             the TCP cases with the simulators on grpcio's public stream API (a queue-fed request
+             iterator drained by gRPC's thread: SIMBRIDGE_GRPC_STREAM=iterator), the client as it
+             was before simbridge/client/direct_stream.py: direct_vs_iterator_* ratios.
   uds_floor, uds_bare, uds_stream, uds_step_lockstep, uds_batched64, uds_batched256
              the same cases with the server on a Unix socket (unix:PATH in a private temporary
              directory): every figure named uds_<the TCP name>; uds_vs_tcp_* ratios.
@@ -97,7 +101,8 @@ HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
 CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims", "batched64", "cpp_batched64",
          "rows64", "batched256", "cpp_batched256", "local", "tcp_paths",
-         "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256")
+         "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
+         "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
@@ -439,12 +444,15 @@ class FloorClient:
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         grpc.channel_ready_future(self.channel).result(timeout=30)
         self.payload = bytes(48)  # about a CartPole get_action request
+        self.transport = transport
         if transport.startswith("stream:"):   # "stream:REQUEST_BYTES:ANSWER_BYTES", a Step's sizes
+            from simbridge.client.direct_stream import open_stream
+
             _, req, answer = transport.split(":")
             self.payload = int(answer).to_bytes(4, "little") + bytes(int(req) - 4)
-            transport = "stream"
-        self.transport = transport
-        if transport == "unary":
+            self.stream = open_stream(self.channel, "/bench.Echo/PingStream")   # as the clients stream
+            self.transport = "sized"
+        elif transport == "unary":
             self.call = self.channel.unary_unary("/bench.Echo/Ping")
         else:
             self.q = queue.SimpleQueue()
@@ -455,6 +463,9 @@ class FloorClient:
         t0 = time.perf_counter()
         if self.transport == "unary":
             self.call(self.payload)
+        elif self.transport == "sized":
+            self.stream.send(self.payload)
+            self.stream.recv()
         else:
             self.q.put(self.payload)
             next(self.responses)
@@ -463,16 +474,19 @@ class FloorClient:
         return 1
 
     def close(self):
-        if self.transport != "unary":
+        if self.transport == "sized":
+            self.stream.close()
+        elif self.transport != "unary":
             self.q.put(None)
         self.channel.close()
 
 
 class RawStepSim:
-    """The least a Python simulator can do per Step against the real server: a bare grpcio stream
-    (bytes in and out, the same queue-fed request iterator as the echo), one session of n slots,
-    a StepRequest built once whose seq alone changes, the answer never decoded. What the server
-    allows one lockstep client; SlotClient's *_vs_bare ratios are measured against it."""
+    """The least a Python simulator can do per Step against the real server: bytes in and out on
+    the clients' stream (simbridge/client/direct_stream.py, as the echo_step* figures), one
+    session of n slots, a StepRequest built once whose seq alone changes, the answer never
+    decoded. What the server allows one lockstep client; SlotClient's *_vs_bare ratios are
+    measured against it."""
 
     def __init__(self, address, transport, seed, n):
         import grpc
@@ -484,15 +498,16 @@ class RawStepSim:
 
         self.n = n
         env = gym.make("CartPole-v1")
+        from simbridge.client.direct_stream import open_stream
+
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self.q = queue.SimpleQueue()
-        self.responses = self.channel.stream_stream("/simbridge.v1.ExternalEnv/Stream")(iter(self.q.get, None))
+        self.stream = open_stream(self.channel, "/simbridge.v1.ExternalEnv/Stream")
         create = pb.StreamRequest(create_session=pb.CreateSessionRequest(
             client_name=f"bench-bare{n}", num_slots=n,
             observation_space=sb_spaces.space_to_proto(env.observation_space),
             action_space=sb_spaces.space_to_proto(env.action_space)))
-        self.q.put(create.SerializeToString())
-        first = pb.StreamResponse.FromString(next(self.responses))
+        self.stream.send(create.SerializeToString())
+        first = pb.StreamResponse.FromString(self.stream.recv())
         assert not first.HasField("error"), first.error
         self.req = pb.StreamRequest()
         step = self.req.step
@@ -508,23 +523,25 @@ class RawStepSim:
     def _send_and_check(self):
         from simbridge.wire.v1 import simbridge_pb2 as pb
 
-        self.q.put(self.req.SerializeToString())
-        resp = pb.StreamResponse.FromString(next(self.responses))
+        self.stream.send(self.req.SerializeToString())
+        resp = pb.StreamResponse.FromString(self.stream.recv())
         assert not resp.HasField("error"), resp.error
 
     def step(self, record):
         t0 = time.perf_counter()
         self.seq += 1
         self.req.step.header.seq = self.seq
-        self.q.put(self.req.SerializeToString())
-        next(self.responses)
+        self.stream.send(self.req.SerializeToString())
+        self.stream.recv()
         if record:
             self.lat_ms.append((time.perf_counter() - t0) * 1e3)
         return self.n
 
     def close(self):
+        self.seq += 1
+        self.req.step.header.seq = self.seq
         self._send_and_check()   # still in order: every answer was a Step's
-        self.q.put(None)
+        self.stream.close()
         self.channel.close()
 
 
@@ -888,6 +905,26 @@ UDS_CASES = {"uds_floor": case_floor, "uds_bare": case_bare, "uds_stream": case_
 CASE_FUNCS.update({name: functools.partial(fn, net="uds") for name, fn in UDS_CASES.items()})
 
 
+def _iterator_case(children, seconds, case):
+    """A TCP case with the simulators on grpcio's public stream API (a queue-fed request iterator,
+    simbridge/client/direct_stream.py's fallback): the client as it was before DirectStream.
+    Figures named iter_<the case's names>."""
+    saved = os.environ.get("SIMBRIDGE_GRPC_STREAM")
+    os.environ["SIMBRIDGE_GRPC_STREAM"] = "iterator"   # spawned simulators inherit it
+    try:
+        out = CASE_FUNCS[case](children, seconds)
+    finally:
+        if saved is None:
+            os.environ.pop("SIMBRIDGE_GRPC_STREAM")
+        else:
+            os.environ["SIMBRIDGE_GRPC_STREAM"] = saved
+    return {f"iter_{k}": v for k, v in out.items()}
+
+
+ITERATOR_CASES = ("stream", "step_lockstep", "batched64", "batched256")
+CASE_FUNCS.update({f"iter_{case}": functools.partial(_iterator_case, case=case) for case in ITERATOR_CASES})
+
+
 # ---------------------------------------------------------------- local inference
 # local: one gymnasium CartPole-v1 simulator acting itself (LocalPolicyClient: numpy forward
 # passes in the simulator's process, experience uploaded in chunks by a background thread),
@@ -984,6 +1021,10 @@ def echo_ratios(result):
         echo, got = result.get(k("grpc_floor_stream_roundtrips_per_s")), result.get(k("stream_lockstep_steps_per_s"))
         if echo and got:
             out[k("stream_lockstep_vs_echo")] = round(got / echo, 3)
+    for name in ("stream_lockstep_steps_per_s", "step_lockstep_steps_per_s", "batched64_agent_steps_per_s",
+                 "batched256_agent_steps_per_s"):
+        if result.get(name) and result.get(f"iter_{name}"):
+            out[f"direct_vs_iterator_{name}"] = round(result[name] / result[f"iter_{name}"], 3)
     for name in ("grpc_floor_stream_roundtrips_per_s", "echo_step1_roundtrips_per_s", "stream_lockstep_steps_per_s",
                  "step_lockstep_steps_per_s", "batched64_agent_steps_per_s", "batched256_agent_steps_per_s"):
         if result.get(name) and result.get(f"uds_{name}"):

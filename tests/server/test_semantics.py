@@ -365,7 +365,7 @@ def test_stream_reconnect_resumes_episode(server, net):
     eid = c.start_episode()
     c.get_action(eid, o(0))
     c.log_returns(eid, 1.0)                 # pipelined, maybe not yet applied
-    c._conn._responses.cancel()             # the stream dies under the client
+    c._conn._stream.cancel()                # the stream dies under the client
     c.get_action(eid, o(1))                 # reconnects, resends, continues
     c.end_episode(eid, o(2))
     c.flush()
