@@ -482,24 +482,41 @@ class FloorClient:
 
 
 class RawStepSim:
-    """The least a Python simulator can do per Step against the real server: bytes in and out on
-    the clients' stream (simbridge/client/direct_stream.py, as the echo_step* figures), one
-    session of n slots, a StepRequest built once whose seq alone changes, the answer never
-    decoded. What the server allows one lockstep client; SlotClient's *_vs_bare ratios are
-    measured against it."""
+    """The least a Python simulator can do per Step against the real server: the same Steps as
+    the SlotClient case's (recorded beforehand from the same env, random actions, episodes
+    ending and restarting as they do), replayed as bytes on the clients' stream
+    (simbridge/client/direct_stream.py, as the echo_step* figures) with only their seq changed,
+    answers not decoded. What the server allows one lockstep client sending that traffic;
+    SlotClient's *_vs_bare ratios are measured against it."""
+
+    RECORDED = 2000
 
     def __init__(self, address, transport, seed, n):
         import grpc
-        import gymnasium as gym
 
+        from simbridge.client.direct_stream import open_stream
         from simbridge.wire import leaf_codec, tensors
         from simbridge.wire import spaces as sb_spaces
         from simbridge.wire.v1 import simbridge_pb2 as pb
 
         self.n = n
-        env = gym.make("CartPole-v1")
-        from simbridge.client.direct_stream import open_stream
-
+        env = StepLockstepSim._env(None, n, seed) if n == 1 else SlotSim._env(None, n, seed)
+        encode = leaf_codec.batch_encoder(env.observation_space)
+        rng = np.random.default_rng(seed)
+        self.steps = []
+        obs, outcome = env.reset(), None
+        for _ in range(self.RECORDED):
+            req = pb.StreamRequest()
+            encode(req.step.observations, obs, "observations")
+            if outcome is not None:
+                rewards, terminated, truncated, final_obs = outcome
+                tensors.fill_tensor(req.step.rewards, np.asarray(rewards, np.float32))
+                tensors.fill_tensor(req.step.terminated, np.asarray(terminated, bool))
+                tensors.fill_tensor(req.step.truncated, np.asarray(truncated, bool))
+                if final_obs is not None:
+                    encode(req.step.final_observations, final_obs, "final_observations")
+            self.steps.append(req)
+            obs, *outcome = env.step(rng.integers(0, 2, n))
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stream = open_stream(self.channel, "/simbridge.v1.ExternalEnv/Stream")
         create = pb.StreamRequest(create_session=pb.CreateSessionRequest(
@@ -509,38 +526,32 @@ class RawStepSim:
         self.stream.send(create.SerializeToString())
         first = pb.StreamResponse.FromString(self.stream.recv())
         assert not first.HasField("error"), first.error
-        self.req = pb.StreamRequest()
-        step = self.req.step
-        leaf_codec.batch_encoder(env.observation_space)(step.observations, np.zeros((n, 4), np.float32), "obs")
-        self.seq = 1
-        step.header.seq = self.seq
-        self._send_and_check()     # the first Step: observations only
-        tensors.fill_tensor(step.rewards, np.ones(n, np.float32))
-        tensors.fill_tensor(step.terminated, np.zeros(n, bool))
-        tensors.fill_tensor(step.truncated, np.zeros(n, bool))
+        self.seq = 0
+        self._send(check=True)     # the first Step: observations only
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
 
-    def _send_and_check(self):
+    def _send(self, check=False):
         from simbridge.wire.v1 import simbridge_pb2 as pb
 
-        self.stream.send(self.req.SerializeToString())
-        resp = pb.StreamResponse.FromString(self.stream.recv())
-        assert not resp.HasField("error"), resp.error
+        self.seq += 1
+        # after the recording's end, round again from its second Step (the first has no outcome)
+        req = self.steps[(self.seq - 1) % self.RECORDED or 1] if self.seq > self.RECORDED else self.steps[self.seq - 1]
+        req.step.header.seq = self.seq
+        self.stream.send(req.SerializeToString())
+        answer = self.stream.recv()
+        if check:
+            resp = pb.StreamResponse.FromString(answer)
+            assert not resp.HasField("error"), resp.error
 
     def step(self, record):
         t0 = time.perf_counter()
-        self.seq += 1
-        self.req.step.header.seq = self.seq
-        self.stream.send(self.req.SerializeToString())
-        self.stream.recv()
+        self._send()
         if record:
             self.lat_ms.append((time.perf_counter() - t0) * 1e3)
         return self.n
 
     def close(self):
-        self.seq += 1
-        self.req.step.header.seq = self.seq
-        self._send_and_check()   # still in order: every answer was a Step's
+        self._send(check=True)   # still in order: every answer was a Step's
         self.stream.close()
         self.channel.close()
 
@@ -686,6 +697,8 @@ def _summary(prefix, res, per_agent=False):
         out[f"{prefix}_episodes"] = int(sum(r["episodes"] for r in res))
     window = res[0]["elapsed_s"]
     out[f"{prefix}_client_cpu_cores"] = round(sum(r["client_cpu_s"] / r["elapsed_s"] for r in res), 3)
+    # CPU per call: what a client costs, steadier than rates when other work shares the machine
+    out[f"{prefix}_client_cpu_us_per_call"] = round(1e6 * sum(r["client_cpu_s"] for r in res) / max(1, total_calls), 1)
     if res[0]["server_cpu_s"] is not None:
         out[f"{prefix}_server_cpu_cores"] = round(res[0]["server_cpu_s"] / window, 3)
         out[f"{prefix}_server_cpu_us_per_call"] = round(
