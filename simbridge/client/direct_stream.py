@@ -143,7 +143,15 @@ class DirectStream:
     def _next_event(self, keep_reading: bool) -> None:
         if keep_reading:
             self._post_receive()
-        event = self._call.next_event()
+        try:
+            event = self._call.next_event()
+        except BaseException:
+            # Interrupted (Ctrl-C in the wait): grpcio has destroyed the call and its queue; no
+            # event of it may be read again. The next use of the stream finds it cancelled.
+            self._due.clear()
+            if self._failed is None:
+                self._failed = StreamFailed(grpc.StatusCode.CANCELLED, "interrupted while waiting")
+            raise
         self._due.discard(event.tag)
         for op in event.batch_operations:
             kind = op.type()

@@ -73,3 +73,56 @@ def test_without_grpcs_internals_the_public_api_serves(make_server, monkeypatch)
     assert type(c._conn._stream) is direct_stream.IteratorStream
     assert c.step(np.zeros((2, 2), np.float32)).shape == (2,)
     c.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_leaves_a_stream_that_reports_cancelled(monkeypatch):
+    """Ctrl-C while a DirectStream waits for an answer: grpcio destroys the call under it; the
+    stream then says CANCELLED (which a Connection reconnects on) instead of reading a dead queue."""
+    import os
+    import signal
+    from concurrent import futures
+
+    import grpc
+
+    release = threading.Event()
+
+    def never_answers(requests, context):
+        for _ in requests:
+            release.wait(30)
+            yield b""
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.Hung", {"S": grpc.stream_stream_rpc_method_handler(never_answers)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+
+    def interrupt(*_):
+        raise _Interrupted()
+
+    old = signal.signal(signal.SIGINT, interrupt)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        stream = direct_stream.open_stream(channel, "/t.Hung/S")
+        assert type(stream) is direct_stream.DirectStream
+        stream.send(b"x")
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(_Interrupted):
+            stream.recv()
+        assert time.monotonic() - t0 < 5
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+    with pytest.raises(grpc.RpcError) as e:
+        stream.send(b"y")
+    assert e.value.code() == grpc.StatusCode.CANCELLED
+    stream.cancel()
+    release.set()
+    channel.close()
+    server.stop(0)
