@@ -367,8 +367,9 @@ class Connection:
         except BridgeError:
             pass
         finally:
-            if self._stream is not None:
-                self._stream.close()
+            with self._lock:   # a DirectStream is read by one thread at a time
+                if self._stream is not None:
+                    self._stream.close()
             self._channel.close()
 
 
