@@ -188,7 +188,8 @@ class DirectStream:
             self._next_event(keep_reading=False)
 
     def close(self) -> None:
-        """Half-close, then end the call (the caller has read every answer it wanted)."""
+        """End the call. The caller has read every answer it wanted (a Connection closes its
+        session first), so the server hears a cancelled stream, as from a client gone away."""
         self.cancel()
 
     def cancel(self) -> None:
