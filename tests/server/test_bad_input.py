@@ -972,7 +972,7 @@ def _bounded_call(client: PolicyClient, fn, seconds: float = 3.0):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_oversized_observation_through_policy_client(bridge, client_transport):
+def test_oversized_observation_through_policy_client(bridge, client_transport, net):
     """The PolicyClient must surface RESOURCE_EXHAUSTED, not resend the request in a loop
     (stream transport used to resume and resend it forever), and keep its episode."""
     rt = bridge.runtime
@@ -1001,7 +1001,7 @@ def test_oversized_observation_through_policy_client(bridge, client_transport):
     (V1.astype(np.float64), ["dtype float64", "expected float32"]),
     (obs(1, np.nan, 3, 4), ["NaN"]),
 ], ids=["shape", "float64", "nan"])
-def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transport, bad_obs, substrings):
+def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transport, bad_obs, substrings, net):
     """Through PolicyClient: the error names the problem, and the reward queued for the
     failed request (rewards ride on the next get_action) is still logged."""
     rt = bridge.runtime
@@ -1026,7 +1026,7 @@ def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transp
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_coalesced_reward_survives_oversized_request(bridge, client_transport):
+def test_coalesced_reward_survives_oversized_request(bridge, client_transport, net):
     """log_returns queues its reward for the next request; when that request is refused
     for its size, the reward must still be logged (as the client does for server errors)."""
     rt = bridge.runtime
@@ -1067,7 +1067,7 @@ def _request_at_the_edge(limit: int):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_request_just_over_the_limit_through_policy_client(bridge, client_transport):
+def test_request_just_over_the_limit_through_policy_client(bridge, client_transport, net):
     """Right at the edge the server's own gRPC limit answers (on a stream it ends the
     stream): the client still reports RESOURCE_EXHAUSTED promptly and carries on."""
     rt = bridge.runtime
