@@ -34,6 +34,21 @@ Cases (--cases):
              path (what simbridge's programs choose, simbridge/wire/grpc_tuning.py)
              and on its default EventEngine path, alternating, 3 short runs
              each: medians and iomgr_vs_eventengine_* ratios.
+  bare       the least a Python simulator can do per Step against the real server (RawStepSim:
+             a bare grpcio stream, a prebuilt StepRequest whose seq alone changes, answers not
+             decoded), 1, 64 and 256 slots: bare_step{1,64,256}_*. step_lockstep_vs_bare,
+             batched64_vs_bare, batched256_vs_bare: SlotClient against it (and *_without_env:
+             with the simulator's own step time left out, the bare client steps none).
+  iter_stream, iter_step_lockstep, iter_batched64, iter_batched256
+             the TCP cases with the simulators on grpcio's public stream API (a queue-fed request
+             iterator drained by gRPC's thread: SIMBRIDGE_GRPC_STREAM=iterator), the client as it
+             was before simbridge/client/direct_stream.py: direct_vs_iterator_* ratios.
+  uds_floor, uds_bare, uds_stream, uds_step_lockstep, uds_batched64, uds_batched256
+             the same cases with the server on a Unix socket (unix:PATH in a private temporary
+             directory): every figure named uds_<the TCP name>; uds_vs_tcp_* ratios.
+             floor (either transport) also echoes messages of a CartPole Step's sizes (1, 64,
+             256 slots: echo_step{n}_*), and *_vs_echo ratios put each Step case against the
+             echo of its sizes on the same transport: what the transport alone allows.
   cpp_lockstep, cpp_batched64, cpp_batched256  the C++ SDK's CartPole examples (sims/cpp, built
              into build/cpp when missing or stale) against a fresh server, measured the same way
              inside the C++ process: lockstep on PolicyClient's stream, and SlotClient with 64/256
@@ -51,6 +66,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --seconds 3
     .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
     .venv/bin/python bench/throughput.py --cases stream,step_lockstep,cpp_lockstep,batched64,cpp_batched64
+    .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_stream,uds_step_lockstep,uds_batched64,uds_batched256
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
@@ -84,7 +100,9 @@ import cpp_cases  # noqa: E402  (bench/cpp_cases.py, found through the path abov
 HOST = "127.0.0.1"          # everything here talks to loopback only
 WARMUP_S = 1.0
 CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims", "batched64", "cpp_batched64",
-         "rows64", "batched256", "cpp_batched256", "local", "tcp_paths")
+         "rows64", "batched256", "cpp_batched256", "local", "tcp_paths",
+         "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
+         "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
@@ -174,10 +192,33 @@ class Children:
 
 # ---------------------------------------------------------------- servers
 
-def start_bridge_server(children, timeout_s=60.0):
-    """`python -m simbridge.server.cli` on a free loopback port; returns (Popen, address)."""
+_SOCKDIR = []   # one private directory for every Unix socket of the run, removed at exit
+
+
+def listen_address(net):
+    """A fresh address to serve on: a free loopback port ("tcp"), or a socket path ("uds")."""
+    if net == "tcp":
+        return f"{HOST}:{_free_port()}"
+    if not _SOCKDIR:
+        import atexit
+        import shutil
+        import tempfile
+
+        _SOCKDIR.append(tempfile.mkdtemp(prefix="sb-bench-"))
+        atexit.register(shutil.rmtree, _SOCKDIR[0], True)
+    return f"unix:{_SOCKDIR[0]}/{uuid.uuid4().hex[:8]}.sock"
+
+
+def _key(net, name):
+    """A figure's name: today's TCP names as they were, the Unix socket's with a uds_ prefix."""
+    return name if net == "tcp" else f"{net}_{name}"
+
+
+def start_bridge_server(children, timeout_s=60.0, net="tcp"):
+    """`python -m simbridge.server.cli` on a free loopback port or a Unix socket; returns
+    (Popen, address)."""
     for _ in range(3):
-        address = f"{HOST}:{_free_port()}"
+        address = listen_address(net)
         cmd = [sys.executable, "-m", "simbridge.server.cli", "--address", address,
                "--print-every", "0", "--log-level", "WARNING"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -214,7 +255,19 @@ def wait_healthy(address, proc, timeout_s):
             time.sleep(0.05)
 
 
-def _floor_server_main(port_q, stop_evt):
+def _sized_answer(req, _answers={}):
+    """The echo's answer: as many bytes as the request's first 4 bytes say (little-endian), or the
+    request itself, so one echo stands for a Step whose answer is smaller than its request."""
+    if len(req) < 8 or req[:4] == b"\0\0\0\0":
+        return req
+    size = int.from_bytes(req[:4], "little")
+    answer = _answers.get(size)
+    if answer is None:
+        answer = _answers[size] = bytes(size)
+    return answer
+
+
+def _floor_server_main(address, port_q, stop_evt):
     """Child process: a trivial echo service, bytes in and out, no proto."""
     os.dup2(2, 1)
     from concurrent import futures
@@ -223,13 +276,13 @@ def _floor_server_main(port_q, stop_evt):
 
     handlers = {
         "Ping": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
-        "PingStream": grpc.stream_stream_rpc_method_handler(lambda it, ctx: (m for m in it)),
+        "PingStream": grpc.stream_stream_rpc_method_handler(lambda it, ctx: (_sized_answer(m) for m in it)),
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", handlers),))
-    port = server.add_insecure_port(f"{HOST}:0")
+    port = server.add_insecure_port(address)
     server.start()
-    port_q.put(port)
+    port_q.put(address if address.startswith("unix:") else f"{HOST}:{port}")
     stop_evt.wait()
     server.stop(0)
 
@@ -392,7 +445,14 @@ class FloorClient:
         grpc.channel_ready_future(self.channel).result(timeout=30)
         self.payload = bytes(48)  # about a CartPole get_action request
         self.transport = transport
-        if transport == "unary":
+        if transport.startswith("stream:"):   # "stream:REQUEST_BYTES:ANSWER_BYTES", a Step's sizes
+            from simbridge.client.direct_stream import open_stream
+
+            _, req, answer = transport.split(":")
+            self.payload = int(answer).to_bytes(4, "little") + bytes(int(req) - 4)
+            self.stream = open_stream(self.channel, "/bench.Echo/PingStream")   # as the clients stream
+            self.transport = "sized"
+        elif transport == "unary":
             self.call = self.channel.unary_unary("/bench.Echo/Ping")
         else:
             self.q = queue.SimpleQueue()
@@ -403,6 +463,9 @@ class FloorClient:
         t0 = time.perf_counter()
         if self.transport == "unary":
             self.call(self.payload)
+        elif self.transport == "sized":
+            self.stream.send(self.payload)
+            self.stream.recv()
         else:
             self.q.put(self.payload)
             next(self.responses)
@@ -411,8 +474,85 @@ class FloorClient:
         return 1
 
     def close(self):
-        if self.transport != "unary":
+        if self.transport == "sized":
+            self.stream.close()
+        elif self.transport != "unary":
             self.q.put(None)
+        self.channel.close()
+
+
+class RawStepSim:
+    """The least a Python simulator can do per Step against the real server: the same Steps as
+    the SlotClient case's (recorded beforehand from the same env, random actions, episodes
+    ending and restarting as they do), replayed as bytes on the clients' stream
+    (simbridge/client/direct_stream.py, as the echo_step* figures) with only their seq changed,
+    answers not decoded. What the server allows one lockstep client sending that traffic;
+    SlotClient's *_vs_bare ratios are measured against it."""
+
+    RECORDED = 2000
+
+    def __init__(self, address, transport, seed, n):
+        import grpc
+
+        from simbridge.client.direct_stream import open_stream
+        from simbridge.wire import leaf_codec, tensors
+        from simbridge.wire import spaces as sb_spaces
+        from simbridge.wire.v1 import simbridge_pb2 as pb
+
+        self.n = n
+        env = StepLockstepSim._env(None, n, seed) if n == 1 else SlotSim._env(None, n, seed)
+        encode = leaf_codec.batch_encoder(env.observation_space)
+        rng = np.random.default_rng(seed)
+        self.steps = []
+        obs, outcome = env.reset(), None
+        for _ in range(self.RECORDED):
+            req = pb.StreamRequest()
+            encode(req.step.observations, obs, "observations")
+            if outcome is not None:
+                rewards, terminated, truncated, final_obs = outcome
+                tensors.fill_tensor(req.step.rewards, np.asarray(rewards, np.float32))
+                tensors.fill_tensor(req.step.terminated, np.asarray(terminated, bool))
+                tensors.fill_tensor(req.step.truncated, np.asarray(truncated, bool))
+                if final_obs is not None:
+                    encode(req.step.final_observations, final_obs, "final_observations")
+            self.steps.append(req)
+            obs, *outcome = env.step(rng.integers(0, 2, n))
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stream = open_stream(self.channel, "/simbridge.v1.ExternalEnv/Stream")
+        create = pb.StreamRequest(create_session=pb.CreateSessionRequest(
+            client_name=f"bench-bare{n}", num_slots=n,
+            observation_space=sb_spaces.space_to_proto(env.observation_space),
+            action_space=sb_spaces.space_to_proto(env.action_space)))
+        self.stream.send(create.SerializeToString())
+        first = pb.StreamResponse.FromString(self.stream.recv())
+        assert not first.HasField("error"), first.error
+        self.seq = 0
+        self._send(check=True)     # the first Step: observations only
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def _send(self, check=False):
+        from simbridge.wire.v1 import simbridge_pb2 as pb
+
+        self.seq += 1
+        # after the recording's end, round again from its second Step (the first has no outcome)
+        req = self.steps[(self.seq - 1) % self.RECORDED or 1] if self.seq > self.RECORDED else self.steps[self.seq - 1]
+        req.step.header.seq = self.seq
+        self.stream.send(req.SerializeToString())
+        answer = self.stream.recv()
+        if check:
+            resp = pb.StreamResponse.FromString(answer)
+            assert not resp.HasField("error"), resp.error
+
+    def step(self, record):
+        t0 = time.perf_counter()
+        self._send()
+        if record:
+            self.lat_ms.append((time.perf_counter() - t0) * 1e3)
+        return self.n
+
+    def close(self):
+        self._send(check=True)   # still in order: every answer was a Step's
+        self.stream.close()
         self.channel.close()
 
 
@@ -466,7 +606,8 @@ class StepLockstepSim(SlotSim):
 
 
 SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "rows64": Batched64Sim, "floor": FloorClient,
-        "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256)}
+        "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256),
+        **{f"bare{n}": functools.partial(RawStepSim, n=n) for n in (1, 64, 256)}}
 
 
 def _client_main(idx, sim_kind, address, transport, seconds, barrier, results, server_pid):
@@ -556,6 +697,8 @@ def _summary(prefix, res, per_agent=False):
         out[f"{prefix}_episodes"] = int(sum(r["episodes"] for r in res))
     window = res[0]["elapsed_s"]
     out[f"{prefix}_client_cpu_cores"] = round(sum(r["client_cpu_s"] / r["elapsed_s"] for r in res), 3)
+    # CPU per call: what a client costs, steadier than rates when other work shares the machine
+    out[f"{prefix}_client_cpu_us_per_call"] = round(1e6 * sum(r["client_cpu_s"] for r in res) / max(1, total_calls), 1)
     if res[0]["server_cpu_s"] is not None:
         out[f"{prefix}_server_cpu_cores"] = round(res[0]["server_cpu_s"] / window, 3)
         out[f"{prefix}_server_cpu_us_per_call"] = round(
@@ -563,56 +706,98 @@ def _summary(prefix, res, per_agent=False):
     return out
 
 
-def case_floor(children, seconds):
+def step_message_sizes(n):
+    """Bytes on the wire of a CartPole Step of n slots and of its answer, as SlotClient and the
+    server make them (the bare echo of these sizes is what a Step could cost at best)."""
+    import gymnasium as gym
+
+    from simbridge.wire import leaf_codec, tensors
+    from simbridge.wire.v1 import simbridge_pb2 as pb
+
+    obs_space = gym.make("CartPole-v1").observation_space
+    req = pb.StreamRequest()
+    step = req.step
+    step.header.seq = 123456   # the stream sends no session id: the stream is bound to it
+    leaf_codec.batch_encoder(obs_space)(step.observations, np.zeros((n, 4), np.float32), "observations")
+    tensors.fill_tensor(step.rewards, np.ones(n, np.float32))
+    tensors.fill_tensor(step.terminated, np.zeros(n, bool))
+    tensors.fill_tensor(step.truncated, np.zeros(n, bool))
+    resp = pb.StreamResponse()
+    tensors.fill_tensor(resp.step.actions.tensor, np.zeros(n, np.int64))
+    tensors.fill_tensor(resp.step.policy_versions, np.zeros(n, np.int64))
+    resp.step.policy_id = "default_policy"
+    return req.ByteSize(), resp.ByteSize()
+
+
+ECHO_SLOTS = (1, 64, 256)   # the echo of a Step of this many slots: floor's step*_ figures
+
+
+def case_floor(children, seconds, net="tcp"):
+    """Bare echoes: unary, a stream ping-pong of 48 bytes, and stream echoes of the sizes of a
+    CartPole Step of 1, 64 and 256 slots (request and answer), on `net`."""
     ctx = mp.get_context("spawn")
     port_q, stop_evt = ctx.Queue(), ctx.Event()
-    server = children.add(ctx.Process(target=_floor_server_main, args=(port_q, stop_evt),
+    bind = listen_address(net) if net != "tcp" else f"{HOST}:0"
+    server = children.add(ctx.Process(target=_floor_server_main, args=(bind, port_q, stop_evt),
                                       name="bench-floor-server", daemon=True))
     server.start()
+    sized = {}
     try:
-        address = f"{HOST}:{port_q.get(timeout=60)}"
+        address = port_q.get(timeout=60)
         unary = run_clients(children, 1, "floor", address, "unary", seconds, server.pid)
         stream = run_clients(children, 1, "floor", address, "stream", seconds, server.pid)
+        for n in ECHO_SLOTS:
+            req, answer = step_message_sizes(n)
+            sized[n] = (req, answer, run_clients(children, 1, "floor", address, f"stream:{req}:{answer}",
+                                                 max(1.0, seconds / 2), server.pid))
     finally:
         stop_evt.set()
         children.stop(server)
     u, s = _summary("floor_unary", unary), _summary("floor_stream", stream)
-    return {
-        "grpc_floor_roundtrips_per_s": u["floor_unary_steps_per_s"],
-        "grpc_floor_p50_ms": u["floor_unary_p50_ms"],
-        "grpc_floor_p99_ms": u["floor_unary_p99_ms"],
-        "grpc_floor_stream_roundtrips_per_s": s["floor_stream_steps_per_s"],
-        "grpc_floor_stream_p50_ms": s["floor_stream_p50_ms"],
-        "grpc_floor_stream_p99_ms": s["floor_stream_p99_ms"],
-        "grpc_floor_server_cpu_us_per_call": u.get("floor_unary_server_cpu_us_per_call"),
-        "grpc_floor_stream_server_cpu_us_per_call": s.get("floor_stream_server_cpu_us_per_call"),
+    k = functools.partial(_key, net)
+    out = {
+        k("grpc_floor_roundtrips_per_s"): u["floor_unary_steps_per_s"],
+        k("grpc_floor_p50_ms"): u["floor_unary_p50_ms"],
+        k("grpc_floor_p99_ms"): u["floor_unary_p99_ms"],
+        k("grpc_floor_stream_roundtrips_per_s"): s["floor_stream_steps_per_s"],
+        k("grpc_floor_stream_p50_ms"): s["floor_stream_p50_ms"],
+        k("grpc_floor_stream_p99_ms"): s["floor_stream_p99_ms"],
+        k("grpc_floor_server_cpu_us_per_call"): u.get("floor_unary_server_cpu_us_per_call"),
+        k("grpc_floor_stream_server_cpu_us_per_call"): s.get("floor_stream_server_cpu_us_per_call"),
+        k("grpc_floor_stream_client_cpu_cores"): s.get("floor_stream_client_cpu_cores"),
     }
+    for n, (req, answer, res) in sized.items():
+        e = _summary("e", res)
+        out[k(f"echo_step{n}_roundtrips_per_s")] = e["e_steps_per_s"]
+        out[k(f"echo_step{n}_bytes")] = [req, answer]
+        out[k(f"echo_step{n}_client_cpu_cores")] = e["e_client_cpu_cores"]
+    return out
 
 
-def _bridge_case(children, seconds, prefix, n, sim_kind, transport, per_agent=False):
-    proc, address = start_bridge_server(children)
+def _bridge_case(children, seconds, prefix, n, sim_kind, transport, per_agent=False, net="tcp"):
+    proc, address = start_bridge_server(children, net=net)
     try:
         res = run_clients(children, n, sim_kind, address, transport, seconds, proc.pid)
     finally:
         children.stop(proc)
-    return _summary(prefix, res, per_agent)
+    return _summary(_key(net, prefix), res, per_agent)
 
 
 def case_unary(children, seconds):
     return _bridge_case(children, seconds, "unary_lockstep", 1, "lockstep", "unary")
 
 
-def case_stream(children, seconds):
-    return _bridge_case(children, seconds, "stream_lockstep", 1, "lockstep", "stream")
+def case_stream(children, seconds, net="tcp"):
+    return _bridge_case(children, seconds, "stream_lockstep", 1, "lockstep", "stream", net=net)
 
 
 def case_four_sims(children, seconds):
     return _bridge_case(children, seconds, "four_sims", 4, "lockstep", "stream")
 
 
-def case_batched64(children, seconds):
+def case_batched64(children, seconds, net="tcp"):
     """One simulator, 64 slots, remote inference, on the Step call."""
-    return _bridge_case(children, seconds, "batched64", 1, "slots64", "stream", per_agent=True)
+    return _bridge_case(children, seconds, "batched64", 1, "slots64", "stream", per_agent=True, net=net)
 
 
 def case_rows64(children, seconds):
@@ -621,13 +806,22 @@ def case_rows64(children, seconds):
     return out
 
 
-def case_step_lockstep(children, seconds):
-    return _bridge_case(children, seconds, "step_lockstep", 1, "step_lockstep", "stream")
+def case_step_lockstep(children, seconds, net="tcp"):
+    return _bridge_case(children, seconds, "step_lockstep", 1, "step_lockstep", "stream", net=net)
 
 
-def case_batched256(children, seconds):
+def case_batched256(children, seconds, net="tcp"):
     """One simulator, 256 slots, remote inference, on the Step call."""
-    return _bridge_case(children, seconds, "batched256", 1, "slots256", "stream", per_agent=True)
+    return _bridge_case(children, seconds, "batched256", 1, "slots256", "stream", per_agent=True, net=net)
+
+
+def case_bare(children, seconds, net="tcp"):
+    """RawStepSim with 1, 64 and 256 slots, each against a fresh server: bare_step{n}_* figures."""
+    out = {}
+    for n in (1, 64, 256):
+        out.update(_bridge_case(children, max(1.0, seconds / 2), f"bare_step{n}", 1, f"bare{n}", "stream",
+                                per_agent=n > 1, net=net))
+    return out
 
 
 _TCP_ENV = ("GRPC_EXPERIMENTS", "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "SIMBRIDGE_GRPC_EVENT_ENGINE")
@@ -716,8 +910,32 @@ def case_cpp(children, seconds, case):
 CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
               "four_sims": case_four_sims, "batched64": case_batched64, "step_lockstep": case_step_lockstep,
               "rows64": case_rows64, "tcp_paths": case_tcp_paths,
-              "batched256": case_batched256,
+              "batched256": case_batched256, "bare": case_bare,
               **{case: functools.partial(case_cpp, case=case) for case in cpp_cases.CPP_CASES}}
+# The same cases on a Unix socket (docs/transports.md): figures named uds_<the TCP name>.
+UDS_CASES = {"uds_floor": case_floor, "uds_bare": case_bare, "uds_stream": case_stream, "uds_step_lockstep": case_step_lockstep,
+             "uds_batched64": case_batched64, "uds_batched256": case_batched256}
+CASE_FUNCS.update({name: functools.partial(fn, net="uds") for name, fn in UDS_CASES.items()})
+
+
+def _iterator_case(children, seconds, case):
+    """A TCP case with the simulators on grpcio's public stream API (a queue-fed request iterator,
+    simbridge/client/direct_stream.py's fallback): the client as it was before DirectStream.
+    Figures named iter_<the case's names>."""
+    saved = os.environ.get("SIMBRIDGE_GRPC_STREAM")
+    os.environ["SIMBRIDGE_GRPC_STREAM"] = "iterator"   # spawned simulators inherit it
+    try:
+        out = CASE_FUNCS[case](children, seconds)
+    finally:
+        if saved is None:
+            os.environ.pop("SIMBRIDGE_GRPC_STREAM")
+        else:
+            os.environ["SIMBRIDGE_GRPC_STREAM"] = saved
+    return {f"iter_{k}": v for k, v in out.items()}
+
+
+ITERATOR_CASES = ("stream", "step_lockstep", "batched64", "batched256")
+CASE_FUNCS.update({f"iter_{case}": functools.partial(_iterator_case, case=case) for case in ITERATOR_CASES})
 
 
 # ---------------------------------------------------------------- local inference
@@ -795,6 +1013,38 @@ CASE_FUNCS["local"] = case_local
 
 # ---------------------------------------------------------------- main
 
+def echo_ratios(result):
+    """Each Step case against the bare stream echo of its message sizes on the same transport
+    (*_vs_echo: calls per second over echo round trips per second), and UDS against TCP."""
+    out = {}
+    for net in ("tcp", "uds"):
+        k = functools.partial(_key, net)
+        for case, n, rate in (("step_lockstep", 1, "steps_per_s"), ("batched64", 64, "calls_per_s"),
+                              ("batched256", 256, "calls_per_s")):
+            echo, got = result.get(k(f"echo_step{n}_roundtrips_per_s")), result.get(k(f"{case}_{rate}"))
+            if echo and got:
+                out[k(f"{case}_vs_echo")] = round(got / echo, 3)
+            bare = result.get(k(f"bare_step{n}_{rate}"))
+            if bare and got:
+                out[k(f"{case}_vs_bare")] = round(got / bare, 3)
+                # the bare client steps no simulator: the same ratio with the env's step time left out
+                env_us = result.get(k(f"{case}_env_step_us"))
+                if env_us:
+                    out[k(f"{case}_vs_bare_without_env")] = round(1 / (1 / got - env_us * 1e-6) / bare, 3)
+        echo, got = result.get(k("grpc_floor_stream_roundtrips_per_s")), result.get(k("stream_lockstep_steps_per_s"))
+        if echo and got:
+            out[k("stream_lockstep_vs_echo")] = round(got / echo, 3)
+    for name in ("stream_lockstep_steps_per_s", "step_lockstep_steps_per_s", "batched64_agent_steps_per_s",
+                 "batched256_agent_steps_per_s"):
+        if result.get(name) and result.get(f"iter_{name}"):
+            out[f"direct_vs_iterator_{name}"] = round(result[name] / result[f"iter_{name}"], 3)
+    for name in ("grpc_floor_stream_roundtrips_per_s", "echo_step1_roundtrips_per_s", "stream_lockstep_steps_per_s",
+                 "step_lockstep_steps_per_s", "batched64_agent_steps_per_s", "batched256_agent_steps_per_s"):
+        if result.get(name) and result.get(f"uds_{name}"):
+            out[f"uds_vs_tcp_{name}"] = round(result[f"uds_{name}"] / result[name], 3)
+    return out
+
+
 def _loadavg():
     """1-minute load average: other work on the machine skews every figure here."""
     try:
@@ -865,6 +1115,7 @@ def main(argv=None):
         sfloor = result.get("grpc_floor_stream_roundtrips_per_s")
         if sfloor and "stream_lockstep_steps_per_s" in result:
             result["stream_vs_stream_floor"] = round(result["stream_lockstep_steps_per_s"] / sfloor, 3)
+    result.update(echo_ratios(result))
     result.update(cpp_cases.ratios(result))
     result["machine"] = dict(machine_info(), loadavg_1m_start=load_start, loadavg_1m_end=_loadavg())
     if cpp_cases.toolchain():

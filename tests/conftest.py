@@ -1,7 +1,9 @@
+import itertools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -13,14 +15,39 @@ from simbridge.server.runtime import BridgeConfig, BridgeRuntime  # noqa: E402
 from simbridge.server.service import BridgeServer  # noqa: E402
 
 
+# The bridge's transports on one host (docs/transports.md). A test that takes the `net` argument
+# runs once on each, and every server its fixtures start listens there: TCP on loopback, or a
+# Unix socket in a private directory of its own.
+NETS = ("tcp", "uds")
+
+
+def pytest_generate_tests(metafunc):
+    if "net" in metafunc.fixturenames:
+        metafunc.parametrize("net", NETS)
+
+
 @pytest.fixture
-def make_server():
-    """Start real BridgeServers on loopback; all are stopped at teardown."""
+def listen_address(request):
+    """A factory of fresh addresses to serve on, on the test's `net` (TCP when it has none)."""
+    net = request.getfixturevalue("net") if "net" in request.fixturenames else "tcp"
+    if net == "tcp":
+        yield lambda: "127.0.0.1:0"
+        return
+    # Short: a socket path must fit in 108 bytes, and pytest's tmp_path holds the test's name.
+    directory = tempfile.mkdtemp(prefix="sb-uds-")
+    made = itertools.count()
+    yield lambda: f"unix:{directory}/bridge{next(made)}.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def make_server(listen_address):
+    """Start real BridgeServers on loopback (or the test's `net`); all are stopped at teardown."""
     servers = []
 
     def _make(runtime=None, security=None, **config):
         rt = runtime or BridgeRuntime(BridgeConfig(**config))
-        srv = BridgeServer(rt, "127.0.0.1:0", security=security).start()
+        srv = BridgeServer(rt, listen_address(), security=security).start()
         servers.append(srv)
         return srv
 

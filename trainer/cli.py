@@ -59,7 +59,7 @@ from pathlib import Path
 import simbridge
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
-from simbridge.server.service import address_in_use
+from simbridge.server.service import address_in_use, in_use_message
 from simbridge.trainer import rundir
 from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
 from simbridge.trainer.config_values import parse_overrides
@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
                                     f"the run's saved {SAVED_CONFIG})")
     r.add_argument("--resume", action="store_true", help=f"continue from LOGDIR/{CHECKPOINT}")
-    r.add_argument("--address", help="host:port to serve on (overrides [server] address)")
+    r.add_argument("--address", help="host:port, or unix:PATH for a Unix socket, to serve on (overrides "
+                                      "[server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
     r.add_argument("--seed", type=int, help="seed of the learners and their exploration (overrides [run] seed)")
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="serve a trained run's policies from its checkpoint, greedy, never learning")
     sv.add_argument("--checkpoint", required=True, metavar="DIR", help=f"the run directory ({CHECKPOINT}, "
                                                                       f"{SAVED_CONFIG})")
-    sv.add_argument("--address", help="host:port to serve on (default: the run's [server] address)")
+    sv.add_argument("--address", help="host:port or unix:PATH to serve on (default: the run's [server] address)")
     sv.add_argument("--explore", action="store_true", help="sample actions as in training (default: greedy)")
     sv.add_argument("--logdir", help="where serving writes its metrics (default: runs/serve-<time>; never DIR)")
     sv.add_argument("--log-level", default="INFO")
@@ -158,9 +159,7 @@ def cmd_run(args) -> int:
         if not args.resume and (rank is None or rank.writes):
             refuse_used(Path(cfg.run.logdir))
         if address_in_use(cfg.server.address):   # at once, before torch and the learners load
-            raise ConfigError(f"could not bind {cfg.server.address}: another process is listening on that "
-                              f"port: stop it, or pick another port with --address HOST:PORT (nothing was "
-                              f"written to {cfg.run.logdir})")
+            raise ConfigError(f"{in_use_message(cfg.server.address)} (nothing was written to {cfg.run.logdir})")
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank)
     except ConfigError as e:

@@ -71,6 +71,7 @@ import gymnasium as gym
 
 from simbridge.server.experience import BATCH_MODES
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
+from simbridge.wire.addresses import address_problem
 from simbridge.trainer.config_spaces import space_from_table
 from simbridge.trainer.config_values import (ConfigError, Override, apply_overrides, check_keys, check_type,
                                              hint_of_default, tomllib)
@@ -281,10 +282,9 @@ def _section(cls, raw, what: str, name: str):
 
 
 def _check_server(s: ServerSection, where: str) -> None:
-    host, sep, port = s.address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if address_problem(s.address):
         raise ConfigError(f"{where}: [server] address = {s.address!r} is not HOST:PORT "
-                          f"(e.g. \"127.0.0.1:50051\")")
+                          f"(e.g. \"127.0.0.1:50051\") or unix:PATH (a Unix socket on this machine)")
     if s.batch_mode not in BATCH_MODES:
         raise ConfigError(f"{where}: [server] batch_mode = {s.batch_mode!r}: use one of {list(BATCH_MODES)}")
     if s.count_steps_by not in ("env_steps", "agent_steps"):

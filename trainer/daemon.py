@@ -297,8 +297,7 @@ class TrainerDaemon:
             print(f"simbridge-trainer: error: {e}", file=sys.stderr)
             return 2
         except RuntimeError as e:
-            print(f"simbridge-trainer: error: {e}: stop it, or pick another port with --address HOST:PORT "
-                  f"(nothing was written to {self.logdir})", file=sys.stderr)
+            print(f"simbridge-trainer: error: {e} (nothing was written to {self.logdir})", file=sys.stderr)
             return 2
         try:
             self._prepare()

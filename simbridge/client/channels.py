@@ -6,10 +6,12 @@ Several addresses come as a list or "h1:p1,h2:p2" (`parse_addresses`). A client 
 before, so simulator processes spread over the addresses and the clients of one process go round
 them. An address a client of this process moved away from (`mark_down`) is tried last for 30 s.
 """
+import errno
 import itertools
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import zlib
@@ -18,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from simbridge.client.security import ClientSecurity
+from simbridge.wire.addresses import address_problem, is_unix, unix_path
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
@@ -33,6 +36,9 @@ _clients_made = itertools.count()
 
 
 NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's words for a port closed
+NO_SOCKET_FILE = "no socket file there (no server has created it, or it stopped)"   # ... for unix:PATH
+STALE_SOCKET = "nothing listens there (a stale socket file: connection refused)"
+CLOSED = (NOTHING_LISTENS, NO_SOCKET_FILE, STALE_SOCKET)   # nothing serves there: its sessions are gone
 
 
 def mark_down(address: str) -> None:
@@ -45,18 +51,17 @@ Addresses = Union[str, Sequence[str]]
 
 def parse_addresses(address: Addresses) -> List[str]:
     """One address, a list of them, or a comma-separated string "h1:p1,h2:p2", as a list of
-    HOST:PORT (each checked); a BridgeError naming the fix for a bad one."""
+    HOST:PORT or unix:PATH (each checked: simbridge.wire.addresses); a BridgeError naming the fix
+    for a bad one."""
     items = address.split(",") if isinstance(address, str) else [str(a) for a in address]
     out = [a.strip() for a in items if a.strip()]
     if not out:
         raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"no address given ({address!r}): pass HOST:PORT, or several as \"h1:p1,h2:p2\"")
     for a in out:
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"address {a!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051 (the trainer's "
-                              f"[server] address)")
+        problem = address_problem(a)
+        if problem:
+            raise BridgeError(grpc.StatusCode.INVALID_ARGUMENT, f"{problem} (the trainer's [server] address)")
     return list(dict.fromkeys(out))
 
 
@@ -190,16 +195,22 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
     """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
     nothing listening (a trainer may still come), a host that does not answer, or something
-    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1)."""
-    host, _, port = address.rpartition(":")
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-    except ConnectionRefusedError:
-        return NOTHING_LISTENS, False
-    except socket.gaierror as e:
-        return f"cannot resolve host {host!r} ({e.strerror})", True
-    except OSError as e:
-        return f"the host does not answer ({e.strerror or 'timed out'})", False
+    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
+    unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open."""
+    if is_unix(address):
+        sock, why = _connect_unix(unix_path(address), timeout_s)
+        if sock is None:
+            return why
+    else:
+        host, _, port = address.rpartition(":")
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except ConnectionRefusedError:
+            return NOTHING_LISTENS, False
+        except socket.gaierror as e:
+            return f"cannot resolve host {host!r} ({e.strerror})", True
+        except OSError as e:
+            return f"the host does not answer ({e.strerror or 'timed out'})", False
     with sock:
         # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
         # run files in between), and that looks the same as a failed handshake from here.
@@ -219,6 +230,35 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
     if answer[:1] in (b"\x15", b"\x16"):
         return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
     return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
+
+
+def _connect_unix(path: str, timeout_s: float):
+    """(a connected socket, None), or (None, (why, hopeless)) for diagnose."""
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return None, (f"{path} is not a socket (a regular file or directory): pass the path the trainer's "
+                          f"--address unix:PATH names", True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, (NO_SOCKET_FILE, False)        # a trainer may still come and create it
+    except OSError as e:
+        return None, (f"cannot look at {path} ({e.strerror})", True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+        return sock, None
+    except FileNotFoundError:
+        why = NO_SOCKET_FILE, False
+    except ConnectionRefusedError:
+        # A socket file whose server died without removing it: the next server there replaces it.
+        why = STALE_SOCKET, False
+    except PermissionError:
+        why = (f"permission denied on {path} (the server makes its socket owner-only: run the simulator as the "
+               f"trainer's user)"), True
+    except OSError as e:
+        why = f"the socket does not answer ({e.strerror or 'timed out'})", False
+    sock.close()
+    return None, why
 
 
 # An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.

@@ -30,16 +30,16 @@ its requests fails (the policy client logs the rewards it carried on their own) 
 """
 import collections
 import logging
-import queue
 import threading
 import time
 from typing import Callable, Optional
 
 import grpc
 
-from simbridge.client.channels import (FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
+from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
                                        close_unwatched, connect_any, connect_first, diagnose, mark_down,
                                        open_channel, parse_addresses)
+from simbridge.client.direct_stream import open_stream
 from simbridge.client.security import ClientSecurity
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -144,14 +144,13 @@ class Connection:
         self._create = create
         self._seq = 0
         self._lock = threading.RLock()
-        self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg) unanswered
+        self._outstanding: "collections.deque" = collections.deque()  # (seq, kind, msg, bytes sent) unanswered
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
         self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
         self._stub = self._make_stub()
-        self._stream_q: Optional[queue.SimpleQueue] = None
-        self._responses = None
+        self._stream = None    # direct_stream's DirectStream (or IteratorStream): serialized messages
         self.session = self._open_session(resume=None)
         self.session_id = self.session.session_id
         self.reconnects = 0
@@ -169,12 +168,12 @@ class Connection:
             req.resume_session_id = resume
         if self.transport == "unary":
             return call_unary(self._stub.CreateSession, req)
-        self._stream_q = queue.SimpleQueue()
-        q = self._stream_q
-        self._responses = self._stub.Stream(iter(q.get, None))
-        q.put(pb.StreamRequest(create_session=req))
+        service = "ExternalMultiAgentEnv" if self._service == "multi" else "ExternalEnv"
         try:
-            resp = next(self._responses)
+            self._stream = open_stream(self._channel, f"/{pb.DESCRIPTOR.package}.{service}/Stream",
+                                       self._security.metadata())
+            self._stream.send(pb.StreamRequest(create_session=req).SerializeToString())
+            resp = pb.StreamResponse.FromString(self._stream.recv())
         except grpc.RpcError as e:
             raise BridgeError.from_rpc_error(e) from None
         if resp.HasField("error"):
@@ -188,8 +187,8 @@ class Connection:
         backoff = Backoff(min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s)
         log.warning("connection to %s broke (%s); reconnecting", self.address, rpc_failure(cause))
         while True:
-            if self._stream_q is not None:
-                self._stream_q.put(None)
+            if self._stream is not None:
+                self._stream.cancel()
             try:
                 resp = self._open_session(resume=self.session_id)
                 break
@@ -198,7 +197,7 @@ class Connection:
                     # A closed port has lost the session for good (a restarted server would not know
                     # it either): move at once; anything else gets FAILOVER_AFTER_S to come back.
                     what = diagnose(self.address, self._security.uses_tls)[0]
-                    if what != NOTHING_LISTENS and backoff.wait():
+                    if what not in CLOSED and backoff.wait():
                         continue
                     self._move(what)
                 if e.code in RETRYABLE and backoff.wait():
@@ -221,8 +220,11 @@ class Connection:
                               close_connection=self.close)
         log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
         if self.transport == "stream":
-            for _, kind, msg in self._outstanding:
-                self._stream_q.put(_wrap(kind, msg))
+            try:
+                for _, _, _, data in self._outstanding:
+                    self._stream.send(data)
+            except grpc.RpcError:
+                pass   # the next read finds the stream broken, and reconnects and resends again
 
     def _move(self, why: str) -> None:
         """The server at self.address went away: open a new session at the next address that
@@ -255,15 +257,21 @@ class Connection:
 
     # -------------------------------------------------------------- calls
 
-    def call(self, kind: str, msg, wait: bool = True):
-        """Send one request. wait=False pipelines it (stream only); returns the answer or None."""
+    def call(self, kind: str, msg, wait: bool = True, envelope: Optional[pb.StreamRequest] = None):
+        """Send one request. wait=False pipelines it (stream only); returns the answer or None.
+        `envelope`: a StreamRequest whose `kind` field is `msg` (built in place: no copy to send it)."""
         with self._lock:
             limit = self.session.limits.max_message_bytes
+            data = None
+            if self.transport == "stream":   # serialized once, sized and sent (and resent) as these bytes
+                msg.header.seq = self._seq + 1
+                data = (envelope if envelope is not None else _wrap(kind, msg)).SerializeToString()
+            size = msg.ByteSize() if data is None else len(data)
             # Refused here (with room for header and framing): the server would end the stream.
-            if limit and msg.ByteSize() + _FRAMING_BYTES > limit:
+            if limit and size + _FRAMING_BYTES > limit:
                 self._on_failed(kind, msg)
                 raise BridgeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"{kind} request of {msg.ByteSize()} bytes exceeds the server's limit of "
+                                  f"{kind} request of {size} bytes exceeds the server's limit of "
                                   f"{limit} bytes: send fewer rows per call", Reason.MESSAGE_TOO_LARGE)
             if self._broken:
                 self._broken = False
@@ -273,8 +281,11 @@ class Connection:
             if self.transport == "unary":
                 msg.header.session_id = self.session_id
                 return self._unary(kind, msg)
-            self._outstanding.append((self._seq, kind, msg))
-            self._stream_q.put(_wrap(kind, msg))
+            self._outstanding.append((self._seq, kind, msg, data))
+            try:
+                self._stream.send(data)
+            except grpc.RpcError:
+                pass   # the stream broke: reading its answer reconnects and resends it
             if wait or not self.pipeline:
                 return self._read_until(self._seq)
             return None
@@ -316,21 +327,18 @@ class Connection:
     def _read_until(self, seq: int):
         while True:
             try:
-                resp = next(self._responses)
+                resp = pb.StreamResponse.FromString(self._stream.recv())
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE:
                     # The server ended the stream on purpose: resending would fail again. Say
                     # why; the next call reconnects and resends what is still unanswered.
                     self._broken = True
-                    _, bad_kind, bad_msg = self._outstanding.popleft()
+                    _, bad_kind, bad_msg, _ = self._outstanding.popleft()
                     err = BridgeError.from_rpc_error(e, prefix=f"{bad_kind} failed and ended the stream: ")
                     self._raise_failed(err, bad_kind, bad_msg)  # on_failed's calls reconnect first
                 self._reconnect(e)
                 continue
-            except StopIteration as e:
-                self._reconnect(e)
-                continue
-            got_seq, kind, sent = self._outstanding.popleft()
+            got_seq, kind, sent, _ = self._outstanding.popleft()
             if resp.HasField("error"):
                 err = BridgeError.from_status(resp.error)
                 self._unspend(got_seq, err)
@@ -359,8 +367,9 @@ class Connection:
         except BridgeError:
             pass
         finally:
-            if self._stream_q is not None:
-                self._stream_q.put(None)
+            with self._lock:   # a DirectStream is read by one thread at a time
+                if self._stream is not None:
+                    self._stream.close()
             self._channel.close()
 
 

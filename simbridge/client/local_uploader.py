@@ -12,7 +12,7 @@ from typing import Optional
 
 import grpc
 
-from simbridge.client.connection import (FAILOVER_AFTER_S, NOTHING_LISTENS, RETRYABLE, Backoff, SessionLost,
+from simbridge.client.connection import (CLOSED, FAILOVER_AFTER_S, RETRYABLE, Backoff, SessionLost,
                                          call_unary, diagnose, mark_down)
 from simbridge.client.local_buffer import Chunk
 from simbridge.client.local_policy import LocalPolicy
@@ -113,7 +113,7 @@ class ServerSync:
                     patience = min(self.reconnect_timeout_s, _CLOSING_RETRY_S) if self._closing else \
                         min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s
                     what = diagnose(self.address)[0] if others else ""
-                    if what != NOTHING_LISTENS and broken.wait(patience):
+                    if what not in CLOSED and broken.wait(patience):
                         self._count(upload_retries=1)
                         continue
                     if others:   # as the connection engine: a closed port at once, else after patience

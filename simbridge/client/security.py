@@ -80,6 +80,10 @@ class ClientSecurity:
             channel = grpc.insecure_channel(address, options=options)
         return channel
 
+    def metadata(self) -> tuple:
+        """The token as call metadata, for a call made beneath the channel's interceptor."""
+        return (_BearerToken.header(self.auth_token),) if self.auth_token else ()
+
     def wrap(self, channel: grpc.Channel) -> grpc.Channel:
         """The channel, adding the token to every call's metadata when there is one."""
         if not self.auth_token:
@@ -99,7 +103,11 @@ class _CallDetails(grpc.ClientCallDetails):
 
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     def __init__(self, token: str):
-        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._metadata = (self.header(token),)
+
+    @staticmethod
+    def header(token: str) -> tuple:
+        return ("authorization", f"Bearer {token}")
 
     def _details(self, details):
         return _CallDetails(details, tuple(details.metadata or ()) + self._metadata)

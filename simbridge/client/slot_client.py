@@ -31,6 +31,21 @@ from simbridge.client.security import ClientSecurity
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 
+_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
+_CODES = {_F32: tensors.pb_dtype(_F32), _BOOL: tensors.pb_dtype(_BOOL)}
+
+
+def _fill_vector(t: pb.Tensor, values: Any, dtype: np.dtype, n: int) -> None:
+    """fill_tensor(t, np.asarray(values, dtype)), with fewer steps for what a simulator usually
+    passes (an (n,) array of exactly that dtype) into a fresh message (a Step's every field is)."""
+    if type(values) is np.ndarray and values.dtype == dtype and values.shape == (n,):
+        t.dtype = _CODES[dtype]
+        t.shape.append(n)
+        t.data = values.tobytes()
+    else:
+        tensors.fill_tensor(t, np.asarray(values, dtype))
+
+
 class SlotClient:
     def __init__(self, address: Addresses, observation_space: gym.Space, action_space: gym.Space, num_slots: int,
                  training_enabled: bool = True, transport: str = "stream", client_name: str = "slot-client",
@@ -53,7 +68,7 @@ class SlotClient:
         self._conn = Connection(address, "single", create, transport, connect_timeout_s,
                                 reconnect_timeout_s, pipeline=False, security=security,
                                 on_session_lost=lambda: num_slots)
-        self.policy_versions: Optional[np.ndarray] = None
+        self._versions: Any = None   # the last answer's policy_versions tensor, decoded when asked for
         self.policy_id = ""
 
     @property
@@ -66,21 +81,28 @@ class SlotClient:
 
         rewards/terminated/truncated/final_observations: the outcome of the
         previous step's actions (leave them out on the first step)."""
-        req = pb.StepRequest()
+        # Built inside its stream envelope: the stream sends it without a copy (Connection.call).
+        envelope = pb.StreamRequest()
+        req = envelope.step
         self._encode_obs(req.observations, observations, "observations")
         self._fill_outcome(req, rewards, terminated, truncated, final_observations)
-        resp = self._conn.call("step", req)
-        self.policy_versions = tensors.from_tensor(resp.policy_versions)
+        resp = self._conn.call("step", req, envelope=envelope)
+        self._versions = resp.policy_versions
         self.policy_id = resp.policy_id
         return self._decode_actions(resp.actions, self.num_slots, "actions from the server")
 
+    @property
+    def policy_versions(self) -> Optional[np.ndarray]:
+        """The version of the policy that chose each slot's last action (None before the first step)."""
+        return None if self._versions is None else tensors.from_tensor(self._versions)
+
     def _fill_outcome(self, req, rewards, terminated, truncated, final_observations) -> None:
         if rewards is not None:
-            tensors.fill_tensor(req.rewards, np.asarray(rewards, np.float32))
+            _fill_vector(req.rewards, rewards, _F32, self.num_slots)
         if terminated is not None:
-            tensors.fill_tensor(req.terminated, np.asarray(terminated, bool))
+            _fill_vector(req.terminated, terminated, _BOOL, self.num_slots)
         if truncated is not None:
-            tensors.fill_tensor(req.truncated, np.asarray(truncated, bool))
+            _fill_vector(req.truncated, truncated, _BOOL, self.num_slots)
         if final_observations is not None:
             self._encode_obs(req.final_observations, final_observations, "final_observations")
 

@@ -60,7 +60,8 @@ def security_from_args(args, base: ServerSecurity = None) -> ServerSecurity:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="simbridge-server", description=__doc__)
     p.add_argument("--address", default="127.0.0.1:50051",
-                   help="host:port to listen on (default loopback only; 0.0.0.0:PORT exposes it)")
+                   help="host:port to listen on (default loopback only; 0.0.0.0:PORT exposes it), or "
+                        "unix:PATH for a Unix socket on this machine (owner-only; docs/transports.md)")
     p.add_argument("--rollout-fragment-length", type=int, default=200)
     p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"])
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="dynamic batcher wait for more rows")
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         print(f"simbridge-server: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        print(f"simbridge-server: {e}; pick another with --address HOST:PORT", file=sys.stderr)
+        print(f"simbridge-server: error: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
     threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()

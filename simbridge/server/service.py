@@ -13,9 +13,7 @@ a deserializer that never raises, so bytes that are not the call's message are
 an INVALID_ARGUMENT / UNDECODABLE answer (counted, and logged once a minute per
 client) instead of gRPC's own INTERNAL and a traceback each.
 """
-import errno
 import logging
-import socket
 import threading
 from concurrent import futures
 from typing import Optional
@@ -24,8 +22,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from simbridge.server.admission import CallGate, NoticeLog
+from simbridge.server.binding import address_in_use, bind, in_use_message  # noqa: F401 (the CLIs' import)
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import LoadedSecurity, ServerSecurity, auth_failed, peer_host
+from simbridge.wire.addresses import is_unix
 from simbridge.wire.errors import BridgeError, Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -200,35 +200,14 @@ def _internal(method: str, e: Exception) -> BridgeError:
                        Reason.SERVER_FAILURE)
 
 
-def address_in_use(address: str) -> bool:
-    """Whether some process listens on HOST:PORT now (as gRPC binds: SO_REUSEADDR, so sockets in
-    TIME_WAIT do not count). False for port 0 and for addresses this cannot resolve or test."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not port.isdigit() or int(port) == 0:
-        return False
-    try:
-        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError):
-        return False
-    for family, kind, proto, _, sockaddr in infos:
-        try:
-            with socket.socket(family, kind, proto) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(sockaddr)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return True
-    return False
-
-
 class BridgeServer:
     """A running bridge: gRPC server + runtime + session reaper.
 
     Binds to loopback unless told otherwise: exposing it is the user's choice, and beyond
     loopback it takes TLS and authentication, or `ServerSecurity(insecure=True)`
-    (security.py). Raises SecurityConfigError for settings that cannot work, RuntimeError
-    when the address cannot be bound.
+    (security.py). `address`: HOST:PORT, or unix:PATH for a Unix socket on this machine,
+    created owner-only (binding.py). Raises SecurityConfigError for settings that cannot work,
+    RuntimeError (in words naming the fix) when the address cannot be bound.
     """
 
     def __init__(self, runtime: Optional[BridgeRuntime] = None, address: str = "127.0.0.1:0",
@@ -264,19 +243,12 @@ class BridgeServer:
             self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        if address_in_use(address):   # before gRPC tries: its failure is a raw C++ log line
-            raise RuntimeError(f"could not bind {address}: another process is listening on that port")
-        try:
-            if self.security.tls:
-                self.port = self._server.add_secure_port(address, self.security.credentials)
-            else:
-                self.port = self._server.add_insecure_port(address)
-        except RuntimeError:   # grpcio raises on a port in use (no SO_REUSEPORT, see above)
-            self.port = 0
-        if self.port == 0:
-            raise RuntimeError(f"could not bind {address}: is another server using that port?")
-        host = address.rsplit(":", 1)[0]
-        self.address = f"{host}:{self.port}"
+        if self.security.tls:
+            self.port = bind(address, lambda a: self._server.add_secure_port(a, self.security.credentials))
+        else:
+            self.port = bind(address, self._server.add_insecure_port)
+        # What clients dial: a Unix socket's address as given, a TCP one with the port bound.
+        self.address = address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{self.port}"
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
                                         name="simbridge-reaper", daemon=True)

@@ -109,7 +109,7 @@ def test_session_lost_carries_close_connection_from_its_constructor():
 
 
 @pytest.mark.parametrize("code", sorted(RETRYABLE, key=lambda c: c.name))
-def test_unary_answer_lost_is_resent_under_its_seq_and_applied_once(server, code):
+def test_unary_answer_lost_is_resent_under_its_seq_and_applied_once(server, code, net):
     conn = Connection(server.address, "single", _create(), "unary", 5.0, 5.0, pipeline=False)
     eid = conn.call("start_episode", pb.StartEpisodeRequest(count=1)).episode_ids[0]
     conn._stub = AnswerLost(conn._stub, "GetAction", [code])
@@ -142,7 +142,7 @@ def test_on_failed_hears_of_every_failed_request_and_its_error_comes_first(serve
     conn.close()
 
 
-def test_reconnect_gives_up_after_reconnect_timeout(make_server):
+def test_reconnect_gives_up_after_reconnect_timeout(make_server, net):
     srv = make_server()
     conn = Connection(srv.address, "single", _create(), "stream", 5.0, 0.5, pipeline=False)
     srv.stop(grace=0)

@@ -52,7 +52,7 @@ def _run_episodes(client, episodes, length, sent):
 
 
 @pytest.mark.parametrize("transport", ["stream", "unary"])
-def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server, caplog, transport):
+def test_policy_client_moves_to_the_other_host_and_counts_stay_exact(make_server, caplog, transport, net):
     servers = _pair(make_server)
     client = PolicyClient(",".join(servers), OBS, ACT, reconnect_timeout_s=10.0, transport=transport)
     first = client._conn.address
@@ -108,7 +108,7 @@ def test_a_host_that_listens_but_does_not_answer_gets_the_grace_then_the_client_
     client.close()
 
 
-def test_multi_agent_client_moves_and_goes_on_with_new_episodes(make_server):
+def test_multi_agent_client_moves_and_goes_on_with_new_episodes(make_server, net):
     servers = _pair(make_server)
     client = MultiAgentPolicyClient(list(servers), OBS, ACT, reconnect_timeout_s=10.0)
     first = client._conn.address
@@ -131,7 +131,7 @@ def test_multi_agent_client_moves_and_goes_on_with_new_episodes(make_server):
     client.close()
 
 
-def test_slot_client_with_8_slots_moves_and_counts_stay_exact(make_server):
+def test_slot_client_with_8_slots_moves_and_counts_stay_exact(make_server, net):
     servers = _pair(make_server)
     rng = np.random.default_rng(0)
     client = SlotClient(list(servers), OBS, ACT, num_slots=8, reconnect_timeout_s=10.0)

@@ -360,9 +360,9 @@ class Witness:
 
 
 class Bridge:
-    def __init__(self, config: BridgeConfig, **runtime_kwargs):
+    def __init__(self, config: BridgeConfig, address: str = "127.0.0.1:0", **runtime_kwargs):
         self.runtime = BridgeRuntime(config, **runtime_kwargs)
-        self.server = BridgeServer(self.runtime, "127.0.0.1:0").start()
+        self.server = BridgeServer(self.runtime, address).start()
         self.address = self.server.address
         self.exp = Experience(self.runtime)
         self._sims = []
@@ -384,11 +384,11 @@ class Bridge:
 
 
 @pytest.fixture
-def make_bridge():
+def make_bridge(listen_address):
     made = []
 
     def make(policy_factory=None, **config) -> Bridge:
-        b = Bridge(BridgeConfig(**config), policy_factory=policy_factory)
+        b = Bridge(BridgeConfig(**config), listen_address(), policy_factory=policy_factory)
         made.append(b)
         return b
 
@@ -831,7 +831,7 @@ def test_unknown_session_unary(bridge):
     assert sim.get_action("e", V0).shape == (1,)
 
 
-def test_unknown_session_stream(bridge):
+def test_unknown_session_stream(bridge, net):
     """A stream is bound to its session: naming another one is an argument error, not a switch."""
     sim = bridge.raw("stream")
     sim.start("e")
@@ -848,7 +848,7 @@ def test_unknown_session_stream(bridge):
     assert sim.get_action("e", V0).shape == (1,)
 
 
-def test_stream_protocol_errors_keep_the_stream_open(bridge):
+def test_stream_protocol_errors_keep_the_stream_open(bridge, net):
     rt = bridge.runtime
     channel = grpc.insecure_channel(bridge.address)
     stub = pb_grpc.ExternalEnvStub(channel)
@@ -914,7 +914,7 @@ def test_oversized_message_unary(bridge):
     assert len(bridge.exp.rows(eps_index(rt, "victim", sim.session_id))["t"]) == 2
 
 
-def test_oversized_message_stream(bridge):
+def test_oversized_message_stream(bridge, net):
     """gRPC's own limit ends the stream (it cannot answer in-band); nothing is lost:
     the session is kept for reconnect_grace_s and a new stream resumes it."""
     rt = bridge.runtime
@@ -972,7 +972,7 @@ def _bounded_call(client: PolicyClient, fn, seconds: float = 3.0):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_oversized_observation_through_policy_client(bridge, client_transport):
+def test_oversized_observation_through_policy_client(bridge, client_transport, net):
     """The PolicyClient must surface RESOURCE_EXHAUSTED, not resend the request in a loop
     (stream transport used to resume and resend it forever), and keep its episode."""
     rt = bridge.runtime
@@ -1001,7 +1001,7 @@ def test_oversized_observation_through_policy_client(bridge, client_transport):
     (V1.astype(np.float64), ["dtype float64", "expected float32"]),
     (obs(1, np.nan, 3, 4), ["NaN"]),
 ], ids=["shape", "float64", "nan"])
-def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transport, bad_obs, substrings):
+def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transport, bad_obs, substrings, net):
     """Through PolicyClient: the error names the problem, and the reward queued for the
     failed request (rewards ride on the next get_action) is still logged."""
     rt = bridge.runtime
@@ -1026,7 +1026,7 @@ def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transp
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_coalesced_reward_survives_oversized_request(bridge, client_transport):
+def test_coalesced_reward_survives_oversized_request(bridge, client_transport, net):
     """log_returns queues its reward for the next request; when that request is refused
     for its size, the reward must still be logged (as the client does for server errors)."""
     rt = bridge.runtime
@@ -1067,7 +1067,7 @@ def _request_at_the_edge(limit: int):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
-def test_request_just_over_the_limit_through_policy_client(bridge, client_transport):
+def test_request_just_over_the_limit_through_policy_client(bridge, client_transport, net):
     """Right at the edge the server's own gRPC limit answers (on a stream it ends the
     stream): the client still reports RESOURCE_EXHAUSTED promptly and carries on."""
     rt = bridge.runtime
@@ -1179,7 +1179,7 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("death", ["os._exit", "SIGKILL"])
-def test_client_process_dies_mid_episode(make_bridge, death):
+def test_client_process_dies_mid_episode(make_bridge, death, net):
     b = make_bridge(reconnect_grace_s=0.5)
     rt = b.runtime
     open_before = rt.snapshot()["open_episodes"]  # the witness's open episode

@@ -37,7 +37,7 @@ class ConstPolicy(Policy):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_single_agent_transitions(make_server, transport):
+def test_single_agent_transitions(make_server, transport, net):
     rt = BridgeRuntime(BridgeConfig(), policy_factory=lambda pid, o_, a: ConstPolicy(o_, a))
     srv = make_server(rt)
     c = PolicyClient(srv.address, OBS, ACT, transport=transport)
@@ -173,7 +173,7 @@ def test_t_is_the_episodes_step_as_in_rllib(make_server):
     c.close()
 
 
-def test_policy_mapping_and_agent_steps(make_server):
+def test_policy_mapping_and_agent_steps(make_server, net):
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=1000),
                        policy_mapping_fn=lambda aid, ep: "runner" if aid.startswith("r") else "tagger")
     srv = make_server(rt)
@@ -359,13 +359,13 @@ def test_health_service(server):
     ch.close()
 
 
-def test_stream_reconnect_resumes_episode(server):
+def test_stream_reconnect_resumes_episode(server, net):
     """Break the client's stream for real; it resumes its session and the episode goes on."""
     c = PolicyClient(server.address, OBS, ACT, transport="stream")
     eid = c.start_episode()
     c.get_action(eid, o(0))
     c.log_returns(eid, 1.0)                 # pipelined, maybe not yet applied
-    c._conn._responses.cancel()             # the stream dies under the client
+    c._conn._stream.cancel()                # the stream dies under the client
     c.get_action(eid, o(1))                 # reconnects, resends, continues
     c.end_episode(eid, o(2))
     c.flush()
@@ -376,15 +376,14 @@ def test_stream_reconnect_resumes_episode(server):
     c.close()
 
 
-def test_server_restart_reports_lost_session(make_server):
+def test_server_restart_reports_lost_session(make_server, net):
     srv = make_server()
-    port = srv.port
     c = PolicyClient(srv.address, OBS, ACT, reconnect_timeout_s=20)
     eid = c.start_episode()
     c.get_action(eid, o(0))
     srv.stop(grace=0)
     from simbridge.server.service import BridgeServer
-    srv2 = BridgeServer(BridgeRuntime(), f"127.0.0.1:{port}").start()
+    srv2 = BridgeServer(BridgeRuntime(), srv.address).start()   # the same port or socket
     try:
         with pytest.raises(SessionLost) as e:
             c.get_action(eid, o(1))
@@ -396,7 +395,7 @@ def test_server_restart_reports_lost_session(make_server):
         srv2.stop(grace=0)
 
 
-def test_resent_request_applied_once(server):
+def test_resent_request_applied_once(server, net):
     """A unary request resent with the same seq is answered from memory, not re-applied."""
     from simbridge.wire import spaces as sbs
     from simbridge.wire.v1 import simbridge_pb2 as pb, simbridge_pb2_grpc as pbg
@@ -490,7 +489,7 @@ def test_reward_survives_a_failing_call_that_carried_it(server, transport):
     c.close()
 
 
-def test_end_and_restart_in_one_message(server):
+def test_end_and_restart_in_one_message(server, net):
     """Per-slot auto-reset: end_episodes(..., start_episode_ids=...) ends and starts atomically."""
     c = PolicyClient(server.address, OBS, ACT)
     ids = c.start_episodes(["s0", "s1"])

@@ -42,7 +42,7 @@ def transport(request):
     return request.param
 
 
-def test_slots_make_per_slot_episodes_with_auto_reset(make_server, transport):
+def test_slots_make_per_slot_episodes_with_auto_reset(make_server, transport, net):
     srv = make_server(rollout_fragment_length=1000)
     rt = srv.runtime
     c = SlotClient(srv.address, OBS, ACT, N, transport=transport)
@@ -241,7 +241,7 @@ def _bad_later_steps():
 
 
 @pytest.mark.parametrize("name,kwargs,words", list(_bad_later_steps()), ids=[x[0] for x in _bad_later_steps()])
-def test_bad_step_is_refused_and_nothing_is_lost(make_server, name, kwargs, words):
+def test_bad_step_is_refused_and_nothing_is_lost(make_server, name, kwargs, words, net):
     srv = make_server(rollout_fragment_length=1000)
     sim = RawSlots(srv.address)
     first = sim.step(OK_OBS)
@@ -294,7 +294,7 @@ def test_step_after_the_final_step_is_refused(server):
     sim.refused(sim.request(OK_OBS, rewards=ONES), grpc.StatusCode.FAILED_PRECONDITION, "final Step")
 
 
-def test_a_resent_step_is_applied_once(make_server):
+def test_a_resent_step_is_applied_once(make_server, net):
     srv = make_server(rollout_fragment_length=1000)
     sim = RawSlots(srv.address)
     req = sim.request(OK_OBS)
@@ -327,7 +327,7 @@ def test_slot_client_reports_server_errors_as_bridge_errors(server):
     c.close()
 
 
-def test_a_second_server_on_a_busy_port_is_refused(server):
+def test_a_second_server_on_a_busy_port_is_refused(server, net):
     from simbridge.server.service import BridgeServer
     with pytest.raises(RuntimeError) as e:
         BridgeServer(address=server.address)

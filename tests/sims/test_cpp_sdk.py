@@ -56,7 +56,7 @@ def test_ctest_unit_tests_pass(build):
 
 # ---------------------------------------------------------------- examples against a real server
 
-def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server):
+def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server, net):
     srv = make_server(rollout_fragment_length=32)
     summary = _summary(_run(build, "cartpole", "--address", srv.address, "--episodes", 6, "--slots", 2))
     assert summary["episodes"] == 6 and summary["reconnects"] == 0
@@ -70,7 +70,7 @@ def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server):
     assert snap["open_episodes"] == 0 and snap["sessions"] == 0
 
 
-def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server):
+def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server, net):
     srv = make_server(rollout_fragment_length=64)
     summary = _summary(_run(build, "cartpole_slots", "--address", srv.address, "--steps", 200, "--slots", 4))
     assert summary["steps"] == 800 and summary["episodes"] > 4

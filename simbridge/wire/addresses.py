@@ -1,0 +1,43 @@
+"""The two kinds of bridge address, for the server that binds one and the clients that dial it:
+
+  * HOST:PORT        TCP, e.g. "127.0.0.1:50051" or "[::1]:50051";
+  * unix:PATH        a Unix domain socket on this machine, e.g. "unix:/run/simbridge/bridge.sock"
+                     ("unix:///abs/path" and a relative "unix:bridge.sock" are gRPC's spellings too).
+
+A Unix socket skips TCP and the loopback device: same-host simulators take one step less on every
+round trip (docs/transports.md). Its file's permissions say who may connect, so the server
+creates it owner-only. Linux's abstract sockets ("unix-abstract:") have no file and so no
+permissions: any local user could connect, and they are refused.
+"""
+from typing import Optional
+
+UNIX = "unix:"
+_ABSTRACT = "unix-abstract:"
+
+
+def is_unix(address: str) -> bool:
+    return address.startswith(UNIX)
+
+
+def unix_path(address: str) -> str:
+    """"unix:/a/b" and "unix:///a/b" -> "/a/b"; "unix:rel.sock" -> "rel.sock"."""
+    path = address[len(UNIX):]
+    if path.startswith("//"):      # the URI form: unix://<empty authority>/abs/path
+        path = path[2:]
+    return path
+
+
+def address_problem(address: str) -> Optional[str]:
+    """What is wrong with an address, in words naming the fix; None when it is HOST:PORT or
+    unix:PATH."""
+    if address.startswith(_ABSTRACT):
+        return (f"address {address!r}: abstract Unix sockets have no file permissions (any local user could "
+                f"connect): use unix:PATH, e.g. unix:/tmp/simbridge/bridge.sock")
+    if is_unix(address):
+        return None if unix_path(address) else (f"address {address!r} names no socket file: pass unix:PATH, "
+                                                f"e.g. unix:/tmp/simbridge/bridge.sock")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return (f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051, or unix:PATH for a "
+                f"Unix socket on this machine")
+    return None
