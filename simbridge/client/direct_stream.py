@@ -37,7 +37,12 @@ try:   # grpcio's internals: checked once; any difference and the public API ser
 except (ImportError, AttributeError):
     _DIRECT = False
 
-STREAM_ENV = "SIMBRIDGE_GRPC_STREAM"   # "iterator": grpcio's public stream API
+STREAM_ENV = "SIMBRIDGE_GRPC_STREAM"   # "iterator": grpcio's public stream API; "direct": even on
+                                       # a grpcio release not in TESTED_GRPC
+# The grpcio releases (major.minor) whose Cython layer DirectStream was tested against. On another
+# release the same names may take other arguments: the public API serves unless asked for "direct".
+TESTED_GRPC = ("1.85",)
+_fallback_logged = False
 
 
 class StreamFailed(grpc.RpcError):
@@ -73,11 +78,32 @@ def open_stream(channel: grpc.Channel, method: str, metadata: Sequence[Tuple[str
     """A stream of serialized messages for `method` ("/simbridge.v1.ExternalEnv/Stream"):
     a DirectStream where grpcio's internals allow, else an IteratorStream. `metadata`: sent by a
     DirectStream, which bypasses the channel's interceptors (the token's: ClientSecurity.wrap)."""
-    if _DIRECT and os.environ.get(STREAM_ENV, "direct") != "iterator":
+    if _direct_allowed():
         cy = _cy_channel(channel)
         if cy is not None:
-            return DirectStream(cy, method, tuple(metadata))
+            try:
+                return DirectStream(cy, method, tuple(metadata))
+            except (TypeError, AttributeError, ValueError) as e:   # a grpcio that changed under us
+                _log_fallback(f"grpcio {grpc.__version__}'s internals differ ({type(e).__name__}: {e})")
     return IteratorStream(channel, method)
+
+
+def _direct_allowed() -> bool:
+    wanted = os.environ.get(STREAM_ENV, "")
+    if not _DIRECT or wanted == "iterator":
+        return False
+    if wanted == "direct" or ".".join(grpc.__version__.split(".")[:2]) in TESTED_GRPC:
+        return True
+    _log_fallback(f"grpcio {grpc.__version__} is not one DirectStream was tested with {TESTED_GRPC}")
+    return False
+
+
+def _log_fallback(why: str) -> None:
+    global _fallback_logged
+    if not _fallback_logged:
+        _fallback_logged = True
+        log.info("streams use grpcio's public API: %s (%s=direct to try the faster path anyway)",
+                 why, STREAM_ENV)
 
 
 class IteratorStream:

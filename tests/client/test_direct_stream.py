@@ -75,6 +75,31 @@ def test_without_grpcs_internals_the_public_api_serves(make_server, monkeypatch)
     c.close()
 
 
+def test_an_untested_grpcio_release_gets_the_public_api(make_server, monkeypatch):
+    """A grpcio whose Cython layer DirectStream was not tested with must not break the clients."""
+    monkeypatch.delenv(direct_stream.STREAM_ENV, raising=False)
+    monkeypatch.setattr(direct_stream, "TESTED_GRPC", ("0.1",))
+    srv = make_server()
+    c = SlotClient(srv.address, OBS, ACT, 2)
+    assert type(c._conn._stream) is direct_stream.IteratorStream
+    c.close()
+    monkeypatch.setenv(direct_stream.STREAM_ENV, "direct")   # asked for explicitly: tried anyway
+    c = SlotClient(srv.address, OBS, ACT, 2)
+    assert type(c._conn._stream) is direct_stream.DirectStream
+    c.close()
+
+
+def test_internals_that_changed_their_signature_fall_back(make_server, monkeypatch):
+    def changed(*args, **kwargs):
+        raise TypeError("segregated_call() takes 3 positional arguments")
+    monkeypatch.setattr(direct_stream.DirectStream, "__init__", changed)
+    srv = make_server()
+    c = SlotClient(srv.address, OBS, ACT, 2)
+    assert type(c._conn._stream) is direct_stream.IteratorStream
+    assert c.step(np.zeros((2, 2), np.float32)).shape == (2,)
+    c.close()
+
+
 class _Interrupted(Exception):
     pass
 
