@@ -19,9 +19,8 @@ from simbridge.server.service import BridgeServer  # noqa: E402
 # runs once on each, and every server its fixtures start listens there: TCP on loopback, or a
 # Unix socket in a private directory of its own.
 # A test that the shared-memory step channel can serve too (shm+unix:PATH: gRPC on a Unix socket, the
-# steps through shared memory) asks for it with @pytest.mark.nets(*ALL_NETS).
+# steps through shared memory) asks for it with @pytest.mark.nets("tcp", "uds", "shm").
 NETS = ("tcp", "uds")
-ALL_NETS = NETS + ("shm",)
 
 
 def pytest_configure(config):
