@@ -46,6 +46,8 @@ Cases (--cases):
   uds_floor, uds_bare, uds_stream, uds_step_lockstep, uds_batched64, uds_batched256
              the same cases with the server on a Unix socket (unix:PATH in a private temporary
              directory): every figure named uds_<the TCP name>; uds_vs_tcp_* ratios.
+  shm_floor  the bare shared-memory echo of a Step's sizes (simbridge/wire/shm_ring.py alone, no
+             bridge): shm_echo_step{1,64,256}_roundtrips_per_s, the shm_*_vs_echo floor.
   shm_bare, shm_stream, shm_step_lockstep, shm_batched64, shm_batched256
              the same cases with the steps through the shared-memory channel (shm+unix:PATH:
              the session on the Unix socket, every later message in the rings): shm_<the TCP
@@ -73,7 +75,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
     .venv/bin/python bench/throughput.py --cases stream,step_lockstep,cpp_lockstep,batched64,cpp_batched64
     .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_stream,uds_step_lockstep,uds_batched64,uds_batched256
-    .venv/bin/python bench/throughput.py --cases bare,stream,step_lockstep,batched64,batched256,uds_bare,uds_step_lockstep,uds_batched64,uds_batched256,shm_bare,shm_stream,shm_step_lockstep,shm_batched64,shm_batched256,spin_shm_step_lockstep,spin_shm_batched64
+    .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_step_lockstep,uds_batched64,uds_batched256,shm_floor,shm_bare,shm_stream,shm_step_lockstep,shm_batched64,shm_batched256,spin_shm_step_lockstep,spin_shm_batched64
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
@@ -110,7 +112,7 @@ CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims
          "rows64", "batched256", "cpp_batched256", "local", "tcp_paths",
          "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
          "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256",
-         "shm_bare", "shm_stream", "shm_step_lockstep", "shm_batched64", "shm_batched256",
+         "shm_floor", "shm_bare", "shm_stream", "shm_step_lockstep", "shm_batched64", "shm_batched256",
          "spin_shm_step_lockstep", "spin_shm_batched64")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
@@ -793,6 +795,85 @@ def case_floor(children, seconds, net="tcp"):
     return out
 
 
+def _shm_echo_main(path, sizes, stop_evt):
+    """Child process: the bare shared-memory echo (simbridge/wire/shm_ring.py, no bridge, no
+    proto): a request of sizes[0] bytes is answered with sizes[1] bytes."""
+    from simbridge.wire import shm_ring
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    conn, _ = listener.accept()
+    cap = 1 << 20
+    fds = [shm_ring.make_region(cap), os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)]
+    region = shm_ring.Region(fds[0], cap, fds[1], fds[2], conn, server=True, spin_s=shm_ring.spin_seconds(),
+                             fresh=True)
+    socket.send_fds(conn, [shm_ring.answer(0, 0, cap)], fds)
+    answer = b"a" * sizes[1]
+    try:
+        while not stop_evt.is_set():
+            if region.incoming.get(timeout_s=0.5) is not None:
+                region.outgoing.put(answer)
+    except shm_ring.PeerGone:
+        pass
+
+
+def case_shm_floor(children, seconds):
+    """The bare shared-memory echo of a CartPole Step's sizes (1, 64, 256 slots), one simulator:
+    shm_echo_step{n}_roundtrips_per_s, the floor of the shm_* Step cases (their *_vs_echo)."""
+    from simbridge.wire import shm_ring
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    listen_address("uds")   # makes the run's private socket directory
+    for n in ECHO_SLOTS:
+        req, answer = step_message_sizes(n)
+        path = f"{_SOCKDIR[0]}/echo-{uuid.uuid4().hex[:8]}"
+        stop_evt = ctx.Event()
+        proc = children.add(ctx.Process(target=_shm_echo_main, args=(path, (req, answer), stop_evt),
+                                        name="bench-shm-echo", daemon=True))
+        proc.start()
+        try:
+            sock = socket.socket(socket.AF_UNIX)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sock.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            data, fds, _, _ = socket.recv_fds(sock, 4096, 3)
+            cap = shm_ring.parse_answer(data)[2]
+            region = shm_ring.Region(fds[0], cap, fds[1], fds[2], sock, server=False,
+                                     spin_s=shm_ring.spin_seconds())
+            message = b"r" * req
+            count, t0, cpu0 = 0, None, None
+            start = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if t0 is None and now - start >= WARMUP_S:
+                    t0, cpu0, count = time.perf_counter(), time.process_time(), 0
+                if t0 is not None and now - start >= WARMUP_S + max(1.0, seconds / 2):
+                    break
+                region.outgoing.put(message)
+                region.incoming.get()
+                count += 1
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            out[f"shm_echo_step{n}_roundtrips_per_s"] = round(count / wall, 1)
+            out[f"shm_echo_step{n}_bytes"] = [req, answer]
+            out[f"shm_echo_step{n}_client_cpu_us_per_call"] = round(cpu / count * 1e6, 1)
+            region.close()
+            sock.close()
+            for fd in fds:
+                os.close(fd)
+        finally:
+            stop_evt.set()
+            children.stop(proc)
+    return out
+
+
 def _bridge_case(children, seconds, prefix, n, sim_kind, transport, per_agent=False, net="tcp"):
     proc, address = start_bridge_server(children, net=net)
     try:
@@ -939,6 +1020,7 @@ CASE_FUNCS.update({name: functools.partial(fn, net="uds") for name, fn in UDS_CA
 SHM_CASES = {"shm_bare": case_bare, "shm_stream": case_stream, "shm_step_lockstep": case_step_lockstep,
              "shm_batched64": case_batched64, "shm_batched256": case_batched256}
 CASE_FUNCS.update({name: functools.partial(fn, net="shm") for name, fn in SHM_CASES.items()})
+CASE_FUNCS["shm_floor"] = case_shm_floor
 
 
 def _spin_case(children, seconds, case, spin_us=50):
