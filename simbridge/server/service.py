@@ -293,6 +293,8 @@ class BridgeServer:
         # now (a bare server): it keeps its batch aside instead of holding its thread forever,
         # which would also hold the process at exit (concurrent.futures joins its workers).
         self.runtime.experience.close()
+        if self._shm is not None:
+            self._shm.join()
 
     def wait(self) -> None:
         self._server.wait_for_termination()

@@ -58,6 +58,7 @@ class ShmListener:
         self.servicers = servicers
         self.stream_calls, self.parse, self.internal = stream_calls, parse, internal
         self._channels: Dict[str, "_Channel"] = {}
+        self._closing: list = []   # the channels stop() closed, for join()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if _unix_listening(path):
@@ -79,6 +80,7 @@ class ShmListener:
         self._thread.start()
 
     def stop(self) -> None:
+        """No new channels; every open one told to close (its simulator sees it at once)."""
         self._stop.set()
         self._thread.join(5)
         self._sock.close()
@@ -87,11 +89,14 @@ class ShmListener:
         except FileNotFoundError:
             pass
         with self._lock:
-            channels = list(self._channels.values())
-        for ch in channels:
+            self._closing = list(self._channels.values())
+        for ch in self._closing:
             ch.close()
-        for ch in channels:
-            ch.thread.join(5)
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait for the channels' threads (after the experience queue is closed: one may wait on it)."""
+        for ch in self._closing:
+            ch.thread.join(timeout_s)
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
