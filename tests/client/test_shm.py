@@ -4,6 +4,7 @@ exactly-once resend after a broken channel, the same errors, a SIGKILLed simulat
 truncated, an owner-only handover and region, and a bounded ring."""
 import os
 import socket
+import threading
 import stat
 
 import grpc
@@ -152,3 +153,34 @@ def test_the_handover_socket_and_region_are_owner_only(make_server, net):
     c.close()
     srv.stop(grace=0)
     assert not os.path.exists(path)
+
+
+@pytest.mark.nets("shm")
+def test_pipelined_requests_beyond_a_full_ring_never_stall(make_server, monkeypatch, net):
+    """3,000 pipelined requests before a read, through rings of 8 KiB (a few hundred messages):
+    the client takes answers while it waits for room, so neither end waits on the other."""
+    monkeypatch.setenv("SIMBRIDGE_SHM_RING_BYTES", "8192")
+    srv = make_server(experience_queue_size=100_000)
+    c = PolicyClient(srv.address, OBS, ACT, coalesce_rewards=False)   # each log_returns its own message
+    assert type(c._conn._stream) is ShmStream
+    eid = c.start_episode()
+    c.get_action(eid, np.zeros(2, np.float32))
+    done = threading.Event()
+
+    def pipeline():
+        for _ in range(3_000):
+            c.log_returns(eid, 1.0)
+        c.flush()
+        done.set()
+
+    threading.Thread(target=pipeline, daemon=True).start()
+    assert done.wait(30), "the pipelined requests stalled"
+    c.end_episode(eid, np.zeros(2, np.float32))
+    c.close()
+    assert srv.runtime.metrics.recent[-1]["total_reward"] == 3_000.0
+
+
+def test_a_shared_memory_address_is_one_host_not_one_of_a_list():
+    with pytest.raises(BridgeError, match="names one bridge on this host") as e:
+        SlotClient("shm+unix:/tmp/a.sock,unix:/tmp/b.sock", OBS, ACT, 1, connect_timeout_s=1)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
