@@ -108,6 +108,9 @@ class ShmListener:
                 return
             try:
                 self._hand_over(conn)
+            except OSError as e:   # the caller went away mid-handover, or sent nothing in time
+                log.warning("shared-memory handover abandoned: %s", e)
+                conn.close()
             except Exception:
                 log.exception("shared-memory handover failed")
                 conn.close()

@@ -184,3 +184,19 @@ def test_a_shared_memory_address_is_one_host_not_one_of_a_list():
     with pytest.raises(BridgeError, match="names one bridge on this host") as e:
         SlotClient("shm+unix:/tmp/a.sock,unix:/tmp/b.sock", OBS, ACT, 1, connect_timeout_s=1)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.nets("shm")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user")
+def test_another_user_cannot_open_a_channel(make_server, net):
+    import subprocess
+    import sys
+    srv = make_server()
+    path = shm_handover_path(srv.address)
+    os.chmod(os.path.dirname(path), 0o711)    # the directory passable: the socket's own mode must refuse
+    probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+             "    print('connected')\nexcept PermissionError:\n    print('refused')\n")
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable   # one `nobody` may run
+    out = subprocess.run([python, "-I", "-c", probe, path], capture_output=True, text=True, timeout=30, cwd="/",
+                         preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert out.stdout.strip() == "refused", out.stdout + out.stderr
