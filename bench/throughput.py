@@ -53,7 +53,9 @@ Cases (--cases):
              the session on the Unix socket, every later message in the rings): shm_<the TCP
              name>; shm_vs_tcp_*, shm_vs_uds_* ratios, and shm_*_vs_bare (SlotClient against the
              bare replay of its Steps, on shm too). spin_shm_step_lockstep, spin_shm_batched64:
-             the same with both ends spinning up to 50 us before they block (spin_shm_*).
+             the same with both ends spinning up to 50 us before they block (spin_shm_*);
+             cspin_shm_step_lockstep, cspin_shm_batched64: the simulator alone spinning up to
+             300 us for its answer, the bridge blocking (cspin_shm_*).
              floor (either transport) also echoes messages of a CartPole Step's sizes (1, 64,
              256 slots: echo_step{n}_*), and *_vs_echo ratios put each Step case against the
              echo of its sizes on the same transport: what the transport alone allows.
@@ -113,7 +115,7 @@ CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims
          "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
          "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256",
          "shm_floor", "shm_bare", "shm_stream", "shm_step_lockstep", "shm_batched64", "shm_batched256",
-         "spin_shm_step_lockstep", "spin_shm_batched64")
+         "spin_shm_step_lockstep", "spin_shm_batched64", "cspin_shm_step_lockstep", "cspin_shm_batched64")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
@@ -806,8 +808,8 @@ def _shm_echo_main(path, sizes, stop_evt):
     conn, _ = listener.accept()
     cap = 1 << 20
     fds = [shm_ring.make_region(cap), os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)]
-    region = shm_ring.Region(fds[0], cap, fds[1], fds[2], conn, server=True, spin_s=shm_ring.spin_seconds(),
-                             fresh=True)
+    region = shm_ring.Region(fds[0], cap, fds[1], fds[2], conn, server=True,
+                             spin_s=shm_ring.spin_seconds(shm_ring.SERVER_SPIN_ENV), fresh=True)
     socket.send_fds(conn, [shm_ring.answer(0, 0, cap)], fds)
     answer = b"a" * sizes[1]
     try:
@@ -1023,24 +1025,30 @@ CASE_FUNCS.update({name: functools.partial(fn, net="shm") for name, fn in SHM_CA
 CASE_FUNCS["shm_floor"] = case_shm_floor
 
 
-def _spin_case(children, seconds, case, spin_us=50):
-    """A shared-memory case whose ends spin up to `spin_us` on the ring before they block
-    (SIMBRIDGE_SHM_SPIN_US, inherited by the server and the simulators): figures named
-    spin_<the case's names>, to weigh spinning against blocking at once."""
-    saved = os.environ.get("SIMBRIDGE_SHM_SPIN_US")
-    os.environ["SIMBRIDGE_SHM_SPIN_US"] = str(spin_us)
+_SPINS = {"spin": (50, 50),     # both ends spin up to 50 us before they block
+          "cspin": (300, 0)}    # the simulator spins up to 300 us for its answer; the bridge blocks
+
+
+def _spin_case(children, seconds, case, kind):
+    """A shared-memory case whose ends spin on the ring before they block (SIMBRIDGE_SHM_SPIN_US
+    for the simulators, SIMBRIDGE_SHM_SERVER_SPIN_US for the server; inherited): figures named
+    <kind>_<the case's names>, to weigh spinning against blocking in one run."""
+    names = ("SIMBRIDGE_SHM_SPIN_US", "SIMBRIDGE_SHM_SERVER_SPIN_US")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(us) for name, us in zip(names, _SPINS[kind])})
     try:
         out = CASE_FUNCS[case](children, seconds)
     finally:
-        if saved is None:
-            os.environ.pop("SIMBRIDGE_SHM_SPIN_US")
-        else:
-            os.environ["SIMBRIDGE_SHM_SPIN_US"] = saved
-    return {f"spin_{k}": v for k, v in out.items()}
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+    return {f"{kind}_{k}": v for k, v in out.items()}
 
 
-CASE_FUNCS.update({f"spin_{case}": functools.partial(_spin_case, case=case)
-                   for case in ("shm_step_lockstep", "shm_batched64")})
+CASE_FUNCS.update({f"{kind}_{case}": functools.partial(_spin_case, case=case, kind=kind)
+                   for kind in _SPINS for case in ("shm_step_lockstep", "shm_batched64")})
 
 
 def _iterator_case(children, seconds, case):
@@ -1165,7 +1173,7 @@ def echo_ratios(result):
             out[f"direct_vs_iterator_{name}"] = round(result[name] / result[f"iter_{name}"], 3)
     for name in ("grpc_floor_stream_roundtrips_per_s", "echo_step1_roundtrips_per_s", "stream_lockstep_steps_per_s",
                  "step_lockstep_steps_per_s", "batched64_agent_steps_per_s", "batched256_agent_steps_per_s"):
-        for net in ("uds", "shm", "spin_shm"):
+        for net in ("uds", "shm", "spin_shm", "cspin_shm"):
             if result.get(name) and result.get(f"{net}_{name}"):
                 out[f"{net}_vs_tcp_{name}"] = round(result[f"{net}_{name}"] / result[name], 3)
         if result.get(f"uds_{name}") and result.get(f"shm_{name}"):

@@ -54,7 +54,9 @@ class ShmListener:
         self.runtime = runtime
         self.path = path
         self.capacity = ring_bytes()
-        self.spin_s = shm_ring.spin_seconds()
+        # The bridge blocks by default: while it waits, the simulator steps its env on the core a
+        # spinning bridge would take (docs/transports.md, measured).
+        self.spin_s = shm_ring.spin_seconds(shm_ring.SERVER_SPIN_ENV)
         self.servicers = servicers
         self.stream_calls, self.parse, self.internal = stream_calls, parse, internal
         self._channels: Dict[str, "_Channel"] = {}

@@ -228,7 +228,11 @@ def parse_answer(data: bytes):
     return code, reason, capacity, data[_ANSWER.size:].decode("utf-8", "replace")
 
 
-def spin_seconds(env: str = "SIMBRIDGE_SHM_SPIN_US", default_us: float = 0.0) -> float:
+CLIENT_SPIN_ENV = "SIMBRIDGE_SHM_SPIN_US"          # the simulator, waiting for an answer
+SERVER_SPIN_ENV = "SIMBRIDGE_SHM_SERVER_SPIN_US"   # the bridge, waiting for a request
+
+
+def spin_seconds(env: str = CLIENT_SPIN_ENV, default_us: float = 0.0) -> float:
     try:
         return max(0.0, float(os.environ.get(env, default_us))) / 1e6
     except ValueError:

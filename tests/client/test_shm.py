@@ -200,3 +200,19 @@ def test_another_user_cannot_open_a_channel(make_server, net):
     out = subprocess.run([python, "-I", "-c", probe, path], capture_output=True, text=True, timeout=30, cwd="/",
                          preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
     assert out.stdout.strip() == "refused", out.stdout + out.stderr
+
+
+@pytest.mark.nets("shm")
+def test_spinning_ends_get_the_same_answers(make_server, monkeypatch, net):
+    monkeypatch.setenv(shm_ring.CLIENT_SPIN_ENV, "200")
+    monkeypatch.setenv(shm_ring.SERVER_SPIN_ENV, "50")
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=8))
+    rt.add_policy("default_policy", SignPolicy(OBS, ACT))
+    srv = make_server(runtime=rt)
+    assert srv._shm.spin_s == 50e-6
+    actions, c = _run_slots(srv.address)
+    rng = np.random.default_rng(7)
+    obs = [rng.uniform(-1, 1, (4, 2)).astype(np.float32) for _ in range(41)]
+    assert actions.tolist() == [((o[:, 0] > 0).astype(int) + (o[:, 1] > 0)).tolist() for o in obs]
+    rt.flush()
+    assert rt.snapshot()["env_steps"] == 4 * 41
