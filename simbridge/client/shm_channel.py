@@ -61,16 +61,14 @@ def open_shm(path: str, grpc_stream, session: pb.CreateSessionResponse, timeout_
         sock.settimeout(None)
         region = shm_ring.Region(fds[0], capacity, fds[1], fds[2], sock, server=False,
                                  spin_s=shm_ring.spin_seconds())
-    except (OSError, ValueError) as e:
+    except BaseException as e:
         for fd in fds:
             os.close(fd)
         sock.close()
-        raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at {path}: "
-                          f"{e}") from None
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        sock.close()
+        grpc_stream.cancel()   # the session's stream goes with the channel it was to carry
+        if isinstance(e, (OSError, ValueError)):
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at "
+                              f"{path}: {e}") from None
         raise
     os.close(fds[0])   # mapped: the fd is no longer needed
     limit = capacity - 4

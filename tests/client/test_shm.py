@@ -216,3 +216,12 @@ def test_spinning_ends_get_the_same_answers(make_server, monkeypatch, net):
     assert actions.tolist() == [((o[:, 0] > 0).astype(int) + (o[:, 1] > 0)).tolist() for o in obs]
     rt.flush()
     assert rt.snapshot()["env_steps"] == 4 * 41
+
+
+@pytest.mark.nets("shm")
+def test_a_missing_handover_socket_is_named(make_server, net):
+    srv = make_server()
+    os.unlink(shm_handover_path(srv.address))
+    with pytest.raises(BridgeError, match="could not open the shared-memory channel at .*bridge0.sock.shm") as e:
+        SlotClient(srv.address, OBS, ACT, 1)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
