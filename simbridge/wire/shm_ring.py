@@ -14,6 +14,7 @@ orders the data before the cursor for the other side). The consumer spins on the
 end of the socket closes) wakes it too. An eventfd counts: a wake-up for a message already taken
 while spinning makes one spurious poll return, never a lost one.
 """
+import mmap
 import os
 import select
 import socket
@@ -176,7 +177,6 @@ class Region:
 
     def __init__(self, fd: int, capacity: int, efd_req: int, efd_resp: int, sock: socket.socket,
                  server: bool, spin_s: float, fresh: bool = False):
-        import mmap
         size = region_bytes(capacity)
         if os.fstat(fd).st_size < size:
             raise ValueError("the shared-memory region is smaller than its rings")
