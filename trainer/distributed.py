@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from simbridge.trainer.config import ConfigError, TrainerConfig
+from simbridge.wire.addresses import UNIX, is_unix, unix_path
 from simbridge.trainer.factory import trains
 from simbridge.trainer.learner import Learner
 
@@ -88,10 +89,13 @@ def rank_from_env(env=os.environ) -> Optional[RankInfo]:
 
 
 def rank_address(address: str, local_rank: int) -> str:
-    """This rank's bridge address: the configured port plus LOCAL_RANK (several ranks on one host)."""
+    """This rank's bridge address: the configured port plus LOCAL_RANK (several ranks on one host);
+    for a Unix socket, LOCAL_RANK k > 0 serves at PATH.k beside PATH."""
+    if is_unix(address):
+        return address if local_rank == 0 else f"{UNIX}{unix_path(address)}.{local_rank}"
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ConfigError(f"[server] address {address!r}: HOST:PORT expected")
+        raise ConfigError(f"[server] address {address!r}: HOST:PORT or unix:PATH expected")
     return address if int(port) == 0 else f"{host}:{int(port) + local_rank}"
 
 
