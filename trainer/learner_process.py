@@ -101,6 +101,7 @@ class LearnerProcess:
         if batch.count == 0:
             return
         self.learner.agent_steps += batch.count
+        self.learner.count_rows(batch)
         self.pending += batch.count
         self._sent += batch.count
         if self._dead is None:
