@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import throughput as T  # noqa: E402  (server start, child bookkeeping)
 
@@ -62,7 +60,6 @@ def bare_rate(decisions: int, agents: int, scene: str, tmp: Path) -> float:
                            log_folder=str(tmp), additional_args=["--scene", scene, "--agents", str(agents)])
     try:
         env.reset()
-        rng = np.random.default_rng(0)
         done_decisions, t0 = 0, None
         for step in range(10**7):
             if step == 200:
@@ -79,7 +76,6 @@ def bare_rate(decisions: int, agents: int, scene: str, tmp: Path) -> float:
         raise RuntimeError("unreachable")
     finally:
         env.close()
-        del rng
 
 
 def main() -> None:
