@@ -49,7 +49,7 @@ TASKS = {
     "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="PENDULUM_PRESET", threshold=-200.0,
                          budget=10_000, fragment=200, sims=[["--slots", "1"]]),
     # The simulator overrides 30% of the actions with its own choice, reported with log_action; the
-    # learner counts on it doing so (trainer/dqn.py's logged_actions).
+    # learner counts on it doing so (trainer/dqn.py's logged_actions), and explores no more itself.
     "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
                                 overrides={"logged_actions": "environment"},

@@ -8,6 +8,7 @@ segment, and the rows each policy had ingested). Only tensors, plain containers,
 strings and bytes: load_checkpoint reads it with torch's safe loader and nothing else. On resume every policy is re-created from the spaces saved with it,
 before any simulator connects.
 """
+import io
 import logging
 import os
 import time
@@ -26,6 +27,18 @@ from simbridge.wire.v1 import simbridge_pb2 as pb
 log = logging.getLogger("simbridge.trainer")
 
 CHECKPOINT_FORMAT = "simbridge-trainer/1"
+
+def state_bytes(obj) -> bytes:
+    """A state (tensors, plain containers) as bytes for a pipe or a collective, read back by
+    state_from_bytes: torch's format, never pickled objects."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def state_from_bytes(data: bytes):
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
 
 Build = Callable[[str, object, object], Policy]   # (policy id, observation space, action space) -> Policy
 

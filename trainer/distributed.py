@@ -37,7 +37,6 @@ restarts from rank 0's checkpoint.
 """
 import datetime
 import hashlib
-import io
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -45,7 +44,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from simbridge.trainer.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.config import ConfigError, TrainerConfig
+from simbridge.wire.addresses import SHM, UNIX, grpc_address, is_shm, is_unix, unix_path
 from simbridge.trainer.factory import trains
 from simbridge.trainer.learner import Learner
 
@@ -88,10 +89,14 @@ def rank_from_env(env=os.environ) -> Optional[RankInfo]:
 
 
 def rank_address(address: str, local_rank: int) -> str:
-    """This rank's bridge address: the configured port plus LOCAL_RANK (several ranks on one host)."""
+    """This rank's bridge address: the configured port plus LOCAL_RANK (several ranks on one host);
+    for a Unix socket (unix:PATH or shm+unix:PATH), LOCAL_RANK k > 0 serves at PATH.k beside PATH."""
+    if is_unix(address) or is_shm(address):
+        scheme = SHM if is_shm(address) else UNIX
+        return address if local_rank == 0 else f"{scheme}{unix_path(grpc_address(address))}.{local_rank}"
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ConfigError(f"[server] address {address!r}: HOST:PORT expected")
+        raise ConfigError(f"[server] address {address!r}: HOST:PORT, unix:PATH or shm+unix:PATH expected")
     return address if int(port) == 0 else f"{host}:{int(port) + local_rank}"
 
 
@@ -307,11 +312,11 @@ class Group:
         src = self.has[pid].index(True)
         learner, payload = self.runtime.policies.get(pid), None
         if self.info.rank == src:
-            payload = _dumps({"obs": space_bytes(learner.observation_space), "act": space_bytes(learner.action_space),
+            payload = state_bytes({"obs": space_bytes(learner.observation_space), "act": space_bytes(learner.action_space),
                               "nets": learner.nets_state(), "updates": learner.updates,
                               "forgiven": learner.updates_forgiven, "base": self.base.get(pid, 0)})
         try:
-            state = _loads(self._broadcast_bytes(payload, src))
+            state = state_from_bytes(self._broadcast_bytes(payload, src))
         except RuntimeError as e:
             raise lost(e, self.info.rank) from None
         if self.info.rank != src:
@@ -345,7 +350,7 @@ class Group:
         if len(ready) < len(rows) and pid not in self.filler:
             src = max(range(len(rows)), key=lambda r: (rows[r], -r))   # the same choice on every rank
             row = {k: v[:1].cpu() for k, v in learner.replay.sample(1).items()} if src == self.info.rank else None
-            self.filler[pid] = _loads(self._broadcast_bytes(_dumps(row) if row is not None else None, src))
+            self.filler[pid] = state_from_bytes(self._broadcast_bytes(state_bytes(row) if row is not None else None, src))
         mine = self.info.rank in ready
         self.share.weight, self.share.ready = (1.0 if mine else 0.0), len(ready)
         n, metrics = min(due, max_updates), {}
@@ -377,11 +382,3 @@ def _learns(p) -> bool:
     return isinstance(p, Learner) and trains(p)
 
 
-def _dumps(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data: bytes):
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -188,9 +188,14 @@ class Learner(Policy):
 
     # ------------------------------------------------------------ learning
 
+    def count_rows(self, batch: SampleBatch) -> None:
+        """Counts a learner keeps of the rows added (none by default). Called for every batch
+        added, here and on a learner process's parent side, whose acting copy may depend on them."""
+
     def add(self, batch: SampleBatch) -> None:
         if not self.trainable or batch.count == 0:
             return
+        self.count_rows(batch)
         cols = self.nstep.add(batch)
         if cols:
             cols[OBS] = flatten(self.observation_space, cols[OBS])

@@ -23,7 +23,6 @@ Between the two: a pipe carrying bytes only. Rows go in the journal's record for
 and raw arrays, trainer/journal.py); states and weights as torch.save bytes, read back with
 torch's safe loader (weights_only=True). Experience is never pickled.
 """
-import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -35,6 +34,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from simbridge.trainer import journal
+from simbridge.trainer.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.replay import ReplayBuffer
 
 log = logging.getLogger("simbridge.trainer")
@@ -48,14 +48,6 @@ class LearnerProcessDied(RuntimeError):
     """The child training a policy is gone; the message says what to do."""
 
 
-def _dumps(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data: bytes):
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def _class_path(cls: type) -> str:
@@ -88,7 +80,7 @@ class LearnerProcess:
                 "act": space_bytes(learner.action_space), "config": dict(learner.config),
                 "device": str(learner.device), "torch_threads": int(torch_threads),
                 "state": learner.state_dict(include_replay=True)}
-        self._send(_INIT + _dumps(init))
+        self._send(_INIT + state_bytes(init))
         # The child holds the buffer now; the parent's copy only wasted memory.
         learner.replay = ReplayBuffer(learner.replay.capacity, learner.device)
         learner.trained_by = self
@@ -101,6 +93,7 @@ class LearnerProcess:
         if batch.count == 0:
             return
         self.learner.agent_steps += batch.count
+        self.learner.count_rows(batch)
         self.pending += batch.count
         self._sent += batch.count
         if self._dead is None:
@@ -148,7 +141,7 @@ class LearnerProcess:
     def _handle(self, msg: bytes) -> bytes:
         tag, body = msg[:1], msg[1:]
         if tag == _WEIGHTS:
-            w = _loads(body)
+            w = state_from_bytes(body)
             p = self.learner
             with p._act_lock:
                 p.acting.load_state_dict(w["acting"])
@@ -157,7 +150,7 @@ class LearnerProcess:
             p.last_metrics = w["metrics"]
             self.due, self.pending = w["due"], self._sent - w["rows"]
         elif tag == _STATE:
-            self._state = _loads(body)
+            self._state = state_from_bytes(body)
         elif tag == _ERROR:
             trace = body.decode(errors="replace")
             log.debug("learner process of policy %r:\n%s", self.policy_id, trace)
@@ -240,7 +233,7 @@ def _serve(conn) -> None:
 
     msg = conn.recv_bytes()
     assert msg[:1] == _INIT
-    init = _loads(msg[1:])
+    init = state_from_bytes(msg[1:])
     if init["torch_threads"]:
         torch.set_num_threads(init["torch_threads"])
     cls = _import(init["cls"])
@@ -253,7 +246,7 @@ def _serve(conn) -> None:
         w = {"acting": learner.acting.state_dict(), "updates": learner.updates, "forgiven": learner.updates_forgiven,
              "metrics": {k: float(v) for k, v in learner.last_metrics.items()}, "due": learner.updates_due(),
              "rows": rows}
-        conn.send_bytes(_WEIGHTS + _dumps(w))
+        conn.send_bytes(_WEIGHTS + state_bytes(w))
 
     while True:
         due = learner.updates_due()
@@ -271,7 +264,7 @@ def _serve(conn) -> None:
                 # The weights first: the parent then acts with the state's networks and version.
                 report()
                 reported = rows
-                conn.send_bytes(_STATE + _dumps(learner.state_dict(include_replay=msg[1:2] == b"1")))
+                conn.send_bytes(_STATE + state_bytes(learner.state_dict(include_replay=msg[1:2] == b"1")))
             elif tag == _STOP:
                 return
             due = learner.updates_due()

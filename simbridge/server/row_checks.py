@@ -7,8 +7,6 @@ without the runtime's lock (PolicyRegistry.ensure): resolution then starts over.
 """
 from typing import Dict, List, Optional, Tuple
 
-
-from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import checks
 from simbridge.wire.checks import flags
 from simbridge.server.episodes import AgentState, Episode
@@ -99,7 +97,7 @@ class RowChecks:
             r = Rows(eids, aids, self.rows_spec(s, aids, w), n)
             if not m.HasField("observations"):
                 raise invalid_argument(f"{w}: no observations")
-            r.obs = sb_spaces.decode_value(r.spec.obs_space, m.observations, n, f"observations of rows {i}")
+            r.obs = r.spec.decode_obs(m.observations, n, f"observations of rows {i}")
             out.append(r)
         mapped: Dict[Tuple[str, str], str] = {}   # the mapping's answers, kept across retries
         while True:
@@ -220,8 +218,7 @@ class RowChecks:
             final = None
             if m.HasField("final_observations"):
                 spec = self.rows_spec(s, [a for a in aids if a != ALL_AGENTS], what)
-                final = sb_spaces.decode_value(spec.obs_space, m.final_observations, n,
-                                               f"final observations of rows {i}")
+                final = spec.decode_obs(m.final_observations, n, f"final observations of rows {i}")
             if not s.multi_agent:  # one agent per episode; it is done only when the episode is
                 episodes = s.episodes
                 eps = [episodes.get(e) for e in eids]

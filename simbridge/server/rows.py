@@ -159,7 +159,7 @@ class RowCalls:
             what = f"final observations of rows {i}"
             f_eids, f_aids, n = checks.resolve_ids(s, m.episode_ids, m.agent_ids, what)
             spec = checks.rows_spec(s, f_aids, what)
-            obs = sb_spaces.decode_value(spec.obs_space, m.observations, n, what)
+            obs = spec.decode_obs(m.observations, n, what)
             for j, (eid, aid) in enumerate(zip(f_eids, f_aids)):
                 if eid not in finals:
                     raise invalid_argument(f"{what}: episode {eid!r} is not among the episodes being ended")

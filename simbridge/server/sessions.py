@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 import grpc
 
-from simbridge.wire import checks
+from simbridge.wire import checks, leaf_codec
 from simbridge.wire import spaces as sb_spaces
 from simbridge.server.episodes import Episode
 from simbridge.wire.columns import ALL_AGENTS
@@ -43,6 +43,9 @@ class SpaceSpec:
         self.obs_space = obs_space
         self.act_space = act_space
         self.key = space_key(obs_space, act_space)
+        # Observations of these spaces, decoded and validated as spaces.decode_value does,
+        # compiled once: every GetAction and Step of the session's agents decodes them.
+        self.decode_obs = leaf_codec.batch_decoder(obs_space)
         # What one open episode (one agent) of these spaces makes the server keep, at most: its
         # observation and action at 8 bytes an element, twice (slot tables grow by doubling),
         # and the episode's own objects.

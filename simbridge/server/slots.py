@@ -53,7 +53,7 @@ class SlotBank:
         self.evaluation = evaluation   # greedy actions; never trained
         self.training = training and not evaluation
         self.spec = session.default
-        self.decode_obs = leaf_codec.batch_decoder(self.spec.obs_space)
+        self.decode_obs = self.spec.decode_obs
         self.encode_actions = leaf_codec.batch_encoder(self.spec.act_space)
         self._versions = (None, None, b"")   # (version, (n,) array, its bytes): see versions()
         self.no_logp = np.full(n, np.nan, np.float32)   # for policies without logp; read-only, shared

@@ -141,8 +141,13 @@ class Transitions:
             simple = not (m.terminated or m.truncated or m.infos) and None not in sts
             if simple and (not s.multi_agent or all([st.table is sts[0].table for st in sts])):
                 tb = sts[0].table  # the common case: one vectorised update
+                if len(sts) == 1:   # a lockstep simulator's reward: np.add.at costs ~3 µs a call
+                    sl, r = sts[0].slot, float(rew[0])
+                    tb.reward_acc[sl] += r
+                    tb.reward_total[sl] += r
+                    continue
                 slots = np.fromiter((st.slot for st in sts), np.int64, len(sts))
-                np.add.at(tb.reward_acc, slots, rew)
+                np.add.at(tb.reward_acc, slots, rew)   # an agent may appear twice: add both
                 np.add.at(tb.reward_total, slots, rew)
                 continue
             for j, (ep, aid, st) in enumerate(zip(eps, aids, sts)):

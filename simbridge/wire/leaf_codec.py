@@ -32,6 +32,17 @@ def _leaf_dtype(space: gs.Space):
     return None
 
 
+# Up to this many float elements, a C loop over them as Python floats is cheaper than a numpy
+# reduction's set-up (0.3 against 1-2 µs for a CartPole observation, or one reward).
+SMALL_FLOATS = 32
+
+
+def small_all_finite(arr: np.ndarray) -> bool:
+    """Every element of a float array of at most SMALL_FLOATS elements is finite (no NaN, no
+    +-Inf). Exact; the caller checks larger arrays its own way."""
+    return all(map(math.isfinite, arr.ravel().tolist()))
+
+
 def batch_decoder(space: gs.Space) -> Decoder:
     """decode(msg, n, what) == spaces.decode_value(space, msg, n, what)."""
     def generic(msg: pb.Value, n: int, what: str) -> Any:
@@ -51,9 +62,11 @@ def batch_decoder(space: gs.Space) -> Decoder:
         if t.dtype != code or len(data) != n * row_bytes or tuple(t.shape) != (n, *leaf):
             return generic(msg, n, what)
         arr = np.frombuffer(data, dtype).reshape((n, *leaf))
-        # One reduction: the sum is finite unless an element is NaN or +-Inf (or finite
-        # values overflow it): the generic path then decides exactly and words the error.
-        if check_finite and arr.size and not math.isfinite(arr.sum()):
+        # Small: each element; else one reduction, the sum is finite unless an element is NaN
+        # or +-Inf (or finite values overflow it). The generic path then decides exactly and
+        # words the error.
+        if check_finite and arr.size and not (small_all_finite(arr) if arr.size <= SMALL_FLOATS
+                                              else math.isfinite(arr.sum())):
             return generic(msg, n, what)
         return arr
     return decode

@@ -191,6 +191,32 @@ def test_epsilon_schedule_is_linear_in_agent_steps_then_flat():
         assert learner.epsilon() == pytest.approx(eps)
 
 
+def test_environment_mode_counts_the_simulators_uniform_choices_in_the_epsilon_floor():
+    """With logged_actions "environment" a share p of the actions is already uniform: the learner's
+    own floor is what makes all actions together random at epsilon_final, none when p >= it."""
+    for mode, own, logged, final in [("environment", 7, 3, 0.0), ("environment", 99, 1, (0.02 - 0.01) / 0.99),
+                                     ("environment", 10, 0, 0.02), ("ignore", 7, 3, 0.02)]:
+        learner = make(logged_actions=mode, epsilon_initial=1.0, epsilon_final=0.02, epsilon_timesteps=1000,
+                       learning_starts=10 ** 6)
+        learner.add(own_and_logged(own, logged))
+        learner.agent_steps = 500
+        assert learner.epsilon() == pytest.approx((1.0 + final) / 2), mode
+        learner.agent_steps = 1000
+        assert learner.epsilon() == pytest.approx(final), mode
+
+
+def test_a_learner_process_parent_counts_logged_rows_for_its_acting_epsilon():
+    """Through the bridge the parent acts while a child trains: it counts the rows as it sends them."""
+    from simbridge.trainer.learner_process import LearnerProcess
+    learner = make(logged_actions="environment", epsilon_final=0.02, epsilon_timesteps=10, learning_starts=10 ** 6)
+    proc = LearnerProcess("default_policy", learner)
+    try:
+        proc.add(own_and_logged(7, 3))
+        assert learner.logged_share() == pytest.approx(0.3) and learner.epsilon() == 0.0
+    finally:
+        proc.close()
+
+
 def test_learning_rate_is_constant_or_decays_linearly_to_lr_final():
     assert make(lr=3e-4).learning_rate() == 3e-4
     learner = make(lr=1e-3, lr_final=1e-4, lr_timesteps=1000, updates_per_step=0.01)

@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from simbridge.wire import leaf_codec, tensors
+from simbridge.wire import checks, leaf_codec, tensors
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -127,3 +127,29 @@ def test_vector_view_only_takes_exact_vectors():
     lying = tensors.to_tensor(np.arange(3, dtype=np.float32))
     lying.shape[:] = [4]
     assert leaf_codec.vector_view(lying, pb.FLOAT32, f32, 3) is None
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("rows", [1, leaf_codec.SMALL_FLOATS // 4, leaf_codec.SMALL_FLOATS // 4 + 1, 64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_refused_on_both_sides_of_the_small_path(rows, bad):
+    # Up to SMALL_FLOATS elements the check is per element, above it one reduction: both refuse
+    # a NaN or +-Inf in the last element with the generic path's words, and rewards likewise.
+    space = SPACES["box_f32"]
+    arr = np.zeros((rows, 4), np.float32)
+    arr[-1, -1] = bad
+    msg = _box_msg(arr)
+    want = _generic_error(lambda: sb_spaces.decode_value(space, msg, rows, "Step observations"))
+    assert _generic_error(lambda: leaf_codec.batch_decoder(space)(msg, rows, "Step observations")) == want
+    np.testing.assert_array_equal(leaf_codec.batch_decoder(space)(_box_msg(np.ones((rows, 4), np.float32)),
+                                                                  rows, "obs"), np.ones((rows, 4)))
+    n = rows * 4
+    rewards = np.ones(n, np.float32)
+    rewards[-1] = bad
+    t = pb.Tensor()
+    tensors.fill_tensor(t, rewards)
+    with pytest.raises(BridgeError) as e:
+        checks.rewards(t, n, "Step rewards", "one per slot", "Step rewards: slot {}")
+    assert f"slot {n - 1}" in e.value.message and "not a finite number" in e.value.message
+    tensors.fill_tensor(t, np.ones(n, np.float32))
+    assert checks.rewards(t, n, "Step rewards", "one per slot", "slot {}").sum() == n
