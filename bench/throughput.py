@@ -46,6 +46,16 @@ Cases (--cases):
   uds_floor, uds_bare, uds_stream, uds_step_lockstep, uds_batched64, uds_batched256
              the same cases with the server on a Unix socket (unix:PATH in a private temporary
              directory): every figure named uds_<the TCP name>; uds_vs_tcp_* ratios.
+  shm_floor  the bare shared-memory echo of a Step's sizes (simbridge/wire/shm_ring.py alone, no
+             bridge): shm_echo_step{1,64,256}_roundtrips_per_s, the shm_*_vs_echo floor.
+  shm_bare, shm_stream, shm_step_lockstep, shm_batched64, shm_batched256
+             the same cases with the steps through the shared-memory channel (shm+unix:PATH:
+             the session on the Unix socket, every later message in the rings): shm_<the TCP
+             name>; shm_vs_tcp_*, shm_vs_uds_* ratios, and shm_*_vs_bare (SlotClient against the
+             bare replay of its Steps, on shm too). spin_shm_step_lockstep, spin_shm_batched64:
+             the same with both ends spinning up to 50 us before they block (spin_shm_*);
+             cspin_shm_step_lockstep, cspin_shm_batched64: the simulator alone spinning up to
+             300 us for its answer, the bridge blocking (cspin_shm_*).
              floor (either transport) also echoes messages of a CartPole Step's sizes (1, 64,
              256 slots: echo_step{n}_*), and *_vs_echo ratios put each Step case against the
              echo of its sizes on the same transport: what the transport alone allows.
@@ -67,6 +77,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --cases stream,batched64,rows64 --out runs/bench.json
     .venv/bin/python bench/throughput.py --cases stream,step_lockstep,cpp_lockstep,batched64,cpp_batched64
     .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_stream,uds_step_lockstep,uds_batched64,uds_batched256
+    .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_step_lockstep,uds_batched64,uds_batched256,shm_floor,shm_bare,shm_stream,shm_step_lockstep,shm_batched64,shm_batched256,spin_shm_step_lockstep,spin_shm_batched64
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
@@ -102,7 +113,9 @@ WARMUP_S = 1.0
 CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims", "batched64", "cpp_batched64",
          "rows64", "batched256", "cpp_batched256", "local", "tcp_paths",
          "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
-         "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256")
+         "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256",
+         "shm_floor", "shm_bare", "shm_stream", "shm_step_lockstep", "shm_batched64", "shm_batched256",
+         "spin_shm_step_lockstep", "spin_shm_batched64", "cspin_shm_step_lockstep", "cspin_shm_batched64")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
@@ -196,7 +209,8 @@ _SOCKDIR = []   # one private directory for every Unix socket of the run, remove
 
 
 def listen_address(net):
-    """A fresh address to serve on: a free loopback port ("tcp"), or a socket path ("uds")."""
+    """A fresh address to serve on: a free loopback port ("tcp"), a socket path ("uds"), or a
+    socket path whose steps go through shared memory ("shm": shm+unix:PATH)."""
     if net == "tcp":
         return f"{HOST}:{_free_port()}"
     if not _SOCKDIR:
@@ -206,11 +220,13 @@ def listen_address(net):
 
         _SOCKDIR.append(tempfile.mkdtemp(prefix="sb-bench-"))
         atexit.register(shutil.rmtree, _SOCKDIR[0], True)
-    return f"unix:{_SOCKDIR[0]}/{uuid.uuid4().hex[:8]}.sock"
+    scheme = "shm+unix" if net == "shm" else "unix"
+    return f"{scheme}:{_SOCKDIR[0]}/{uuid.uuid4().hex[:8]}.sock"
 
 
 def _key(net, name):
-    """A figure's name: today's TCP names as they were, the Unix socket's with a uds_ prefix."""
+    """A figure's name: today's TCP names as they were, the Unix socket's with a uds_ prefix, the
+    shared-memory channel's with shm_."""
     return name if net == "tcp" else f"{net}_{name}"
 
 
@@ -238,8 +254,10 @@ def wait_healthy(address, proc, timeout_s):
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from simbridge.wire.addresses import grpc_address
+
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+    with grpc.insecure_channel(grpc_address(address), options=_CHANNEL_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc.poll() is not None:
@@ -517,6 +535,9 @@ class RawStepSim:
                     encode(req.step.final_observations, final_obs, "final_observations")
             self.steps.append(req)
             obs, *outcome = env.step(rng.integers(0, 2, n))
+        from simbridge.client.shm_channel import open_shm, split_address
+
+        address, shm_path = split_address(address)
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stream = open_stream(self.channel, "/simbridge.v1.ExternalEnv/Stream")
         create = pb.StreamRequest(create_session=pb.CreateSessionRequest(
@@ -526,6 +547,8 @@ class RawStepSim:
         self.stream.send(create.SerializeToString())
         first = pb.StreamResponse.FromString(self.stream.recv())
         assert not first.HasField("error"), first.error
+        if shm_path is not None:   # shm+unix: the Steps through shared memory, as SlotClient's
+            self.stream = open_shm(shm_path, self.stream, first.create_session)
         self.seq = 0
         self._send(check=True)     # the first Step: observations only
         self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
@@ -774,6 +797,85 @@ def case_floor(children, seconds, net="tcp"):
     return out
 
 
+def _shm_echo_main(path, sizes, stop_evt):
+    """Child process: the bare shared-memory echo (simbridge/wire/shm_ring.py, no bridge, no
+    proto): a request of sizes[0] bytes is answered with sizes[1] bytes."""
+    from simbridge.wire import shm_ring
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    conn, _ = listener.accept()
+    cap = 1 << 20
+    fds = [shm_ring.make_region(cap), os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)]
+    region = shm_ring.Region(fds[0], cap, fds[1], fds[2], conn, server=True,
+                             spin_s=shm_ring.spin_seconds(shm_ring.SERVER_SPIN_ENV), fresh=True)
+    socket.send_fds(conn, [shm_ring.answer(0, 0, cap)], fds)
+    answer = b"a" * sizes[1]
+    try:
+        while not stop_evt.is_set():
+            if region.incoming.get(timeout_s=0.5) is not None:
+                region.outgoing.put(answer)
+    except shm_ring.PeerGone:
+        pass
+
+
+def case_shm_floor(children, seconds):
+    """The bare shared-memory echo of a CartPole Step's sizes (1, 64, 256 slots), one simulator:
+    shm_echo_step{n}_roundtrips_per_s, the floor of the shm_* Step cases (their *_vs_echo)."""
+    from simbridge.wire import shm_ring
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    listen_address("uds")   # makes the run's private socket directory
+    for n in ECHO_SLOTS:
+        req, answer = step_message_sizes(n)
+        path = f"{_SOCKDIR[0]}/echo-{uuid.uuid4().hex[:8]}"
+        stop_evt = ctx.Event()
+        proc = children.add(ctx.Process(target=_shm_echo_main, args=(path, (req, answer), stop_evt),
+                                        name="bench-shm-echo", daemon=True))
+        proc.start()
+        try:
+            sock = socket.socket(socket.AF_UNIX)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sock.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            data, fds, _, _ = socket.recv_fds(sock, 4096, 3)
+            cap = shm_ring.parse_answer(data)[2]
+            region = shm_ring.Region(fds[0], cap, fds[1], fds[2], sock, server=False,
+                                     spin_s=shm_ring.spin_seconds())
+            message = b"r" * req
+            count, t0, cpu0 = 0, None, None
+            start = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if t0 is None and now - start >= WARMUP_S:
+                    t0, cpu0, count = time.perf_counter(), time.process_time(), 0
+                if t0 is not None and now - start >= WARMUP_S + max(1.0, seconds / 2):
+                    break
+                region.outgoing.put(message)
+                region.incoming.get()
+                count += 1
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            out[f"shm_echo_step{n}_roundtrips_per_s"] = round(count / wall, 1)
+            out[f"shm_echo_step{n}_bytes"] = [req, answer]
+            out[f"shm_echo_step{n}_client_cpu_us_per_call"] = round(cpu / count * 1e6, 1)
+            region.close()
+            sock.close()
+            for fd in fds:
+                os.close(fd)
+        finally:
+            stop_evt.set()
+            children.stop(proc)
+    return out
+
+
 def _bridge_case(children, seconds, prefix, n, sim_kind, transport, per_agent=False, net="tcp"):
     proc, address = start_bridge_server(children, net=net)
     try:
@@ -916,6 +1018,37 @@ CASE_FUNCS = {"floor": case_floor, "unary": case_unary, "stream": case_stream,
 UDS_CASES = {"uds_floor": case_floor, "uds_bare": case_bare, "uds_stream": case_stream, "uds_step_lockstep": case_step_lockstep,
              "uds_batched64": case_batched64, "uds_batched256": case_batched256}
 CASE_FUNCS.update({name: functools.partial(fn, net="uds") for name, fn in UDS_CASES.items()})
+# ... and with the steps through shared memory (shm+unix:PATH): figures named shm_<the TCP name>.
+SHM_CASES = {"shm_bare": case_bare, "shm_stream": case_stream, "shm_step_lockstep": case_step_lockstep,
+             "shm_batched64": case_batched64, "shm_batched256": case_batched256}
+CASE_FUNCS.update({name: functools.partial(fn, net="shm") for name, fn in SHM_CASES.items()})
+CASE_FUNCS["shm_floor"] = case_shm_floor
+
+
+_SPINS = {"spin": (50, 50),     # both ends spin up to 50 us before they block
+          "cspin": (300, 0)}    # the simulator spins up to 300 us for its answer; the bridge blocks
+
+
+def _spin_case(children, seconds, case, kind):
+    """A shared-memory case whose ends spin on the ring before they block (SIMBRIDGE_SHM_SPIN_US
+    for the simulators, SIMBRIDGE_SHM_SERVER_SPIN_US for the server; inherited): figures named
+    <kind>_<the case's names>, to weigh spinning against blocking in one run."""
+    names = ("SIMBRIDGE_SHM_SPIN_US", "SIMBRIDGE_SHM_SERVER_SPIN_US")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(us) for name, us in zip(names, _SPINS[kind])})
+    try:
+        out = CASE_FUNCS[case](children, seconds)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+    return {f"{kind}_{k}": v for k, v in out.items()}
+
+
+CASE_FUNCS.update({f"{kind}_{case}": functools.partial(_spin_case, case=case, kind=kind)
+                   for kind in _SPINS for case in ("shm_step_lockstep", "shm_batched64")})
 
 
 def _iterator_case(children, seconds, case):
@@ -1017,7 +1150,7 @@ def echo_ratios(result):
     """Each Step case against the bare stream echo of its message sizes on the same transport
     (*_vs_echo: calls per second over echo round trips per second), and UDS against TCP."""
     out = {}
-    for net in ("tcp", "uds"):
+    for net in ("tcp", "uds", "shm"):
         k = functools.partial(_key, net)
         for case, n, rate in (("step_lockstep", 1, "steps_per_s"), ("batched64", 64, "calls_per_s"),
                               ("batched256", 256, "calls_per_s")):
@@ -1040,8 +1173,11 @@ def echo_ratios(result):
             out[f"direct_vs_iterator_{name}"] = round(result[name] / result[f"iter_{name}"], 3)
     for name in ("grpc_floor_stream_roundtrips_per_s", "echo_step1_roundtrips_per_s", "stream_lockstep_steps_per_s",
                  "step_lockstep_steps_per_s", "batched64_agent_steps_per_s", "batched256_agent_steps_per_s"):
-        if result.get(name) and result.get(f"uds_{name}"):
-            out[f"uds_vs_tcp_{name}"] = round(result[f"uds_{name}"] / result[name], 3)
+        for net in ("uds", "shm", "spin_shm", "cspin_shm"):
+            if result.get(name) and result.get(f"{net}_{name}"):
+                out[f"{net}_vs_tcp_{name}"] = round(result[f"{net}_{name}"] / result[name], 3)
+        if result.get(f"uds_{name}") and result.get(f"shm_{name}"):
+            out[f"shm_vs_uds_{name}"] = round(result[f"shm_{name}"] / result[f"uds_{name}"], 3)
     return out
 
 

@@ -18,12 +18,19 @@ from simbridge.server.service import BridgeServer  # noqa: E402
 # The bridge's transports on one host (docs/transports.md). A test that takes the `net` argument
 # runs once on each, and every server its fixtures start listens there: TCP on loopback, or a
 # Unix socket in a private directory of its own.
+# A test that the shared-memory step channel can serve too (shm+unix:PATH: gRPC on a Unix socket, the
+# steps through shared memory) asks for it with @pytest.mark.nets("tcp", "uds", "shm").
 NETS = ("tcp", "uds")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nets(*names): the transports a `net` test runs on (default tcp, uds)")
 
 
 def pytest_generate_tests(metafunc):
     if "net" in metafunc.fixturenames:
-        metafunc.parametrize("net", NETS)
+        marker = metafunc.definition.get_closest_marker("nets")
+        metafunc.parametrize("net", marker.args if marker else NETS)
 
 
 @pytest.fixture
@@ -36,7 +43,8 @@ def listen_address(request):
     # Short: a socket path must fit in 108 bytes, and pytest's tmp_path holds the test's name.
     directory = tempfile.mkdtemp(prefix="sb-uds-")
     made = itertools.count()
-    yield lambda: f"unix:{directory}/bridge{next(made)}.sock"
+    scheme = "shm+unix" if net == "shm" else "unix"
+    yield lambda: f"{scheme}:{directory}/bridge{next(made)}.sock"
     shutil.rmtree(directory, ignore_errors=True)
 
 

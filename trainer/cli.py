@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
                                     f"the run's saved {SAVED_CONFIG})")
     r.add_argument("--resume", action="store_true", help=f"continue from LOGDIR/{CHECKPOINT}")
-    r.add_argument("--address", help="host:port, or unix:PATH for a Unix socket, to serve on (overrides "
+    r.add_argument("--address", help="host:port, or unix:PATH for a Unix socket (shm+unix:PATH: the steps through shared memory), to serve on (overrides "
                                       "[server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")

@@ -284,7 +284,8 @@ def _section(cls, raw, what: str, name: str):
 def _check_server(s: ServerSection, where: str) -> None:
     if address_problem(s.address):
         raise ConfigError(f"{where}: [server] address = {s.address!r} is not HOST:PORT "
-                          f"(e.g. \"127.0.0.1:50051\") or unix:PATH (a Unix socket on this machine)")
+                          f"(e.g. \"127.0.0.1:50051\") or unix:PATH (a Unix socket on this machine; shm+unix:PATH: "
+                          f"the steps through shared memory too)")
     if s.batch_mode not in BATCH_MODES:
         raise ConfigError(f"{where}: [server] batch_mode = {s.batch_mode!r}: use one of {list(BATCH_MODES)}")
     if s.count_steps_by not in ("env_steps", "agent_steps"):

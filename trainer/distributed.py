@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from simbridge.trainer.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.config import ConfigError, TrainerConfig
-from simbridge.wire.addresses import UNIX, is_unix, unix_path
+from simbridge.wire.addresses import SHM, UNIX, grpc_address, is_shm, is_unix, unix_path
 from simbridge.trainer.factory import trains
 from simbridge.trainer.learner import Learner
 
@@ -90,12 +90,13 @@ def rank_from_env(env=os.environ) -> Optional[RankInfo]:
 
 def rank_address(address: str, local_rank: int) -> str:
     """This rank's bridge address: the configured port plus LOCAL_RANK (several ranks on one host);
-    for a Unix socket, LOCAL_RANK k > 0 serves at PATH.k beside PATH."""
-    if is_unix(address):
-        return address if local_rank == 0 else f"{UNIX}{unix_path(address)}.{local_rank}"
+    for a Unix socket (unix:PATH or shm+unix:PATH), LOCAL_RANK k > 0 serves at PATH.k beside PATH."""
+    if is_unix(address) or is_shm(address):
+        scheme = SHM if is_shm(address) else UNIX
+        return address if local_rank == 0 else f"{scheme}{unix_path(grpc_address(address))}.{local_rank}"
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ConfigError(f"[server] address {address!r}: HOST:PORT or unix:PATH expected")
+        raise ConfigError(f"[server] address {address!r}: HOST:PORT, unix:PATH or shm+unix:PATH expected")
     return address if int(port) == 0 else f"{host}:{int(port) + local_rank}"
 
 

@@ -41,6 +41,7 @@ from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS
                                        open_channel, parse_addresses)
 from simbridge.client.direct_stream import open_stream
 from simbridge.client.security import ClientSecurity
+from simbridge.client.shm_channel import open_shm, split_address
 from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
@@ -148,6 +149,9 @@ class Connection:
         self._deferred: Optional[BridgeError] = None
         self._closing = False
         self._broken = False
+        address, self._shm_path = split_address(address)   # shm+unix:PATH: the stream through shared memory
+        if transport != "stream":
+            self._shm_path = None    # unary calls go on gRPC over the Unix socket
         self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
         self._stub = self._make_stub()
         self._stream = None    # direct_stream's DirectStream (or IteratorStream): serialized messages
@@ -178,6 +182,8 @@ class Connection:
             raise BridgeError.from_rpc_error(e) from None
         if resp.HasField("error"):
             raise BridgeError.from_status(resp.error)
+        if self._shm_path is not None:   # the session's calls go through shared memory from here on
+            self._stream = open_shm(self._shm_path, self._stream, resp.create_session)
         return resp.create_session
 
     def _reconnect(self, cause: Exception) -> None:

@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="simbridge-server", description=__doc__)
     p.add_argument("--address", default="127.0.0.1:50051",
                    help="host:port to listen on (default loopback only; 0.0.0.0:PORT exposes it), or "
-                        "unix:PATH for a Unix socket on this machine (owner-only; docs/transports.md)")
+                        "unix:PATH for a Unix socket on this machine (owner-only; docs/transports.md), "
+                        "shm+unix:PATH for that socket and the steps through shared memory")
     p.add_argument("--rollout-fragment-length", type=int, default=200)
     p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"])
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="dynamic batcher wait for more rows")

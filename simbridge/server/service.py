@@ -25,7 +25,7 @@ from simbridge.server.admission import CallGate, NoticeLog
 from simbridge.server.binding import address_in_use, bind, in_use_message  # noqa: F401 (the CLIs' import)
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import LoadedSecurity, ServerSecurity, auth_failed, peer_host
-from simbridge.wire.addresses import is_unix
+from simbridge.wire.addresses import grpc_address, is_shm, is_unix, shm_handover_path
 from simbridge.wire.errors import BridgeError, Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -214,6 +214,7 @@ class BridgeServer:
                  reap_interval_s: float = 1.0, security: Optional[ServerSecurity] = None):
         self.runtime = runtime or BridgeRuntime(BridgeConfig())
         c = self.runtime.config
+        given, address = address, grpc_address(address)   # shm+unix:PATH: gRPC on unix:PATH (shm_server.py)
         self.security = (security or ServerSecurity()).load(address)
         self.notices = NoticeLog(log)
         gate = CallGate(c.max_concurrent_calls, c.max_calls_per_client)
@@ -238,8 +239,10 @@ class BridgeServer:
                      ("grpc.keepalive_timeout_ms", 5_000),
                      ("grpc.keepalive_permit_without_calls", 1),
                      ("grpc.http2.min_ping_interval_without_data_ms", 5_000)])
+        self._servicers = {}
         for service, multi_agent in (("ExternalEnv", False), ("ExternalMultiAgentEnv", True)):
-            servicer = _Servicer(self.runtime, multi_agent, self.security, gate, self.notices)
+            servicer = self._servicers[multi_agent] = _Servicer(self.runtime, multi_agent, self.security, gate,
+                                                                self.notices)
             self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -248,7 +251,12 @@ class BridgeServer:
         else:
             self.port = bind(address, self._server.add_insecure_port)
         # What clients dial: a Unix socket's address as given, a TCP one with the port bound.
-        self.address = address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{self.port}"
+        self.address = given if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{self.port}"
+        self._shm = None
+        if is_shm(given):
+            from simbridge.server.shm_server import ShmListener
+            self._shm = ShmListener(self.runtime, shm_handover_path(given), self._servicers, _STREAM_CALLS,
+                                    _tolerant(pb.StreamRequest.FromString), _internal)
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
                                         name="simbridge-reaper", daemon=True)
@@ -260,6 +268,8 @@ class BridgeServer:
     def start(self) -> "BridgeServer":
         self.runtime.experience.reopen()
         self._server.start()
+        if self._shm is not None:
+            self._shm.start()
         for svc in ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv"):
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
@@ -276,11 +286,15 @@ class BridgeServer:
     def stop(self, grace: Optional[float] = 1.0) -> None:
         self._stop.set()
         self.health.enter_graceful_shutdown()
+        if self._shm is not None:
+            self._shm.stop()
         self._server.stop(grace).wait()
         # A stream's last settle may still wait on a full experience queue that nobody drains
         # now (a bare server): it keeps its batch aside instead of holding its thread forever,
         # which would also hold the process at exit (concurrent.futures joins its workers).
         self.runtime.experience.close()
+        if self._shm is not None:
+            self._shm.join()
 
     def wait(self) -> None:
         self._server.wait_for_termination()

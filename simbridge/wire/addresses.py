@@ -2,7 +2,10 @@
 
   * HOST:PORT        TCP, e.g. "127.0.0.1:50051" or "[::1]:50051";
   * unix:PATH        a Unix domain socket on this machine, e.g. "unix:/run/simbridge/bridge.sock"
-                     ("unix:///abs/path" and a relative "unix:bridge.sock" are gRPC's spellings too).
+                     ("unix:///abs/path" and a relative "unix:bridge.sock" are gRPC's spellings too);
+  * shm+unix:PATH    the same Unix socket for the session and everything else, and a shared-memory
+                     channel for the step messages, handed over on the socket PATH.shm
+                     (simbridge.wire.shm_ring, docs/transports.md).
 
 A Unix socket skips TCP and the loopback device: same-host simulators take one step less on every
 round trip (docs/transports.md). Its file's permissions say who may connect, so the server
@@ -12,7 +15,23 @@ permissions: any local user could connect, and they are refused.
 from typing import Optional
 
 UNIX = "unix:"
+SHM = "shm+unix:"
+SHM_SUFFIX = ".shm"   # the handover socket beside the gRPC one
 _ABSTRACT = "unix-abstract:"
+
+
+def is_shm(address: str) -> bool:
+    return address.startswith(SHM)
+
+
+def grpc_address(address: str) -> str:
+    """What gRPC binds or dials: "shm+unix:PATH" -> "unix:PATH"; any other address as it is."""
+    return address[len("shm+"):] if is_shm(address) else address
+
+
+def shm_handover_path(address: str) -> str:
+    """"shm+unix:PATH" -> the handover socket's path, PATH.shm."""
+    return unix_path(grpc_address(address)) + SHM_SUFFIX
 
 
 def is_unix(address: str) -> bool:
@@ -28,11 +47,13 @@ def unix_path(address: str) -> str:
 
 
 def address_problem(address: str) -> Optional[str]:
-    """What is wrong with an address, in words naming the fix; None when it is HOST:PORT or
-    unix:PATH."""
+    """What is wrong with an address, in words naming the fix; None when it is HOST:PORT,
+    unix:PATH or shm+unix:PATH."""
     if address.startswith(_ABSTRACT):
         return (f"address {address!r}: abstract Unix sockets have no file permissions (any local user could "
                 f"connect): use unix:PATH, e.g. unix:/tmp/simbridge/bridge.sock")
+    if is_shm(address):
+        address = grpc_address(address)
     if is_unix(address):
         return None if unix_path(address) else (f"address {address!r} names no socket file: pass unix:PATH, "
                                                 f"e.g. unix:/tmp/simbridge/bridge.sock")

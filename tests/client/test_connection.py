@@ -142,6 +142,7 @@ def test_on_failed_hears_of_every_failed_request_and_its_error_comes_first(serve
     conn.close()
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_reconnect_gives_up_after_reconnect_timeout(make_server, net):
     srv = make_server()
     conn = Connection(srv.address, "single", _create(), "stream", 5.0, 0.5, pipeline=False)

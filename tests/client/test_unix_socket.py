@@ -151,6 +151,7 @@ for t in range(1_000_000):
 """
 
 
+@pytest.mark.nets("tcp", "uds", "shm")   # on shm: killed while its Step is in the ring
 def test_a_slot_simulator_killed_mid_step_has_its_episodes_ended_truncated(make_server, net):
     srv = make_server(reconnect_grace_s=0.5)
     rt = srv.runtime

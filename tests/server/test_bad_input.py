@@ -972,6 +972,7 @@ def _bounded_call(client: PolicyClient, fn, seconds: float = 3.0):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_oversized_observation_through_policy_client(bridge, client_transport, net):
     """The PolicyClient must surface RESOURCE_EXHAUSTED, not resend the request in a loop
     (stream transport used to resume and resend it forever), and keep its episode."""
@@ -1001,6 +1002,7 @@ def test_oversized_observation_through_policy_client(bridge, client_transport, n
     (V1.astype(np.float64), ["dtype float64", "expected float32"]),
     (obs(1, np.nan, 3, 4), ["NaN"]),
 ], ids=["shape", "float64", "nan"])
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transport, bad_obs, substrings, net):
     """Through PolicyClient: the error names the problem, and the reward queued for the
     failed request (rewards ride on the next get_action) is still logged."""
@@ -1026,6 +1028,7 @@ def test_policy_client_bad_observation_keeps_queued_reward(bridge, client_transp
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_coalesced_reward_survives_oversized_request(bridge, client_transport, net):
     """log_returns queues its reward for the next request; when that request is refused
     for its size, the reward must still be logged (as the client does for server errors)."""
@@ -1067,6 +1070,7 @@ def _request_at_the_edge(limit: int):
 
 
 @pytest.mark.parametrize("client_transport", ["unary", "stream"])
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_request_just_over_the_limit_through_policy_client(bridge, client_transport, net):
     """Right at the edge the server's own gRPC limit answers (on a stream it ends the
     stream): the client still reports RESOURCE_EXHAUSTED promptly and carries on."""
@@ -1179,6 +1183,7 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("death", ["os._exit", "SIGKILL"])
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_client_process_dies_mid_episode(make_bridge, death, net):
     b = make_bridge(reconnect_grace_s=0.5)
     rt = b.runtime

@@ -37,6 +37,7 @@ class ConstPolicy(Policy):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_single_agent_transitions(make_server, transport, net):
     rt = BridgeRuntime(BridgeConfig(), policy_factory=lambda pid, o_, a: ConstPolicy(o_, a))
     srv = make_server(rt)
@@ -173,6 +174,7 @@ def test_t_is_the_episodes_step_as_in_rllib(make_server):
     c.close()
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_policy_mapping_and_agent_steps(make_server, net):
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=1000),
                        policy_mapping_fn=lambda aid, ep: "runner" if aid.startswith("r") else "tagger")
@@ -359,6 +361,7 @@ def test_health_service(server):
     ch.close()
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_stream_reconnect_resumes_episode(server, net):
     """Break the client's stream for real; it resumes its session and the episode goes on."""
     c = PolicyClient(server.address, OBS, ACT, transport="stream")
@@ -376,6 +379,7 @@ def test_stream_reconnect_resumes_episode(server, net):
     c.close()
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_server_restart_reports_lost_session(make_server, net):
     srv = make_server()
     c = PolicyClient(srv.address, OBS, ACT, reconnect_timeout_s=20)
@@ -489,6 +493,7 @@ def test_reward_survives_a_failing_call_that_carried_it(server, transport):
     c.close()
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_end_and_restart_in_one_message(server, net):
     """Per-slot auto-reset: end_episodes(..., start_episode_ids=...) ends and starts atomically."""
     c = PolicyClient(server.address, OBS, ACT)

@@ -42,6 +42,7 @@ def transport(request):
     return request.param
 
 
+@pytest.mark.nets("tcp", "uds", "shm")
 def test_slots_make_per_slot_episodes_with_auto_reset(make_server, transport, net):
     srv = make_server(rollout_fragment_length=1000)
     rt = srv.runtime

@@ -271,3 +271,5 @@ def test_each_rank_of_a_host_serves_on_its_own_port():
     assert rank_address("127.0.0.1:0", 2) == "127.0.0.1:0"
     assert rank_address("unix:/run/sb/bridge.sock", 0) == "unix:/run/sb/bridge.sock"
     assert rank_address("unix:/run/sb/bridge.sock", 2) == "unix:/run/sb/bridge.sock.2"
+    assert rank_address("shm+unix:/run/sb/bridge.sock", 0) == "shm+unix:/run/sb/bridge.sock"
+    assert rank_address("shm+unix:/run/sb/bridge.sock", 2) == "shm+unix:/run/sb/bridge.sock.2"
