@@ -25,7 +25,7 @@ from simbridge.server.admission import CallGate, NoticeLog
 from simbridge.server.binding import address_in_use, bind, in_use_message  # noqa: F401 (the CLIs' import)
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import LoadedSecurity, ServerSecurity, auth_failed, peer_host
-from simbridge.wire.addresses import grpc_address, is_shm, is_unix, shm_handover_path
+from simbridge.wire.addresses import address_problem, grpc_address, is_shm, is_unix, shm_handover_path
 from simbridge.wire.errors import BridgeError, Reason, failed_precondition, invalid_argument
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -246,6 +246,9 @@ class BridgeServer:
             self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        problem = address_problem(given)   # as given: a shm+unix: path leaves room for its PATH.shm
+        if problem:
+            raise RuntimeError(problem)
         if self.security.tls:
             self.port = bind(address, lambda a: self._server.add_secure_port(a, self.security.credentials))
         else:

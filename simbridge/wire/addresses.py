@@ -18,6 +18,7 @@ UNIX = "unix:"
 SHM = "shm+unix:"
 SHM_SUFFIX = ".shm"   # the handover socket beside the gRPC one
 _ABSTRACT = "unix-abstract:"
+MAX_SOCKET_PATH = 107   # bytes: Linux's sun_path holds 108 with the terminating NUL
 
 
 def is_shm(address: str) -> bool:
@@ -52,11 +53,21 @@ def address_problem(address: str) -> Optional[str]:
     if address.startswith(_ABSTRACT):
         return (f"address {address!r}: abstract Unix sockets have no file permissions (any local user could "
                 f"connect): use unix:PATH, e.g. unix:/tmp/simbridge/bridge.sock")
+    given, longest, why = address, MAX_SOCKET_PATH, ""
     if is_shm(address):
         address = grpc_address(address)
+        longest -= len(SHM_SUFFIX)
+        why = f" ({MAX_SOCKET_PATH} less {len(SHM_SUFFIX)} for the handover socket PATH{SHM_SUFFIX})"
     if is_unix(address):
-        return None if unix_path(address) else (f"address {address!r} names no socket file: pass unix:PATH, "
-                                                f"e.g. unix:/tmp/simbridge/bridge.sock")
+        path = unix_path(address)
+        if not path:
+            return (f"address {given!r} names no socket file: pass unix:PATH, "
+                    f"e.g. unix:/tmp/simbridge/bridge.sock")
+        size = len(path.encode("utf-8", "surrogateescape"))
+        if size > longest:
+            return (f"address {given!r}: the socket path is {size} bytes, longer than the {longest} a Unix "
+                    f"socket allows{why}: pick a shorter path, e.g. unix:/tmp/simbridge/bridge.sock")
+        return None
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         return (f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051, or unix:PATH for a "

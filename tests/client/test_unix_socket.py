@@ -115,6 +115,18 @@ def test_unix_addresses_in_lists_and_bad_ones_name_the_fix():
         parse_config('[server]\naddress = "unix-abstract:x"\n[policies.p]\nalgorithm = "random"\n')
 
 
+def test_a_socket_path_too_long_for_unix_is_refused_in_words_not_by_grpc():
+    from simbridge.wire.addresses import address_problem
+    long_path = "/tmp/" + "d" * 100 + ".sock"                      # 110 bytes: over Linux's 107
+    problem = address_problem("unix:" + long_path)
+    assert "110 bytes, longer than the 107" in problem and "pick a shorter path" in problem
+    shm_path = "/tmp/" + "d" * 95 + ".sock"                         # 105: fits, but PATH.shm would not
+    assert address_problem("unix:" + shm_path) is None
+    assert "longer than the 103" in address_problem("shm+unix:" + shm_path)
+    with pytest.raises(RuntimeError, match="pick a shorter path"):   # the server says so before gRPC's own line
+        BridgeServer(address="shm+unix:" + shm_path)
+
+
 def test_simbridge_server_serves_a_socket_and_refuses_a_busy_one(sockdir):
     path = os.path.join(sockdir, "b.sock")
     env = dict(os.environ, PYTHONPATH=ROOT)
