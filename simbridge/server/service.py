@@ -130,35 +130,7 @@ class _Servicer:
         session = None
         try:
             for req in request_iterator:
-                resp = pb.StreamResponse()
-                kind = None
-                try:
-                    if isinstance(req, Undecodable):
-                        raise self._undecodable(client, "stream", req)
-                    kind = req.WhichOneof("payload")
-                    if kind == "create_session":
-                        if session is not None:
-                            raise failed_precondition("this stream already has a session: open a new stream",
-                                                      Reason.WRONG_SESSION_KIND)
-                        out = self.runtime.create_session(req.create_session, self.multi_agent, client=client)
-                        session = self.runtime.session(out.session_id, self.multi_agent)
-                        self.runtime.attach_stream(session)
-                    elif kind in _STREAM_CALLS:
-                        if session is None:
-                            raise failed_precondition("send create_session first on this stream",
-                                                      Reason.WRONG_SESSION_KIND)
-                        out = self.runtime.handle(kind, getattr(req, kind), self.multi_agent, bound=session,
-                                                  client=client)
-                    else:
-                        raise invalid_argument("empty stream request")
-                    getattr(resp, kind).CopyFrom(out)
-                except BridgeError as e:
-                    self._refuse(e)
-                    resp.error.CopyFrom(e.to_status())
-                except Exception as e:
-                    log.exception("internal error in stream %s", kind)
-                    self.runtime.metrics.errors["INTERNAL"] += 1
-                    resp.error.CopyFrom(_internal(kind or "stream", e).to_status())
+                resp, kind, session = self.answer(req, client, session)
                 yield resp
                 if session is not None and session.pending is not None:
                     # The answer is on its way: apply the call's bookkeeping while the simulator
@@ -171,6 +143,39 @@ class _Servicer:
             if session is not None:
                 self._settle(session)
                 self.runtime.detach_stream(session)
+
+    def answer(self, req, client: str, session, where: str = "stream"):
+        """One request of a stream (the gRPC stream's, or a shared-memory channel's `where` =
+        "channel", whose session is always open) -> (response, its kind, the session now: the
+        one a create_session opened, else `session`). A refusal is carried in response.error."""
+        resp = pb.StreamResponse()
+        kind = None
+        try:
+            if isinstance(req, Undecodable):
+                raise self._undecodable(client, "stream", req)
+            kind = req.WhichOneof("payload")
+            if kind == "create_session":
+                if session is not None:
+                    raise failed_precondition(f"this {where} already has a session: open a new {where}",
+                                              Reason.WRONG_SESSION_KIND)
+                out = self.runtime.create_session(req.create_session, self.multi_agent, client=client)
+                session = self.runtime.session(out.session_id, self.multi_agent)
+                self.runtime.attach_stream(session)
+            elif kind in _STREAM_CALLS:
+                if session is None:
+                    raise failed_precondition(f"send create_session first on this {where}", Reason.WRONG_SESSION_KIND)
+                out = self.runtime.handle(kind, getattr(req, kind), self.multi_agent, bound=session, client=client)
+            else:
+                raise invalid_argument("empty stream request")
+            getattr(resp, kind).CopyFrom(out)
+        except BridgeError as e:
+            self._refuse(e)
+            resp.error.CopyFrom(e.to_status())
+        except Exception as e:
+            log.exception("internal error in %s %s", where, kind)
+            self.runtime.metrics.errors["INTERNAL"] += 1
+            resp.error.CopyFrom(_internal(kind or "stream", e).to_status())
+        return resp, kind, session
 
     def _settle(self, session) -> None:
         try:
@@ -258,8 +263,8 @@ class BridgeServer:
         self._shm = None
         if is_shm(given):
             from simbridge.server.shm_server import ShmListener
-            self._shm = ShmListener(self.runtime, shm_handover_path(given), self._servicers, _STREAM_CALLS,
-                                    _tolerant(pb.StreamRequest.FromString), _internal)
+            self._shm = ShmListener(self.runtime, shm_handover_path(given), self._servicers,
+                                    _tolerant(pb.StreamRequest.FromString))
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
                                         name="simbridge-reaper", daemon=True)

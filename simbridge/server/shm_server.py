@@ -47,10 +47,10 @@ def ring_bytes() -> int:
 class ShmListener:
     """The handover socket and the channels it opened. BridgeServer hands over its own pieces
     (service.py; passed, not imported, as service.py starts this): `servicers` by multi_agent,
-    the calls a stream serves, its tolerant StreamRequest parser (an undecodable request comes
-    out as something that is not a StreamRequest) and its INTERNAL error."""
+    whose `answer` serves each request as the gRPC stream does, and its tolerant StreamRequest
+    parser (an undecodable request comes out as service.Undecodable)."""
 
-    def __init__(self, runtime, path: str, servicers: dict, stream_calls, parse, internal):
+    def __init__(self, runtime, path: str, servicers: dict, parse):
         self.runtime = runtime
         self.path = path
         self.capacity = ring_bytes()
@@ -58,7 +58,7 @@ class ShmListener:
         # spinning bridge would take (docs/transports.md, measured).
         self.spin_s = shm_ring.spin_seconds(shm_ring.SERVER_SPIN_ENV)
         self.servicers = servicers
-        self.stream_calls, self.parse, self.internal = stream_calls, parse, internal
+        self.parse = parse
         self._channels: Dict[str, "_Channel"] = {}
         self._closing: list = []   # the channels stop() closed, for join()
         self._lock = threading.Lock()
@@ -201,7 +201,7 @@ class _Channel:
                 data = self.region.incoming.get(timeout_s=1.0)
                 if data is None:
                     continue
-                resp = self._answer(self.listener.parse(data), client)
+                resp = self.servicer.answer(self.listener.parse(data), client, session, where="channel")[0]
                 out = resp.SerializeToString()
                 try:
                     self.region.outgoing.put(out)
@@ -229,29 +229,3 @@ class _Channel:
             self.region.close()
             for fd in self.efds:
                 os.close(fd)
-
-    def _answer(self, req, client: str) -> pb.StreamResponse:
-        """One request, through the servicer's own calls (service._Servicer._serve_stream)."""
-        resp = pb.StreamResponse()
-        kind = None
-        servicer, listener = self.servicer, self.listener
-        try:
-            if not isinstance(req, pb.StreamRequest):
-                raise servicer._undecodable(client, "stream", req)
-            kind = req.WhichOneof("payload")
-            if kind == "create_session":
-                raise failed_precondition("this channel already has a session: open a new one",
-                                          Reason.WRONG_SESSION_KIND)
-            if kind not in listener.stream_calls:
-                raise invalid_argument("empty stream request")
-            out = servicer.runtime.handle(kind, getattr(req, kind), servicer.multi_agent, bound=self.session,
-                                          client=client)
-            getattr(resp, kind).CopyFrom(out)
-        except BridgeError as e:
-            servicer._refuse(e)
-            resp.error.CopyFrom(e.to_status())
-        except Exception as e:
-            log.exception("internal error in shared-memory %s", kind)
-            servicer.runtime.metrics.errors["INTERNAL"] += 1
-            resp.error.CopyFrom(listener.internal(kind or "stream", e).to_status())
-        return resp
