@@ -30,12 +30,9 @@ def sync_server(q, stop):
     s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", h),))
     port = s.add_insecure_port("127.0.0.1:0"); s.start(); q.put(f"127.0.0.1:{port}"); stop.wait(); s.stop(0)
 
-def aio_server(q, stop):
-    os.dup2(2, 1)
+def _serve_aio(q, stop, echo):
+    """An asyncio server of `echo` as bench.Echo/PingStream until `stop`; its address into `q`."""
     import asyncio, grpc
-    async def echo(it, ctx):
-        async for m in it:
-            yield m
     async def main():
         h = {"PingStream": grpc.stream_stream_rpc_method_handler(echo)}
         s = grpc.aio.server()
@@ -45,22 +42,22 @@ def aio_server(q, stop):
         await s.stop(0)
     asyncio.run(main())
 
+def aio_server(q, stop):
+    os.dup2(2, 1)
+    async def echo(it, ctx):
+        async for m in it:
+            yield m
+    _serve_aio(q, stop, echo)
+
 def aio_rw_server(q, stop):
     os.dup2(2, 1)
-    import asyncio, grpc
+    import grpc
     async def echo(it, ctx):
         while True:
             m = await ctx.read()
             if m is grpc.aio.EOF: return
             await ctx.write(m)
-    async def main():
-        h = {"PingStream": grpc.stream_stream_rpc_method_handler(echo)}
-        s = grpc.aio.server()
-        s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", h),))
-        port = s.add_insecure_port("127.0.0.1:0"); await s.start(); q.put(f"127.0.0.1:{port}")
-        while not stop.is_set(): await asyncio.sleep(0.1)
-        await s.stop(0)
-    asyncio.run(main())
+    _serve_aio(q, stop, echo)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
