@@ -66,12 +66,7 @@ def rewards(t: pb.Tensor, n: int, what: str, per: str, row: str) -> np.ndarray:
     format for the offending row ("Step rewards: slot {}"); all INVALID_ARGUMENT / INVALID_VALUE."""
     view = _vector(t, pb.FLOAT32, _F32, n, what, per, "float32 (FLOAT32; no other dtype is converted)",
                    invalid_value)
-    if n <= leaf_codec.SMALL_FLOATS:
-        finite = leaf_codec.small_all_finite(view)
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):   # one reduction on the hot path
-            finite = math.isfinite(float(view.sum()))
-    if not finite:
+    if not leaf_codec.quick_all_finite(view):
         bad = ~np.isfinite(view)
         if bad.any():   # else finite values overflowed the sum
             i = int(bad.argmax())

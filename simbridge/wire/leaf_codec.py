@@ -37,10 +37,14 @@ def _leaf_dtype(space: gs.Space):
 SMALL_FLOATS = 32
 
 
-def small_all_finite(arr: np.ndarray) -> bool:
-    """Every element of a float array of at most SMALL_FLOATS elements is finite (no NaN, no
-    +-Inf). Exact; the caller checks larger arrays its own way."""
-    return all(map(math.isfinite, arr.ravel().tolist()))
+def quick_all_finite(arr: np.ndarray) -> bool:
+    """The hot path's test of a float array: True when every element is finite. False when one
+    is NaN or +-Inf, or (over SMALL_FLOATS elements, tested by one reduction) when finite values
+    overflowed the sum: the caller then decides exactly and words the error."""
+    if arr.size <= SMALL_FLOATS:
+        return all(map(math.isfinite, arr.ravel().tolist()))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return math.isfinite(float(arr.sum()))
 
 
 def batch_decoder(space: gs.Space) -> Decoder:
@@ -62,12 +66,8 @@ def batch_decoder(space: gs.Space) -> Decoder:
         if t.dtype != code or len(data) != n * row_bytes or tuple(t.shape) != (n, *leaf):
             return generic(msg, n, what)
         arr = np.frombuffer(data, dtype).reshape((n, *leaf))
-        # Small: each element; else one reduction, the sum is finite unless an element is NaN
-        # or +-Inf (or finite values overflow it). The generic path then decides exactly and
-        # words the error.
-        if check_finite and arr.size and not (small_all_finite(arr) if arr.size <= SMALL_FLOATS
-                                              else math.isfinite(arr.sum())):
-            return generic(msg, n, what)
+        if check_finite and arr.size and not quick_all_finite(arr):
+            return generic(msg, n, what)   # decides exactly and words the error
         return arr
     return decode
 
