@@ -160,8 +160,7 @@ def join(daemon) -> None:
           f"at {where}", file=daemon.out, flush=True)
     t0 = time.monotonic()
     try:
-        backend = init_group(info, daemon.loop.group.device if daemon.loop.group.device.type == "cuda"
-                             else torch.device("cpu"))
+        backend = init_group(info, daemon.loop.group.device)   # cuda:LOCAL_RANK or the CPU (attach)
     except Exception as e:   # noqa: BLE001 - a timeout, a refused connection: the message is the fix
         daemon.loop.group_lost = (f"rank {info.rank} could not join the group at {where} within {timeout_s():.0f} s "
                                   f"({_first_line(e)}): start all {info.world} ranks with the same MASTER_ADDR and "
