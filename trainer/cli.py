@@ -18,8 +18,8 @@ bridge's experience queue and hands each policy's SampleBatch to its learner.
 With `[run] learner_process = true` (the default) each trainable learner
 trains in a process of its own and the bridge acts with the weights it sends
 back after every chunk of updates; a rate limiter holds the replay ratio (the
-learner never runs ahead; intake waits while it owes more than
-`max_updates_behind` updates). With false, the loop runs the due updates
+learner never runs ahead; while it owes more than `max_updates_behind`
+updates, the bridge holds the simulators' finished fragments). With false, the loop runs the due updates
 itself between intakes. Either way the queue is small, so a learner that falls
 behind blocks the bridge's puts and slows the simulators instead of dropping
 experience.

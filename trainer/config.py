@@ -25,8 +25,9 @@
                                        # ~10x faster per update than one per core on 2 cores
     learner_process = true             # each trained policy learns in a process of its own while
                                        # the bridge serves (false: in the daemon, between intakes)
-    max_updates_behind = 256           # rate limiter: intake waits while a learner owes more
-                                       # updates than this (the ratio: the policy's updates_per_step)
+    max_updates_behind = 256           # rate limiter: simulators wait to hand over a fragment while
+                                       # a learner owes more updates than this (the ratio: the
+                                       # policy's updates_per_step)
 
     [policies.default_policy]
     algorithm = "dqn"                  # "dqn", "sac", "random" or "package.module:Class"

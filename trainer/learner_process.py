@@ -15,9 +15,11 @@ adds the rows, runs the updates due in chunks and sends the acting weights back.
 
 Rate limiter, as DeepMind Reverb's SampleToInsertRatio: the ratio is the learner's own
 (`updates_per_step`, gradient updates per agent step). The child never runs ahead of it (an
-update that is not due waits for rows), and the parent takes no more experience while a
-child is more than `[run] max_updates_behind` updates behind: the bridge's queue fills and the
-simulators slow down; nothing is dropped.
+update that is not due waits for rows), and while a child is more than `[run]
+max_updates_behind` updates behind, the bridge holds the puts of finished fragments
+(ExperienceQueue.hold_while): the simulators that finished one wait; nothing is dropped. The
+parent hands whatever is queued to the child at once, so the acting weights trail the
+simulators by the tolerance and a fragment or so, not by the queue's fragments as well.
 
 Between the two: a pipe carrying bytes only. Rows go in the journal's record format (JSON
 and raw arrays, trainer/journal.py); states and weights as torch.save bytes, read back with

@@ -51,6 +51,7 @@ class LearningLoop:
         run = self.run_cfg
         if run.learner_process:
             self._spares = [spawn_child() for _ in range(learners_expected)]
+            self.runtime.experience.hold_while(self._held_back)
         for pid, b in self.warm_start:
             self.feed(pid, self.runtime.policies[pid], b)
         self.warm_start = []
@@ -73,13 +74,18 @@ class LearningLoop:
     def _step(self, known: int, next_ckpt: float) -> int:
         """Takes one batch (unless the rate limiter holds intake back), trains or takes weights,
         reports and checkpoints as due; returns the env steps."""
-        if self._held_back():
+        # With learner processes, the rate limiter holds the bridge's puts (hold_while), and what
+        # is queued goes to the learners at once: the acting weights trail the simulators by at
+        # most max_updates_behind updates and a fragment, not by the queue's fragments too.
+        held = self._held_back()
+        if held:
             wait_any(list(self.procs.values()), 0.05)
-        else:
-            batch = self.runtime.experience.get(timeout=0.01 if self.procs else 0.05)
-            if batch is not None:
-                self.ingest(batch)
+        batch = self.runtime.experience.get(timeout=0 if held else 0.01 if self.procs else 0.05)
+        if batch is not None:
+            self.ingest(batch)
         self._train_due()
+        if self.procs and not self._held_back():
+            self.runtime.experience.progress()
         if len(self.runtime.policies) != known:
             # A policy created by a simulator's handshake: checkpointed at once, so that a
             # resume knows its spaces and can replay the journal into it.
@@ -115,7 +121,7 @@ class LearningLoop:
     def _held_back(self) -> bool:
         """The rate limiter: no more experience while a learner process is too far behind."""
         limit = self.run_cfg.max_updates_behind
-        return any(p.behind() > limit for p in self.procs.values())
+        return any(p.behind() > limit for p in list(self.procs.values()))   # also from RPC threads
 
     def _train_due(self) -> None:
         """Runs every due update (in chunks, staying responsive to signals and the clock); with
@@ -147,6 +153,7 @@ class LearningLoop:
         """Keep taking experience while `stop_server` runs, so no RPC thread stays blocked on the
         queue; then take what is left, with the transitions of episodes still open (their
         sessions are gone with the server)."""
+        self.runtime.experience.hold_while(None)   # the learners take what is left, however far behind
         done = threading.Event()
 
         def drain():

@@ -6,10 +6,11 @@ into fragments of `rollout_fragment_length` steps, counted in env steps or
 agent steps, either anywhere (`truncate_episodes`) or only at episode ends
 (`complete_episodes`), and handed to an ExperienceQueue.
 """
+import math
 import queue
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from simbridge.server.batch_builder import SampleBatchBuilder
 from simbridge.server.sample_batch import MultiAgentBatch
@@ -104,7 +105,11 @@ class ExperienceQueue:
     """Bounded FIFO between the bridge and its consumer (the learner).
 
     put() blocks while the queue is full: the simulator whose call completed a
-    fragment waits, and so slows down, instead of experience being dropped.
+    fragment waits, and so slows down, instead of experience being dropped. A consumer
+    may also hold intake back by a rule of its own (`hold_while`, the trainer's rate
+    limiter): put() then waits before queueing, so what the consumer has not learned from
+    is bounded by its rule plus a fragment per waiting simulator, not by its rule plus the
+    whole queue.
     """
 
     def __init__(self, maxsize: int = 64):
@@ -117,10 +122,41 @@ class ExperienceQueue:
         self.blocked_s = 0.0
         self._closed = False
         self._stranded: List[MultiAgentBatch] = []   # put after close() on a full queue
+        self._hold: Optional[Callable[[], bool]] = None
+        self._progress = threading.Condition()
         # offer()ed batches bypass the collector (uploads): a journal, if any, records them here.
         self.journal = None
 
+    def hold_while(self, rule: Optional[Callable[[], bool]]) -> None:
+        """put() and offer() wait while `rule()` is true (None: no rule). The consumer calls
+        progress() whenever the rule may have turned false."""
+        self._hold = rule
+        self.progress()
+
+    def progress(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def _held(self, deadline: float = math.inf) -> bool:
+        """Waits while the consumer holds intake back; True if it still does at `deadline`.
+        The bounded waits cover a progress() between the rule's look and the wait."""
+        rule = self._hold
+        if rule is None or not rule():
+            return False
+        t0 = time.monotonic()
+        with self._progress:
+            while not self._closed and self._hold is not None and self._hold():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return True
+                self._progress.wait(min(0.05, left))
+        with self._lock:
+            self.blocked_puts += 1
+            self.blocked_s += time.monotonic() - t0
+        return False
+
     def put(self, batch: MultiAgentBatch) -> None:
+        self._held()
         try:
             self._q.put_nowait(batch)
         except queue.Full:
@@ -143,6 +179,7 @@ class ExperienceQueue:
         """The server stopped: a put still blocked on a full queue keeps its batch aside (get and
         get_all return it) instead of waiting forever for a consumer that may never come."""
         self._closed = True
+        self.progress()
 
     def reopen(self) -> None:
         self._closed = False
@@ -152,7 +189,11 @@ class ExperienceQueue:
 
         For callers that would rather tell their client to retry than hold it (uploads from
         clients acting locally keep the chunk and slow their simulator down)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        if self._held(deadline):
+            return False
         try:
+            timeout = deadline - time.monotonic()
             if timeout > 0:
                 self._q.put(batch, timeout=timeout)
             else:

@@ -1,0 +1,74 @@
+"""ExperienceQueue's hold (hold_while): the consumer's own rule holds puts before they queue.
+
+The trainer's rate limiter uses it (trainer/loop.py); its end-to-end bound is
+tests/trainer/test_learner_process.py's slow-learner test. Here the rule's contract, with real
+threads: a held put waits and then queues once progress() says the rule turned false; an
+offer gives up at its timeout and queues nothing; close() and hold_while(None) free every
+waiting put, so a stopping server never hangs on a consumer's rule.
+"""
+import threading
+import time
+
+import numpy as np
+
+from simbridge.server.experience import ExperienceQueue
+from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
+
+
+def _batch(n: int = 3) -> MultiAgentBatch:
+    return MultiAgentBatch({"p": SampleBatch({"rewards": np.ones(n, np.float32)})}, n)
+
+
+def _put_in_thread(q: ExperienceQueue):
+    t = threading.Thread(target=q.put, args=(_batch(),), daemon=True)
+    t.start()
+    return t
+
+
+def test_a_held_put_waits_for_progress_then_queues():
+    q = ExperienceQueue(4)
+    held = [True]
+    q.hold_while(lambda: held[0])
+    t = _put_in_thread(q)
+    time.sleep(0.3)
+    assert t.is_alive() and q.qsize() == 0, "the put went through while the rule held it"
+    held[0] = False
+    q.progress()
+    t.join(2)
+    assert not t.is_alive() and q.qsize() == 1
+    assert q.blocked_puts == 1 and q.blocked_s >= 0.25 and q.env_steps_in == 3
+
+
+def test_a_progress_missed_between_look_and_wait_costs_at_most_a_short_wait():
+    q = ExperienceQueue(4)
+    held = [True]
+    q.hold_while(lambda: held[0])
+    t = _put_in_thread(q)
+    time.sleep(0.2)
+    held[0] = False        # no progress() call at all
+    t.join(1)
+    assert not t.is_alive() and q.qsize() == 1
+
+
+def test_a_held_offer_gives_up_at_its_timeout_and_queues_nothing():
+    q = ExperienceQueue(4)
+    q.hold_while(lambda: True)
+    t0 = time.monotonic()
+    assert q.offer(_batch(), timeout=0.2) is False
+    assert 0.15 <= time.monotonic() - t0 < 1.0 and q.qsize() == 0 and q.batches_in == 0
+    q.hold_while(None)
+    assert q.offer(_batch(), timeout=0.2) is True and q.qsize() == 1
+
+
+def test_close_and_dropping_the_rule_free_every_waiting_put():
+    for release in ("close", "drop"):
+        q = ExperienceQueue(4)
+        q.hold_while(lambda: True)
+        threads = [_put_in_thread(q) for _ in range(3)]
+        time.sleep(0.2)
+        assert all(t.is_alive() for t in threads)
+        q.close() if release == "close" else q.hold_while(None)
+        for t in threads:
+            t.join(2)
+        assert not any(t.is_alive() for t in threads), release
+        assert len(q.get_all()) == 3, release    # nothing lost
