@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "backoff.hpp"
 #include "shm_channel.hpp"
@@ -86,8 +87,9 @@ Connection::Connection(const std::string& address, Service service, pb::CreateSe
   args.SetInt("grpc.keepalive_time_ms", 10000);
   args.SetInt("grpc.keepalive_timeout_ms", 5000);
   // A restarted server is found within a second, not gRPC's default two minutes of backoff.
+  // Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the connect timeout too, and a busy
+  // server that sends its HTTP/2 SETTINGS more than 100 ms after accepting was never reached.
   args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
-  args.SetInt("grpc.min_reconnect_backoff_ms", 100);
   args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
   creds_.configure(args);
   channel_ = grpc::CreateCustomChannel(split_shm_address(address).grpc_target, creds_.channel(), args);
@@ -134,7 +136,14 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
 void Connection::reconnect(const std::string& cause) {
   if (closing_)
     throw Error(grpc::StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
-  Backoff backoff(reconnect_timeout_s_);
+  // Between attempts, watch the channel rather than sleep blind: gRPC notices a finished connect
+  // only while someone polls the channel (else at its backup poll, every 5 s), so a server back
+  // on its address is seen at once and the next attempt goes then.
+  Backoff backoff(reconnect_timeout_s_, 0.05, 1.0, monotonic_s, [this](double s) {
+    const auto until = std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
+    if (channel_->GetState(true) != GRPC_CHANNEL_READY && channel_->WaitForConnected(until)) return;
+    std::this_thread::sleep_until(until);  // connected already (the session failed otherwise): wait the delay
+  });
   std::cerr << "simbridge: connection to " << address_ << " broke (" << cause << "); reconnecting\n";
   pb::CreateSessionResponse resp;
   while (true) {
