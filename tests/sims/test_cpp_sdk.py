@@ -113,7 +113,8 @@ def test_local_inference_from_a_real_learner_logs_the_actions(build, make_server
     assert (rows["policy_version"] == -1).all()                   # log_action: chosen by the simulator
 
 
-def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
+@pytest.mark.nets("tcp", "shm")
+def test_multi_agent_rows_reach_each_agents_policy(build, make_server, handovers, net):
     """Agent "a" (default spaces) and "b" (a Dict observation, a Box action: its own AgentRows)
     act each step; "b" is done one step early with its final observation; rewards add up per agent."""
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=8),
@@ -121,6 +122,7 @@ def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
     srv = make_server(rt)
     summary = _summary(_run(build, "multiagent_probe", "--address", srv.address, "--episodes", 3, "--steps", 5))
     assert summary == {"episodes": 3, "agent_steps": 3 * (5 + 4)}
+    assert len(handovers) == (net == "shm")                       # the multi-agent service's channel too
     rt.flush()
     per_policy = {}
     for batch in rt.experience.get_all():
