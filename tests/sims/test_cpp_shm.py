@@ -114,7 +114,9 @@ def test_a_missing_handover_socket_is_named(cpp_build, make_server, net):
     out = subprocess.run([_program(cpp_build, "cartpole"), "--address", srv.address, "--episodes", "1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert "could not open the shared-memory channel at " + shm_handover_path(srv.address) in out.stderr
+    handover = shm_handover_path(srv.address)
+    assert f"could not open the shared-memory channel at {handover}: connect: No such file or directory: " \
+           f"no bridge hands over shared memory there: serve with --address {srv.address}" in out.stderr
     assert f"(SERVER_UNAVAILABLE) [gRPC status {grpc.StatusCode.UNAVAILABLE.value[0]}]" in out.stderr
 
 

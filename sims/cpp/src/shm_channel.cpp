@@ -173,7 +173,15 @@ Fd handover(const std::string& path, const std::string& session_id, double timeo
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());  // split_shm_address checked its length
-  if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw Unreachable(errno_text("connect"));
+  if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    std::string why = errno_text("connect");
+    if (errno == ENOENT || errno == ECONNREFUSED) {  // a bridge on unix:PATH alone, or none
+      const std::string grpc_path = path.substr(0, path.size() - kSuffix.size());
+      why += ": no bridge hands over shared memory there: serve with --address shm+unix:" + grpc_path +
+             " (a bridge on unix:" + grpc_path + " alone has no " + path + "), or dial unix:" + grpc_path;
+    }
+    throw Unreachable(why);
+  }
   const std::string hi = shm::hello(session_id);
   if (::send(sock.fd, hi.data(), hi.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hi.size()))
     throw Unreachable(errno_text("send"));
