@@ -2,15 +2,20 @@
 // region in this process, over a memfd, two eventfds and a socketpair standing for the handover
 // socket. The layout is pinned byte for byte (simbridge/wire/shm_ring.py reads the same bytes);
 // messages wrap around the ring's end, a message that can never fit is refused, a full ring waits
-// for room, and a peer that closes its socket ends a wait at once. Linux only.
+// for room, and a peer that closes its socket ends a wait at once. open_shm against a stand-in
+// bridge thread: the hello, the cap on the session's message size, requests pipelined far beyond
+// a full ring answered in order, a hangup as a broken stream, a refusal's status and reason.
+// Linux only.
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "harness.hpp"
@@ -200,6 +205,134 @@ TEST(shm_addresses_dial_their_unix_socket_and_hand_over_beside_it) {
   CHECK_THROWS_REASON(split_shm_address("shm+unix:/" + std::string(103, 'a')), "INVALID_REQUEST");  // 104 bytes
   a = split_shm_address("shm+unix:/" + std::string(102, 'a'));                                      // 103: fits
   CHECK(a.handover.size() == 107);
+}
+
+// ---------------------------------------------------------------- open_shm and its stream
+
+// The gRPC stream a channel rides beside: here it only records that it was closed.
+struct IdleStream : StepStream {
+  bool* closed;
+  explicit IdleStream(bool* c) : closed(c) {}
+  bool write(const pb::StreamRequest&) override { return true; }
+  bool read(pb::StreamResponse*) override { return false; }
+  grpc::Status close(bool) override {
+    *closed = true;
+    return grpc::Status::OK;
+  }
+};
+
+// The bridge's end of one handover, in a thread: answers the hello with `refusal` (code, reason)
+// or with a fresh region of `cap`, then answers each request with its seq (in error.message)
+// until `serve` requests were answered, then hangs up.
+struct FakeBridge {
+  std::string dir, path;
+  int listener = -1;
+  std::string hello;
+  std::thread thread;
+
+  FakeBridge(uint64_t cap, int serve, uint32_t refusal_code = 0, uint32_t refusal_reason = 0) {
+    char tmpl[] = "/tmp/sb-shm-test-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    path = dir + "/b.sock.shm";
+    listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener, 1) != 0)
+      throw std::runtime_error("bind");
+    thread = std::thread([this, cap, serve, refusal_code, refusal_reason] {
+      int conn = ::accept(listener, nullptr, nullptr);
+      char buf[512];
+      ssize_t n = ::recv(conn, buf, sizeof buf, 0);
+      hello.assign(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      std::string answer(16, '\0');
+      const uint64_t capacity = refusal_code ? 0 : cap;
+      std::memcpy(&answer[0], &refusal_code, 4);
+      std::memcpy(&answer[4], &refusal_reason, 4);
+      std::memcpy(&answer[8], &capacity, 8);
+      if (refusal_code) {
+        answer += "no such session";
+        (void)!::send(conn, answer.data(), answer.size(), MSG_NOSIGNAL);
+        ::close(conn);
+        return;
+      }
+      int fds[3] = {::memfd_create("t", MFD_CLOEXEC), ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK),
+                    ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+      (void)!::ftruncate(fds[0], static_cast<off_t>(shm::region_bytes(cap)));
+      shm::Region region(fds[0], cap, fds[1], fds[2], conn, /*server=*/true, 0.0, /*fresh=*/true);
+      iovec iov{&answer[0], answer.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof fds);
+      std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+      (void)!::sendmsg(conn, &msg, MSG_NOSIGNAL);
+      std::string data;
+      for (int i = 0; i < serve; ++i) {
+        if (!region.incoming().get(&data, 10000)) break;
+        pb::StreamRequest req;
+        req.ParseFromString(data);
+        pb::StreamResponse resp;
+        resp.mutable_error()->set_message(std::to_string(req.step().header().seq()));
+        region.outgoing().put(resp.SerializeAsString());
+      }
+      ::close(conn);  // hangs up: the client's next read finds the channel broken
+      for (int fd : fds) ::close(fd);
+    });
+  }
+  ~FakeBridge() {
+    if (thread.joinable()) thread.join();
+    ::close(listener);
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());
+  }
+};
+
+pb::StreamRequest step(uint64_t seq) {
+  pb::StreamRequest req;
+  req.mutable_step()->mutable_header()->set_seq(seq);
+  req.mutable_step()->mutable_header()->set_session_id(std::string(80, 's'));  // about 100 bytes a message
+  return req;
+}
+
+TEST(pipelined_requests_beyond_a_full_ring_never_stall_and_answers_keep_their_order) {
+  const int n = 2000;  // 200 kB of requests through 4 KiB rings, none read before all are sent
+  FakeBridge bridge(4096, n);
+  bool grpc_closed = false;
+  pb::CreateSessionResponse session;
+  session.set_session_id("s-123");
+  session.mutable_limits()->set_max_message_bytes(1 << 20);
+  auto stream = open_shm(bridge.path, std::make_unique<IdleStream>(&grpc_closed), &session);
+  CHECK(bridge.hello == std::string("SBSHM1\0s-123", 12));
+  CHECK(session.limits().max_message_bytes() == 4092);  // capped at what the ring holds
+  for (int i = 1; i <= n; ++i) CHECK(stream->write(step(i)));
+  pb::StreamResponse resp;
+  int in_order = 0;
+  for (int i = 1; i <= n && stream->read(&resp); ++i) in_order += resp.error().message() == std::to_string(i);
+  CHECK(in_order == n);
+  CHECK(!stream->read(&resp));  // the bridge hung up: a broken stream, retryable
+  CHECK(stream->close(false).error_code() == grpc::StatusCode::UNAVAILABLE && grpc_closed);
+}
+
+TEST(a_refused_handover_is_the_error_it_carries_and_takes_the_grpc_stream_with_it) {
+  FakeBridge bridge(4096, 0, 5, 3);  // NOT_FOUND, SESSION_UNKNOWN
+  bool grpc_closed = false;
+  pb::CreateSessionResponse session;
+  session.set_session_id("s-gone");
+  std::string reason = "<no error>";
+  try {
+    open_shm(bridge.path, std::make_unique<IdleStream>(&grpc_closed), &session);
+  } catch (const Error& e) {
+    reason = e.reason() + " " + e.what() + " " + std::to_string(static_cast<int>(e.code()));
+  }
+  CHECK(reason == "SESSION_UNKNOWN no such session 5");
+  CHECK(grpc_closed);
 }
 
 }  // namespace
