@@ -133,6 +133,7 @@ class ShmStepStream : public StepStream {
     return false;
   }
 
+  // Cancelling or not, the channel ends at once: the bridge has nothing of ours to finish.
   grpc::Status close(bool) override {
     if (region_) {
       region_.reset();
@@ -174,8 +175,9 @@ Fd handover(const std::string& path, const std::string& session_id, double timeo
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());  // split_shm_address checked its length
   if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
     std::string why = errno_text("connect");
-    if (errno == ENOENT || errno == ECONNREFUSED) {  // a bridge on unix:PATH alone, or none
+    if (err == ENOENT || err == ECONNREFUSED) {  // a bridge on unix:PATH alone, or none
       const std::string grpc_path = path.substr(0, path.size() - kSuffix.size());
       why += ": no bridge hands over shared memory there: serve with --address shm+unix:" + grpc_path +
              " (a bridge on unix:" + grpc_path + " alone has no " + path + "), or dial unix:" + grpc_path;
