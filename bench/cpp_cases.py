@@ -5,6 +5,9 @@
   cpp_batched64   examples/cartpole_slots.cpp: 64 C++ CartPoles on SlotClient, one Step each way
                   per step for all of them, per-slot auto-reset: agent-steps/s.
   cpp_batched256  the same with 256 slots.
+  cpp_uds_*, cpp_shm_*  the same three against a server on a Unix socket (unix:PATH) and with the
+                  steps through the shared-memory channel (shm+unix:PATH; the C++ SDK's
+                  sims/cpp/src/shm_channel.cpp): cpp_uds_lockstep, cpp_shm_batched64, ...
 
 Each runs its example with --warmup-s and --seconds, so the program measures itself the way the
 Python clients do (a warm-up, then a fixed window, timed inside the client process) and prints the
@@ -34,12 +37,20 @@ SOURCE = REPO / "sims" / "cpp"
 BUILD = REPO / "build" / "cpp"
 TARGETS = ("cartpole", "cartpole_slots")
 
-# case -> (program, its options, per_agent): per_agent cases report agent_steps_per_s and calls_per_s.
-CPP_CASES = {
+# case -> (program, its options, per_agent, net): per_agent cases report agent_steps_per_s and
+# calls_per_s; net is the server's transport (throughput.listen_address: tcp, uds, shm).
+_TCP_CASES = {
     "cpp_lockstep": ("cartpole", ["--slots", "1"], False),
     "cpp_batched64": ("cartpole_slots", ["--slots", "64"], True),
     "cpp_batched256": ("cartpole_slots", ["--slots", "256"], True),
 }
+NETS = ("uds", "shm")   # the same-host transports (docs/transports.md): cpp_<net>_<the TCP name's rest>
+CPP_CASES = {**{case: (*spec, "tcp") for case, spec in _TCP_CASES.items()},
+             **{f"cpp_{net}_{case[len('cpp_'):]}": (*spec, net) for net in NETS for case, spec in _TCP_CASES.items()}}
+
+
+def net_of(case):
+    return CPP_CASES[case][3]
 
 log = logging.getLogger("bench.cpp")
 _built = None  # (build dir, None) or (None, why not), once per run
@@ -112,7 +123,7 @@ def run_example(children, case, address, seconds, warmup_s, server_cpu_s, preexe
     build, why = ensure_built()
     if build is None:
         raise RuntimeError(why)
-    program, options, _ = CPP_CASES[case]
+    program, options, _, _ = CPP_CASES[case]
     cmd = [str(build / program), "--address", address, "--seconds", str(seconds), "--warmup-s", str(warmup_s),
            *options]
     proc = children.add(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -168,12 +179,19 @@ def summarize(case, s):
 
 
 # (C++ figure, Python figure, ratio key): C++ / Python, when both ran in the same invocation.
-RATIOS = (
+_TCP_RATIOS = (
     ("cpp_lockstep_steps_per_s", "stream_lockstep_steps_per_s", "cpp_lockstep_vs_python_stream_lockstep"),
     ("cpp_lockstep_steps_per_s", "step_lockstep_steps_per_s", "cpp_lockstep_vs_python_step_lockstep"),
     ("cpp_batched64_agent_steps_per_s", "batched64_agent_steps_per_s", "cpp_batched64_vs_python_batched64"),
     ("cpp_batched256_agent_steps_per_s", "batched256_agent_steps_per_s", "cpp_batched256_vs_python_batched256"),
 )
+# ... on each same-host transport against the Python figure of that transport (uds_*, shm_*: the
+# names throughput.py gives them), and against the C++ TCP figure of the same run (*_vs_tcp).
+RATIOS = _TCP_RATIOS + tuple(
+    (f"cpp_{net}_{cpp[len('cpp_'):]}", f"{net}_{py}", f"cpp_{net}_{key[len('cpp_'):]}".replace("python_", f"python_{net}_"))
+    for net in NETS for cpp, py, key in _TCP_RATIOS) + tuple(
+    (f"cpp_{net}_{rate}", f"cpp_{rate}", f"cpp_{net}_vs_tcp_{rate}")
+    for net in NETS for rate in ("lockstep_steps_per_s", "batched64_agent_steps_per_s", "batched256_agent_steps_per_s"))
 
 
 def ratios(result):
@@ -192,4 +210,7 @@ NOTES = ("cpp_*: sims/cpp/examples (cartpole: PolicyClient lockstep on the strea
          "(same API: PolicyClient on the stream) and vs step_lockstep (Python's one-message-each-way "
          "lockstep: SlotClient, 1 slot); cpp_batchedN vs batchedN (SlotClient, N slots). The "
          "simulators differ too: Python steps gymnasium / numpy CartPoles (see *_env_step_us), C++ "
-         "plain C++ ones")
+         "plain C++ ones. cpp_uds_* / cpp_shm_*: the same programs against a server on a Unix socket / "
+         "with the steps through the shared-memory channel (shm+unix:); cpp_<net>_vs_tcp_* = their rate "
+         "over the C++ TCP case's of the same run; cpp_<net>_*_vs_python_<net>_* against the Python "
+         "client's figure on the same transport")

@@ -55,7 +55,9 @@ Cases (--cases):
              bare replay of its Steps, on shm too). spin_shm_step_lockstep, spin_shm_batched64:
              the same with both ends spinning up to 50 us before they block (spin_shm_*);
              cspin_shm_step_lockstep, cspin_shm_batched64: the simulator alone spinning up to
-             300 us for its answer, the bridge blocking (cspin_shm_*).
+             300 us for its answer, the bridge blocking (cspin_shm_*). spin_cpp_shm_lockstep,
+             spin_cpp_shm_batched64, cspin_cpp_shm_lockstep, cspin_cpp_shm_batched64: the same
+             for the C++ cases (the C++ SDK reads SIMBRIDGE_SHM_SPIN_US too).
              floor (either transport) also echoes messages of a CartPole Step's sizes (1, 64,
              256 slots: echo_step{n}_*), and *_vs_echo ratios put each Step case against the
              echo of its sizes on the same transport: what the transport alone allows.
@@ -69,6 +71,11 @@ Cases (--cases):
              C++ CartPoles, the Python ones gymnasium's or numpy's (their *_env_step_us), so a
              ratio is simulator process against simulator process. Skipped, with the reason, when
              the build tools are absent (bench/cpp_cases.py).
+  cpp_uds_lockstep, cpp_uds_batched64, cpp_uds_batched256, cpp_shm_lockstep, cpp_shm_batched64,
+  cpp_shm_batched256  the same C++ cases with the server on a Unix socket (unix:PATH) and with the
+             steps through the shared-memory channel (shm+unix:PATH): cpp_<net>_vs_tcp_* ratios to
+             the C++ TCP figure of the same run, and cpp_<net>_*_vs_python_<net>_* to the Python
+             client's on the same transport.
 
 Latency is the wall time of the get_action / get_actions / step call seen by the
 simulator. One JSON object goes to stdout; logs go to stderr.
@@ -78,6 +85,7 @@ simulator. One JSON object goes to stdout; logs go to stderr.
     .venv/bin/python bench/throughput.py --cases stream,step_lockstep,cpp_lockstep,batched64,cpp_batched64
     .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_stream,uds_step_lockstep,uds_batched64,uds_batched256
     .venv/bin/python bench/throughput.py --cases floor,bare,stream,step_lockstep,batched64,batched256,uds_floor,uds_bare,uds_step_lockstep,uds_batched64,uds_batched256,shm_floor,shm_bare,shm_stream,shm_step_lockstep,shm_batched64,shm_batched256,spin_shm_step_lockstep,spin_shm_batched64
+    .venv/bin/python bench/throughput.py --seconds 3 --cases cpp_lockstep,cpp_uds_lockstep,cpp_shm_lockstep,cpp_batched64,cpp_uds_batched64,cpp_shm_batched64,cpp_batched256,cpp_shm_batched256
 """
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS, prefer_iomgr_tcp
 
@@ -115,7 +123,9 @@ CASES = ("floor", "unary", "stream", "step_lockstep", "cpp_lockstep", "four_sims
          "bare", "uds_floor", "uds_bare", "uds_stream", "uds_step_lockstep", "uds_batched64", "uds_batched256",
          "iter_stream", "iter_step_lockstep", "iter_batched64", "iter_batched256",
          "shm_floor", "shm_bare", "shm_stream", "shm_step_lockstep", "shm_batched64", "shm_batched256",
-         "spin_shm_step_lockstep", "spin_shm_batched64", "cspin_shm_step_lockstep", "cspin_shm_batched64")
+         "spin_shm_step_lockstep", "spin_shm_batched64", "cspin_shm_step_lockstep", "cspin_shm_batched64",
+         "cpp_uds_lockstep", "cpp_uds_batched64", "cpp_uds_batched256",
+         "cpp_shm_lockstep", "cpp_shm_batched64", "cpp_shm_batched256")
 # --cases also takes the lockstep cases by the prefix of their figures
 CASE_ALIASES = {"stream_lockstep": "stream", "unary_lockstep": "unary"}
 BATCH = 64
@@ -1000,7 +1010,7 @@ def case_cpp(children, seconds, case):
     if build is None:
         log.warning("%s skipped: %s", case, why)
         return {f"{case}_skipped": why}
-    proc, address = start_bridge_server(children)
+    proc, address = start_bridge_server(children, net=cpp_cases.net_of(case))
     try:
         summary = cpp_cases.run_example(children, case, address, seconds, WARMUP_S,
                                         functools.partial(_proc_cpu_s, proc.pid), _die_with_parent)
@@ -1048,7 +1058,8 @@ def _spin_case(children, seconds, case, kind):
 
 
 CASE_FUNCS.update({f"{kind}_{case}": functools.partial(_spin_case, case=case, kind=kind)
-                   for kind in _SPINS for case in ("shm_step_lockstep", "shm_batched64")})
+                   for kind in _SPINS
+                   for case in ("shm_step_lockstep", "shm_batched64", "cpp_shm_lockstep", "cpp_shm_batched64")})
 
 
 def _iterator_case(children, seconds, case):

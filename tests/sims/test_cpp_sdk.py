@@ -1,7 +1,7 @@
 """The C++ client SDK (sims/cpp): built once per session into build/cpp, its unit tests under ctest,
 its CartPole examples against a real BridgeServer on loopback (lockstep and slots, episodes and
-transitions counted on the server), reconnect and resume with exactly-once resend across a
-server restart, SessionLost when the server forgot the session, and local inference equal to
+transitions counted on the server; on TCP, a Unix socket and the shared-memory step channel),
+reconnect and resume with exactly-once resend across a server restart (TCP and shared memory), SessionLost when the server forgot the session, and local inference equal to
 simbridge.client.local_policy on a real learner's PortablePolicy.
 
 Skipped only when the build tools are absent (Debian: cmake libgrpc++-dev protobuf-compiler-grpc
@@ -41,6 +41,21 @@ def _summary(out):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture
+def handovers(monkeypatch):
+    """The shared-memory channels the servers hand over: proof that the steps went through one."""
+    from simbridge.server.shm_server import ShmListener
+    seen = []
+    real = ShmListener._hand_over
+
+    def counted(self, conn):
+        seen.append(conn)
+        return real(self, conn)
+
+    monkeypatch.setattr(ShmListener, "_hand_over", counted)
+    return seen
+
+
 def _transitions(rt) -> SampleBatch:
     rt.flush()
     batches = rt.experience.get_all()
@@ -56,10 +71,12 @@ def test_ctest_unit_tests_pass(build):
 
 # ---------------------------------------------------------------- examples against a real server
 
-def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server, net):
+@pytest.mark.nets("tcp", "uds", "shm")
+def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server, handovers, net):
     srv = make_server(rollout_fragment_length=32)
     summary = _summary(_run(build, "cartpole", "--address", srv.address, "--episodes", 6, "--slots", 2))
     assert summary["episodes"] == 6 and summary["reconnects"] == 0
+    assert len(handovers) == (net == "shm")
     rows = _transitions(srv.runtime)
     snap = srv.runtime.snapshot()
     assert snap["episodes"] == 6 and snap["env_steps"] == summary["steps"] == len(rows)
@@ -70,10 +87,12 @@ def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server, n
     assert snap["open_episodes"] == 0 and snap["sessions"] == 0
 
 
-def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server, net):
+@pytest.mark.nets("tcp", "uds", "shm")
+def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server, handovers, net):
     srv = make_server(rollout_fragment_length=64)
     summary = _summary(_run(build, "cartpole_slots", "--address", srv.address, "--steps", 200, "--slots", 4))
     assert summary["steps"] == 800 and summary["episodes"] > 4
+    assert len(handovers) == (net == "shm") and summary["reconnects"] == 0
     rows = _transitions(srv.runtime)
     snap = srv.runtime.snapshot()
     assert snap["env_steps"] == len(rows) == 800                  # the final Step's outcome counts too
@@ -94,7 +113,8 @@ def test_local_inference_from_a_real_learner_logs_the_actions(build, make_server
     assert (rows["policy_version"] == -1).all()                   # log_action: chosen by the simulator
 
 
-def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
+@pytest.mark.nets("tcp", "shm")
+def test_multi_agent_rows_reach_each_agents_policy(build, make_server, handovers, net):
     """Agent "a" (default spaces) and "b" (a Dict observation, a Box action: its own AgentRows)
     act each step; "b" is done one step early with its final observation; rewards add up per agent."""
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=8),
@@ -102,6 +122,7 @@ def test_multi_agent_rows_reach_each_agents_policy(build, make_server):
     srv = make_server(rt)
     summary = _summary(_run(build, "multiagent_probe", "--address", srv.address, "--episodes", 3, "--steps", 5))
     assert summary == {"episodes": 3, "agent_steps": 3 * (5 + 4)}
+    assert len(handovers) == (net == "shm")                       # the multi-agent service's channel too
     rt.flush()
     per_policy = {}
     for batch in rt.experience.get_all():
@@ -131,16 +152,23 @@ def _wait_for(pred, timeout=30.0):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("program,args", [("cartpole", ("--episodes", 150)),
-                                          ("cartpole_slots", ("--steps", 1500, "--slots", 4))])
-def test_server_restart_resumes_the_session_and_applies_every_request_once(build, program, args):
-    """The server goes away mid-run and comes back on the same port with the same runtime: the
-    client reconnects, resumes and resends what was unanswered; the server's counts equal the
-    client's exactly (a request applied twice, or lost, would show)."""
-    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=64))
-    address = f"127.0.0.1:{_free_port()}"
+# On shm the steps run several times faster, and a stopping server serves its open channels until
+# its handover socket's accept loop ends (up to 0.5 s): more work there, so the stop lands mid-run.
+@pytest.mark.nets("tcp", "shm")
+@pytest.mark.parametrize("program,args", [
+    ("cartpole", {"tcp": ("--episodes", 150), "shm": ("--episodes", 600)}),
+    ("cartpole_slots", {"tcp": ("--steps", 1500, "--slots", 4), "shm": ("--steps", 20000, "--slots", 4)})])
+def test_server_restart_resumes_the_session_and_applies_every_request_once(build, program, args, listen_address,
+                                                                           handovers, net):
+    """The server goes away mid-run and comes back on the same port (or socket path) with the same
+    runtime: the client reconnects, resumes and resends what was unanswered (on shm: through a
+    fresh channel); the server's counts equal the client's exactly (a request applied twice, or
+    lost, would show)."""
+    # Room for every row of the run: no learner drains the queue, and a full one holds the client.
+    rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=64, experience_queue_size=4096))
+    address = f"127.0.0.1:{_free_port()}" if net == "tcp" else listen_address()
     srv = BridgeServer(rt, address).start()
-    proc = subprocess.Popen([os.path.join(build, program), "--address", address, *map(str, args)],
+    proc = subprocess.Popen([os.path.join(build, program), "--address", address, *map(str, args[net])],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = None
     try:
@@ -159,6 +187,7 @@ def test_server_restart_resumes_the_session_and_applies_every_request_once(build
         assert proc.returncode == 0, stdout + stderr
         summary = json.loads(stdout.strip().splitlines()[-1])
         assert summary["reconnects"] >= 1 and "resumed session" in stderr
+        assert len(handovers) == (0 if net == "tcp" else 1 + summary["reconnects"])
         rows = _transitions(rt)
         snap = rt.snapshot()
         assert snap["env_steps"] == summary["steps"] == len(rows)

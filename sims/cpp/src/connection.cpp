@@ -3,13 +3,45 @@
 
 #include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "backoff.hpp"
+#include "shm_channel.hpp"
 
 namespace simbridge {
 
 namespace {
 constexpr size_t kFramingBytes = 1024;  // request header + stream envelope, generously
+
+// The session's requests on a gRPC bidirectional Stream (TCP or a Unix socket).
+class GrpcStepStream : public StepStream {
+ public:
+  GrpcStepStream(Service service, pb::ExternalEnv::Stub& single, pb::ExternalMultiAgentEnv::Stub& multi,
+                 const Credentials& creds) {
+    creds.authorize(ctx_);
+    stream_ = service == Service::Single ? single.Stream(&ctx_) : multi.Stream(&ctx_);
+  }
+  ~GrpcStepStream() override { close(true); }
+  bool write(const pb::StreamRequest& req) override { return stream_->Write(req); }
+  bool read(pb::StreamResponse* resp) override { return stream_->Read(resp); }
+  grpc::Status close(bool cancel) override {
+    if (finished_) return status_;
+    if (cancel) ctx_.TryCancel();
+    else stream_->WritesDone();
+    pb::StreamResponse ignored;
+    while (stream_->Read(&ignored)) {
+    }
+    finished_ = true;
+    status_ = stream_->Finish();
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext ctx_;  // before stream_: it must outlive the call
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StreamRequest, pb::StreamResponse>> stream_;
+  bool finished_ = false;
+  grpc::Status status_;
+};
 }  // namespace
 
 bool retryable(grpc::StatusCode code) {
@@ -46,7 +78,8 @@ const char* kind_of(const pb::StreamRequest& req) {
 
 Connection::Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
                        const ClientOptions& options, bool pipeline, OnFailed on_failed)
-    : address_(address), service_(service), create_(std::move(create)), creds_(options),
+    : address_(address), handover_(split_shm_address(address).handover), service_(service),
+      create_(std::move(create)), creds_(options),
       reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
@@ -54,11 +87,12 @@ Connection::Connection(const std::string& address, Service service, pb::CreateSe
   args.SetInt("grpc.keepalive_time_ms", 10000);
   args.SetInt("grpc.keepalive_timeout_ms", 5000);
   // A restarted server is found within a second, not gRPC's default two minutes of backoff.
+  // Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the connect timeout too, and a busy
+  // server that sends its HTTP/2 SETTINGS more than 100 ms after accepting was never reached.
   args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
-  args.SetInt("grpc.min_reconnect_backoff_ms", 100);
   args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
   creds_.configure(args);
-  channel_ = grpc::CreateCustomChannel(address, creds_.channel(), args);
+  channel_ = grpc::CreateCustomChannel(split_shm_address(address).grpc_target, creds_.channel(), args);
   wait_connected(channel_, creds_, address, options.connect_timeout_s);
   single_ = pb::ExternalEnv::NewStub(channel_);
   multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
@@ -76,37 +110,40 @@ Connection::~Connection() {
 // ---------------------------------------------------------------- session
 
 grpc::Status Connection::end_stream(bool cancel) {
-  if (!stream_open_) return grpc::Status::OK;
-  if (cancel) ctx_->TryCancel();
-  pb::StreamResponse ignored;
-  while (stream_->Read(&ignored)) {
-  }
-  stream_open_ = false;
-  return stream_->Finish();
+  if (!stream_) return grpc::Status::OK;
+  grpc::Status status = stream_->close(cancel);
+  stream_.reset();
+  return status;
 }
 
 pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
   pb::StreamRequest req;
   *req.mutable_create_session() = create_;
   if (!resume.empty()) req.mutable_create_session()->set_resume_session_id(resume);
-  ctx_ = std::make_unique<grpc::ClientContext>();
-  creds_.authorize(*ctx_);
-  stream_ = service_ == Service::Single ? single_->Stream(ctx_.get()) : multi_->Stream(ctx_.get());
-  stream_open_ = true;
+  stream_ = std::make_unique<GrpcStepStream>(service_, *single_, *multi_, creds_);
   pb::StreamResponse resp;
-  if (!stream_->Write(req) || !stream_->Read(&resp)) {
+  if (!stream_->write(req) || !stream_->read(&resp)) {
     grpc::Status st = end_stream(false);
     if (st.ok()) throw Error(grpc::StatusCode::UNAVAILABLE, "the stream ended before create_session was answered");
     throw error_from_grpc(st);
   }
   if (resp.has_error()) throw error_from_status(resp.error());
+  // shm+unix: the session's calls go through shared memory from here on (its limit capped to the ring's).
+  if (!handover_.empty()) stream_ = open_shm(handover_, std::move(stream_), resp.mutable_create_session());
   return resp.create_session();
 }
 
 void Connection::reconnect(const std::string& cause) {
   if (closing_)
     throw Error(grpc::StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
-  Backoff backoff(reconnect_timeout_s_);
+  // Between attempts, watch the channel rather than sleep blind: gRPC notices a finished connect
+  // only while someone polls the channel (else at its backup poll, every 5 s), so a server back
+  // on its address is seen at once and the next attempt goes then.
+  Backoff backoff(reconnect_timeout_s_, 0.05, 1.0, monotonic_s, [this](double s) {
+    const auto until = std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
+    if (channel_->GetState(true) != GRPC_CHANNEL_READY && channel_->WaitForConnected(until)) return;
+    std::this_thread::sleep_until(until);  // connected already (the session failed otherwise): wait the delay
+  });
   std::cerr << "simbridge: connection to " << address_ << " broke (" << cause << "); reconnecting\n";
   pb::CreateSessionResponse resp;
   while (true) {
@@ -141,7 +178,7 @@ void Connection::reconnect(const std::string& cause) {
   }
   std::cerr << "simbridge: resumed session " << session_id_ << "; resending " << outstanding_.size()
             << " requests\n";
-  for (const auto& sent : outstanding_) stream_->Write(sent.req);  // a failure shows at the next read
+  for (const auto& sent : outstanding_) stream_->write(sent.req);  // a failure shows at the next read
 }
 
 // ---------------------------------------------------------------- calls
@@ -164,7 +201,7 @@ std::optional<pb::StreamResponse> Connection::call(pb::StreamRequest req, bool w
   }
   header_of(&req)->set_seq(++seq_);
   outstanding_.push_back({seq_, std::move(req)});
-  if (stream_open_) stream_->Write(outstanding_.back().req);  // a failure shows at the next read
+  if (stream_) stream_->write(outstanding_.back().req);  // a failure shows at the next read
   if (wait || !pipeline_) return read_until(seq_);
   return std::nullopt;
 }
@@ -192,7 +229,7 @@ void Connection::raise_deferred() {
 pb::StreamResponse Connection::read_until(uint64_t seq) {
   while (true) {
     pb::StreamResponse resp;
-    if (!stream_open_ || !stream_->Read(&resp)) {
+    if (!stream_ || !stream_->read(&resp)) {
       grpc::Status st = end_stream(false);
       if (!st.ok() && !retryable(st.error_code()) && !outstanding_.empty()) {
         // The server ended the stream on purpose: resending would fail again. Say why; the next
@@ -239,10 +276,7 @@ void Connection::close() {
   } catch (const Error&) {
   }
   closed_ = true;
-  if (stream_open_) {
-    stream_->WritesDone();
-    end_stream(false);
-  }
+  end_stream(false);
 }
 
 }  // namespace simbridge

@@ -6,6 +6,10 @@
 // (CreateSession.resume_session_id) and resend every unanswered request under its seq; the server
 // answers a seq it already applied from memory, so each request is applied exactly once. Any other
 // status is the server's answer to the request: raised, never resent.
+//
+// Transport: the address says it. HOST:PORT and unix:PATH carry the session on a gRPC stream;
+// shm+unix:PATH opens it on a gRPC stream over unix:PATH and hands its requests and answers to the
+// shared-memory channel (shm_channel.hpp), which breaks, resumes and resends as a stream does.
 #pragma once
 
 #include <deque>
@@ -19,6 +23,7 @@
 
 #include "credentials.hpp"
 #include "simbridge/v1/simbridge.grpc.pb.h"
+#include "step_stream.hpp"
 #include "wire.hpp"
 
 namespace simbridge {
@@ -66,6 +71,7 @@ class Connection {
     pb::StreamRequest req;
   };
   std::string address_;
+  std::string handover_;  // shm+unix:PATH: the handover socket PATH.shm; empty for other addresses
   Service service_;
   pb::CreateSessionRequest create_;
   Credentials creds_;
@@ -76,9 +82,7 @@ class Connection {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::ExternalEnv::Stub> single_;
   std::unique_ptr<pb::ExternalMultiAgentEnv::Stub> multi_;
-  std::unique_ptr<grpc::ClientContext> ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<pb::StreamRequest, pb::StreamResponse>> stream_;
-  bool stream_open_ = false;
+  std::unique_ptr<StepStream> stream_;  // null while none is open
   std::deque<Sent> outstanding_;
   std::optional<Error> deferred_;
   uint64_t seq_ = 0;

@@ -1,7 +1,6 @@
 // Unit tests of the SDK's pieces that need no server: tensor encoding, space messages, rows of
 // values, the flatten rule, error reasons, backoff, LocalPolicy on hand-built PortablePolicies, and
 // the client's credentials (which token, which files, which flags).
-// A tiny harness (no test framework in Debian's build deps): each TEST runs, failures are counted.
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -17,45 +16,12 @@
 #include "backoff.hpp"
 #include "connection.hpp"
 #include "credentials.hpp"
+#include "harness.hpp"
 #include "wire.hpp"
 
 using namespace simbridge;
 
 namespace {
-
-int failures = 0;
-std::vector<std::pair<std::string, std::function<void()>>>& registry() {
-  static std::vector<std::pair<std::string, std::function<void()>>> tests;
-  return tests;
-}
-struct Register {
-  Register(const char* name, std::function<void()> fn) { registry().emplace_back(name, std::move(fn)); }
-};
-
-#define TEST(name)                                  \
-  void name();                                      \
-  Register register_##name(#name, name);            \
-  void name()
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": CHECK(" #cond ") failed\n";                 \
-      ++failures;                                                                                \
-    }                                                                                            \
-  } while (0)
-#define CHECK_THROWS_REASON(expr, want)                                                          \
-  do {                                                                                           \
-    std::string got_ = "<no error>";                                                             \
-    try {                                                                                        \
-      expr;                                                                                      \
-    } catch (const Error& e) {                                                                   \
-      got_ = e.reason();                                                                         \
-    }                                                                                            \
-    if (got_ != (want)) {                                                                        \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": " #expr " raised " << got_ << ", want " << (want) << "\n"; \
-      ++failures;                                                                                \
-    }                                                                                            \
-  } while (0)
 
 bool near(double a, double b, double tol = 1e-5) { return std::fabs(a - b) <= tol * (1 + std::fabs(b)); }
 
@@ -398,17 +364,4 @@ TEST(client_flags_set_their_options_and_only_theirs) {
 
 }  // namespace
 
-int main() {
-  for (auto& [name, fn] : registry()) {
-    int before = failures;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      std::cerr << name << ": unexpected exception: " << e.what() << "\n";
-      ++failures;
-    }
-    std::cout << (failures == before ? "PASS " : "FAIL ") << name << "\n";
-  }
-  std::cout << registry().size() << " tests, " << failures << " failed checks\n";
-  return failures == 0 ? 0 : 1;
-}
+int main() { return run_all_tests(); }

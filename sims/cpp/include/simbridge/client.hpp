@@ -4,6 +4,12 @@
 // with numbered requests: when the connection breaks it reconnects with backoff, resumes its
 // session and resends what was not answered; the server applies each request once.
 //
+// Addresses: "HOST:PORT" (TCP), "unix:PATH" (gRPC on a Unix socket), and, on Linux,
+// "shm+unix:PATH": the session on the Unix socket PATH, every later request and answer through a
+// shared-memory ring handed over on PATH.shm (docs/transports.md), resumed and resent as a stream
+// is. SIMBRIDGE_SHM_SPIN_US (microseconds) makes a client spin that long for an answer before it
+// blocks (off by default: on a small machine the spinning core is the one the bridge needs).
+//
 // Values travel as rows of floats: one row is the leaves of the space's value concatenated in
 // space order (Dict in declared order, Tuple in order), each leaf row-major; a Discrete leaf is one
 // value, its index (start included). Batched calls take N rows back to back.
