@@ -193,13 +193,13 @@ class BridgeRuntime:
         dead = self.sessions.gone(now)
         for s in dead:
             log.warning("session %s (%s) is gone: ending its %d open episodes as truncated",
-                        s.session_id, s.client_name, len(s.episodes))
+                        s.session_id, s.client_name, s.open_episodes())
             self.close_session(s, reason="client_lost")
         stuck = [s for s in self.sessions.stuck(now) if not s.closed]
         for s in stuck:
             log.warning("session %s (%s) made no call for %.1fs (step_timeout_s %.1fs) with %d open "
                         "episodes: closing it, its episodes end as truncated", s.session_id, s.client_name,
-                        now - s.last_active, self.config.step_timeout_s, len(s.episodes))
+                        now - s.last_active, self.config.step_timeout_s, s.open_episodes())
             self.close_session(s, reason="step_timeout")
             with self.ctx.lock:
                 self.metrics.sessions_timed_out += 1

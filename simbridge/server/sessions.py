@@ -106,6 +106,12 @@ class Session:
     def spec_for(self, agent_id: str) -> SpaceSpec:
         return self.agent_specs.get(agent_id, self.default)
 
+    def open_episodes(self) -> int:
+        """The row calls' open episodes, and a Step session's: one per slot once it has stepped."""
+        bank = self.slots
+        live = bank is not None and not bank.closed and bank.prev_obs is not None
+        return len(self.episodes) + (bank.n if live else 0)
+
     def commit_pending(self) -> bool:
         """Runtime lock held. Applies the answered call's bookkeeping; False: none was left."""
         commit, self.pending = self.pending, None
@@ -176,7 +182,7 @@ class SessionTable:
                                           f"resume it there", Reason.WRONG_SESSION)
             s.detached_since = None
             s.last_active = time.monotonic()
-        log.info("session %s resumed (%d open episodes)", s.session_id, len(s.episodes))
+        log.info("session %s resumed (%d open episodes)", s.session_id, s.open_episodes())
         return s
 
     def create(self, req: pb.CreateSessionRequest, multi_agent: bool,
@@ -288,7 +294,7 @@ class SessionTable:
             if s.streams == 0 and not s.closed:
                 s.detached_since = time.monotonic()
                 log.warning("session %s lost its stream with %d open episodes; keeping it %.0fs for a "
-                            "reconnect", s.session_id, len(s.episodes), self.config.reconnect_grace_s)
+                            "reconnect", s.session_id, s.open_episodes(), self.config.reconnect_grace_s)
 
     def gone(self, now: float) -> List[Session]:
         """Sessions whose client is gone: stream detached past the grace, or unary idle too long."""

@@ -82,17 +82,28 @@ class ShmListener:
         self._thread.start()
 
     def stop(self) -> None:
-        """No new channels; every open one told to close (its simulator sees it at once)."""
+        """No new channels; every open one told to close (its simulator sees it at once). The
+        channels close first: waiting for the accept loop's timeout before closing them let a
+        stopping server apply steps for another half second."""
         self._stop.set()
+        self._close_channels()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)   # wakes the accept loop now
+        except OSError:
+            pass
         self._thread.join(5)
         self._sock.close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        self._close_channels()   # one a handover in flight may have opened meanwhile
+
+    def _close_channels(self) -> None:
         with self._lock:
-            self._closing = list(self._channels.values())
-        for ch in self._closing:
+            chans = [ch for ch in self._channels.values() if ch not in self._closing]
+            self._closing += chans
+        for ch in chans:
             ch.close()
 
     def join(self, timeout_s: float = 5.0) -> None:
@@ -146,6 +157,8 @@ class ShmListener:
             self._channels[session.session_id] = ch
         if old is not None:   # a reconnected simulator: its new channel replaces the old one
             old.close()
+        if self._stop.is_set():   # stop() began during this handover: the simulator sees a closed channel
+            ch.close()
         ch.thread.start()
 
     def _admit(self, conn: socket.socket):

@@ -4,8 +4,9 @@ exactly-once resend after a broken channel, the same errors, a SIGKILLed simulat
 truncated, an owner-only handover and region, and a bounded ring."""
 import os
 import socket
-import threading
 import stat
+import threading
+import time
 
 import grpc
 import gymnasium as gym
@@ -225,3 +226,34 @@ def test_a_missing_handover_socket_is_named(make_server, net):
     with pytest.raises(BridgeError, match="could not open the shared-memory channel at .*bridge0.sock.shm") as e:
         SlotClient(srv.address, OBS, ACT, 1)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.nets("shm")
+def test_a_stopping_server_closes_its_channels_at_once(make_server, net):
+    """stop() closed the open channels only after its accept loop's 0.5 s timeout: a stopping
+    server went on applying a fast simulator's steps (thousands) for that half second."""
+    srv = make_server()
+    c = SlotClient(srv.address, OBS, ACT, 1, reconnect_timeout_s=0.5)
+    obs, one, no = np.zeros((1, 2), np.float32), np.ones(1, np.float32), np.zeros(1, bool)
+    c.step(obs)
+    go, errors = threading.Event(), []
+
+    def simulate():
+        go.set()
+        try:
+            for _ in range(200_000):
+                c.step(obs, one, no, no)
+        except BridgeError as e:
+            errors.append(e)
+    t = threading.Thread(target=simulate, daemon=True)
+    t.start()
+    go.wait(5)
+    deadline = time.monotonic() + 10
+    while srv.runtime.metrics.env_steps < 200 and time.monotonic() < deadline:   # the simulator is running
+        time.sleep(0.001)
+    before = srv.runtime.metrics.env_steps
+    srv.stop(grace=0)
+    after = srv.runtime.metrics.env_steps
+    t.join(30)
+    assert not t.is_alive() and errors, "the simulator never noticed the stop"
+    assert after - before <= 20, f"{after - before} steps were applied while the server stopped"

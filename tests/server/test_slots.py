@@ -7,6 +7,8 @@ a new eps_id per episode), episode summaries per slot, and every bad Step
 refused with a precise status and no effect, after which the simulator goes
 on and loses nothing.
 """
+import time
+
 import grpc
 import gymnasium as gym
 import numpy as np
@@ -361,3 +363,24 @@ def test_a_policy_failure_changes_nothing_and_the_step_can_be_sent_again(make_se
     b = drain(rt).policy_batches[DEFAULT_POLICY]
     assert b.count == N and b["rewards"].tolist() == [1, 2, 3]
     np.testing.assert_array_equal(b["actions"], tensors.from_tensor(first.actions.tensor))
+
+
+def test_the_server_log_counts_a_step_sessions_open_slot_episodes(make_server, caplog):
+    """The lost-stream and gone lines counted row-call episodes only: 0 for a Step session."""
+    srv = make_server(reconnect_grace_s=0.0)
+    c = SlotClient(srv.address, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2), num_slots=3,
+                   reconnect_timeout_s=0.5)
+    c.step(np.zeros((3, 2), np.float32))
+    session = srv.runtime.session(c.session_id)
+    deadline = time.monotonic() + 5
+    while session.open_episodes() < 3 and time.monotonic() < deadline:   # applied after the answer went
+        time.sleep(0.01)
+    assert session.open_episodes() == 3
+    with caplog.at_level("WARNING", logger="simbridge"):
+        c._conn._stream.cancel()   # the stream breaks; the session waits for a reconnect that never comes
+        deadline = time.monotonic() + 10
+        while not any("is gone" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            srv.runtime.reap()
+            time.sleep(0.05)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "lost its stream with 3 open episodes" in text and "ending its 3 open episodes" in text, text
