@@ -21,9 +21,16 @@ IOMGR_TCP = "-event_engine_client,-event_engine_listener"
 # Channel options for every simbridge client: gRPC waits 1 s after a refused connection, then
 # backs off by 1.6x, so a simulator started a few seconds before its server would connect
 # seconds late. Retrying every 0.1-1 s costs nothing on loopback and little elsewhere.
+# grpc.min_reconnect_backoff_ms is not a backoff at all: gRPC takes it as one connection attempt's
+# deadline, handshake included. At 100 ms (the attempt's deadline then grows with the backoff to
+# its 1 s cap) a server whose HTTP/2 SETTINGS came after a second (a slow link with TLS, a loaded
+# host) was never reached; gRPC's default, 20 s, would hold a client on a host that accepts but
+# never answers for 20 s before it fails over. 3 s: both (tests/client/test_grpc_tuning.py,
+# test_failover.py).
+CONNECT_ATTEMPT_MS = 3000
 RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                     ("grpc.min_reconnect_backoff_ms", 100),
-                     ("grpc.max_reconnect_backoff_ms", 1000)]
+                     ("grpc.max_reconnect_backoff_ms", 1000),
+                     ("grpc.min_reconnect_backoff_ms", CONNECT_ATTEMPT_MS)]
 
 
 def prefer_iomgr_tcp() -> bool:

@@ -91,3 +91,75 @@ def test_a_simulator_started_before_its_server_connects_promptly():
         if server is not None:
             server.terminate()
             server.wait(10)
+
+
+class _SlowHandshakeProxy:
+    """Forwards TCP to `upstream`, each connection only after `delay_s`: a server whose HTTP/2
+    handshake (its SETTINGS frame) comes late, as over a slow link with TLS, or from a loaded host."""
+
+    def __init__(self, upstream: str, delay_s: float):
+        import socket
+        import threading
+        host, port = upstream.rsplit(":", 1)
+        self.upstream, self.delay_s = (host, int(port)), delay_s
+        self.stop = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+
+    def _pump(self, conn):
+        import select
+        import socket
+        if self.stop.wait(self.delay_s):
+            conn.close()
+            return
+        up = socket.create_connection(self.upstream, timeout=5)
+        peers = {conn: up, up: conn}
+        try:
+            while not self.stop.is_set():
+                ready, _, _ = select.select(list(peers), [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            conn.close()
+            up.close()
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+def test_a_server_whose_handshake_takes_over_a_second_is_still_reached(server):
+    """grpc.min_reconnect_backoff_ms is gRPC's deadline for one connection attempt, handshake
+    included: at 100 ms (growing with the backoff to its 1 s cap) a server whose HTTP/2 SETTINGS
+    came later than a second was never reached, however long the client waited."""
+    import gymnasium as gym
+    import numpy as np
+
+    from simbridge.client.slot_client import SlotClient
+    proxy = _SlowHandshakeProxy(server.address, delay_s=1.5)
+    try:
+        t0 = time.monotonic()
+        c = SlotClient(proxy.address, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2), 1,
+                       connect_timeout_s=8.0)
+        assert c.step(np.zeros((1, 2), np.float32)).shape == (1,)
+        assert time.monotonic() - t0 < 6.0
+        c.close(np.ones(1, np.float32), np.zeros(1, bool), np.ones(1, bool), np.zeros((1, 2), np.float32))
+    finally:
+        proxy.close()
