@@ -25,9 +25,9 @@ IOMGR_TCP = "-event_engine_client,-event_engine_listener"
 # deadline, handshake included. At 100 ms (the attempt's deadline then grows with the backoff to
 # its 1 s cap) a server whose HTTP/2 SETTINGS came after a second (a slow link with TLS, a loaded
 # host) was never reached; gRPC's default, 20 s, would hold a client on a host that accepts but
-# never answers for 20 s before it fails over. 3 s: both (tests/client/test_grpc_tuning.py,
+# never answers for 20 s before it fails over. 2 s: both (tests/client/test_grpc_tuning.py,
 # test_failover.py).
-CONNECT_ATTEMPT_MS = 3000
+CONNECT_ATTEMPT_MS = 2000
 RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                      ("grpc.max_reconnect_backoff_ms", 1000),
                      ("grpc.min_reconnect_backoff_ms", CONNECT_ATTEMPT_MS)]
