@@ -1,9 +1,11 @@
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -67,6 +69,28 @@ def make_server(listen_address):
 @pytest.fixture
 def server(make_server):
     return make_server()
+
+
+@pytest.fixture
+def kill_simulator():
+    """SIGKILLs a simulator process that serves `runtime` (mid-run: a step may be on the wire or in
+    the ring) and waits, bounded, until the server has ended its session; returns the episode
+    summaries that ended as client_lost (truncated: no terminal state)."""
+    def _kill(proc: subprocess.Popen, runtime, timeout_s: float = 8.0):
+        try:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        deadline = time.monotonic() + timeout_s
+        while (runtime.snapshot()["open_episodes"] or runtime.session_ids()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runtime.snapshot()["open_episodes"] == 0 and not runtime.session_ids(), \
+            "the dead simulator's episodes stayed open"
+        return [s for s in runtime.metrics.recent if s["end_reason"] == "client_lost"]
+    return _kill
 
 
 CPP_SOURCE = os.path.join(ROOT, "sims", "cpp")

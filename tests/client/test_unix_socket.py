@@ -3,7 +3,6 @@ stale file replaced but a live one never taken, the clients' words for a socket 
 answer, and a simulator killed mid-step on either transport ending its episodes the same way.
 (The client tests marked with `net` run on both transports: tests/conftest.py.)"""
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -164,7 +163,7 @@ for t in range(1_000_000):
 
 
 @pytest.mark.nets("tcp", "uds", "shm")   # on shm: killed while its Step is in the ring
-def test_a_slot_simulator_killed_mid_step_has_its_episodes_ended_truncated(make_server, net):
+def test_a_slot_simulator_killed_mid_step_has_its_episodes_ended_truncated(make_server, kill_simulator, net):
     srv = make_server(reconnect_grace_s=0.5)
     rt = srv.runtime
     proc = subprocess.Popen([sys.executable, "-c", STEPPING_SLOTS, srv.address], cwd=ROOT, stdout=subprocess.PIPE,
@@ -172,17 +171,8 @@ def test_a_slot_simulator_killed_mid_step_has_its_episodes_ended_truncated(make_
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert rt.snapshot()["open_episodes"] == 4
-        proc.send_signal(signal.SIGKILL)    # while it steps: a Step may be on the wire
-        proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    deadline = time.monotonic() + 8
-    while (rt.snapshot()["open_episodes"] or rt.session_ids()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert rt.snapshot()["open_episodes"] == 0 and not rt.session_ids(), "the dead simulator's slots stayed open"
-    ends = [s for s in rt.metrics.recent if s["end_reason"] == "client_lost"]
+        ends = kill_simulator(proc, rt)    # while it steps: a Step may be on the wire
     assert len(ends) == 4 and all(s["length"] > 20 for s in ends)    # ended as truncated: no terminal state
     # every step the server applied, all of them rewarded 1.0, counted once per slot
     assert all(s["total_reward"] == s["length"] for s in ends), ends

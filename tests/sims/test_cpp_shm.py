@@ -9,7 +9,6 @@ layout, wrap-around and bounds are ctest's (sims/cpp/tests/shm_tests.cpp).
 Skipped only when the C++ build tools are absent, as every C++ test."""
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -36,7 +35,8 @@ def _wait_for(pred, timeout=20.0):
         time.sleep(0.02)
 
 
-def test_a_cpp_simulator_killed_mid_run_has_its_episodes_ended_truncated(cpp_build, make_server, net):
+def test_a_cpp_simulator_killed_mid_run_has_its_episodes_ended_truncated(cpp_build, make_server, kill_simulator,
+                                                                        net):
     srv = make_server(reconnect_grace_s=0.5)
     rt = srv.runtime
     proc = subprocess.Popen([_program(cpp_build, "cartpole_slots"), "--address", srv.address, "--steps", "10000000",
@@ -45,17 +45,8 @@ def test_a_cpp_simulator_killed_mid_run_has_its_episodes_ended_truncated(cpp_bui
         _wait_for(lambda: rt.snapshot()["env_steps"] > 2000 or proc.poll() is not None)
         assert proc.poll() is None, proc.communicate()
         assert rt.snapshot()["open_episodes"] == 4
-        proc.send_signal(signal.SIGKILL)    # while it steps: a Step may be in the ring
-        proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    deadline = time.monotonic() + 8
-    while (rt.snapshot()["open_episodes"] or rt.session_ids()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert rt.snapshot()["open_episodes"] == 0 and not rt.session_ids(), "the dead simulator's slots stayed open"
-    ends = [s for s in rt.metrics.recent if s["end_reason"] == "client_lost"]
+        ends = kill_simulator(proc, rt)    # while it steps: a Step may be in the ring
     # Ended as truncated (client_lost, no terminal state): each slot's episode that took a step (a
     # slot that had just reset has none, and is not an episode yet: random CartPoles reset often).
     assert 1 <= len(ends) <= 4, ends
