@@ -11,6 +11,10 @@ out. The bare loop times its own steps after a warm-up, random actions for every
 asked, the peer's work per agent included in both.
 
     nice -n 5 .venv/bin/python bench/unity_throughput.py --agents 8 --rounds 2   # ~1 min
+
+--nets tcp,uds,shm runs the connector pair once per transport in each round (the bridge on
+HOST:PORT, unix:PATH, shm+unix:PATH: docs/transports.md), keyed `<net>_bridge_decisions_per_s`
+and `<net>_bridge_vs_bare` beside the one bare loop of the round; tcp alone keeps the old keys.
 """
 import argparse
 import json
@@ -85,23 +89,32 @@ def main() -> None:
     p.add_argument("--short", type=int, default=1000, help="decisions of the short connector run")
     p.add_argument("--long", type=int, default=9000, help="decisions of the long connector run")
     p.add_argument("--rounds", type=int, default=2, help="connector pair and bare loop, alternating")
+    p.add_argument("--nets", default="tcp", help="transports for the bridge, comma list of tcp, uds, shm")
     a = p.parse_args()
     import tempfile
 
+    nets = [n.strip() for n in a.nets.split(",") if n.strip()]
+    if not nets or set(nets) - {"tcp", "uds", "shm"}:
+        p.error(f"--nets {a.nets!r}: a comma list of tcp, uds, shm")
+    key = {n: ("" if nets == ["tcp"] else f"{n}_") for n in nets}
     children = T.Children()
-    out = {"agents": a.agents, "scene": a.scene, "bridge_decisions_per_s": [], "bare_decisions_per_s": []}
+    out = {"agents": a.agents, "scene": a.scene, "load_before": os.getloadavg()[0], "bare_decisions_per_s": [],
+           **{f"{key[n]}bridge_decisions_per_s": [] for n in nets}}
     try:
         with tempfile.TemporaryDirectory(prefix="sb-unity-bench-") as tmp:
             for _ in range(a.rounds):
-                proc, address = T.start_bridge_server(children)
-                short = connector_wall(address, a.short, a.agents, a.scene, Path(tmp))
-                long_ = connector_wall(address, a.long, a.agents, a.scene, Path(tmp))
-                children.stop(proc)
-                out["bridge_decisions_per_s"].append(round((a.long - a.short) / (long_ - short)))
+                for net in nets:
+                    proc, address = T.start_bridge_server(children, net=net)
+                    short = connector_wall(address, a.short, a.agents, a.scene, Path(tmp))
+                    long_ = connector_wall(address, a.long, a.agents, a.scene, Path(tmp))
+                    children.stop(proc)
+                    out[f"{key[net]}bridge_decisions_per_s"].append(round((a.long - a.short) / (long_ - short)))
                 out["bare_decisions_per_s"].append(round(bare_rate(a.long - a.short, a.agents, a.scene, Path(tmp))))
     finally:
         children.stop_all()
-    out["bridge_vs_bare"] = [round(b / r, 2) for b, r in zip(out["bridge_decisions_per_s"], out["bare_decisions_per_s"])]
+    for net in nets:
+        out[f"{key[net]}bridge_vs_bare"] = [round(b / r, 2) for b, r in
+                                            zip(out[f"{key[net]}bridge_decisions_per_s"], out["bare_decisions_per_s"])]
     out["load"] = os.getloadavg()[0]
     print(json.dumps(out))
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from simbridge.client.security import ClientSecurity
-from simbridge.wire.addresses import address_problem, is_unix, unix_path
+from simbridge.wire.addresses import address_problem, grpc_address, is_unix, unix_path
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
@@ -163,10 +163,11 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
     if len(addresses) > 1:
         return connect_any(try_order(addresses, start_index(len(addresses))), connect_timeout_s, fix,
                            security)[1]
-    address = addresses[0]
+    given = addresses[0]
+    address = grpc_address(given)   # shm+unix:PATH: its session and health are on gRPC at unix:PATH
     security = security or ClientSecurity.from_env()
     channel = _new_channel(address, security)
-    fix = fix or f"start one with `simbridge-trainer run --address {address}`, or pass the trainer's address"
+    fix = fix or f"start one with `simbridge-trainer run --address {given}`, or pass the trainer's address"
     ready = grpc.channel_ready_future(channel)
     deadline = time.monotonic() + connect_timeout_s
     told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once

@@ -257,3 +257,15 @@ def test_a_stopping_server_closes_its_channels_at_once(make_server, net):
     t.join(30)
     assert not t.is_alive() and errors, "the simulator never noticed the stop"
     assert after - before <= 20, f"{after - before} steps were applied while the server stopped"
+
+
+@pytest.mark.nets("shm")
+def test_open_channel_takes_a_shared_memory_address(make_server, tmp_path, net):
+    """The Unity connector checks its server with open_channel before starting Unity: an
+    shm+unix: address ended in a ValueError traceback (parsed as HOST:PORT)."""
+    from simbridge.client.channels import open_channel
+    srv = make_server()
+    open_channel(srv.address, 5.0).close()
+    with pytest.raises(BridgeError, match="no simbridge trainer at unix:") as e:
+        open_channel(f"shm+unix:{tmp_path}/none.sock", 0.5)
+    assert f"--address shm+unix:{tmp_path}/none.sock" in e.value.message
