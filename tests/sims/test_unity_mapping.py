@@ -34,11 +34,13 @@ def group_actions(obs):
     return ((obs[:, 0] + obs[:, 1]).astype(int) % 2).astype(np.int64)
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
+@pytest.fixture(scope="module", params=["tcp", "shm"])
+def shared(tmp_path_factory, request):
+    """One connector run per transport: on shm, the connector's steps go through shared memory."""
     tmp = tmp_path_factory.mktemp("unity_shared")
+    address = "127.0.0.1:0" if request.param == "tcp" else f"shm+unix:{tmp}/bridge.sock"
     bridge = Bridge([f"{b}*={p}" for b, p in BEHAVIORS.items()],
-                    {"hybrid": hybrid_actions, "masked": highest_allowed, "group": group_actions})
+                    {"hybrid": hybrid_actions, "masked": highest_allowed, "group": group_actions}, address=address)
     try:
         run = run_connector(bridge.address, tmp,
                             args=["--max-steps", 400, "--time-scale", 7, "--width", 64, "--height", 48,
