@@ -19,6 +19,7 @@ from typing import Callable, Deque, List, Optional, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from simbridge.wire.addresses import grpc_address
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 LineHandler = Callable[[str, str], None]  # (process name, line without newline)
@@ -125,7 +126,7 @@ def wait_for_health(address: str, timeout: float = 30.0, proc: Optional[Proc] = 
     its last output lines, and at the timeout.
     """
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
+    with grpc.insecure_channel(grpc_address(address), options=RECONNECT_OPTIONS) as channel:   # shm+unix: too
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc is not None and proc.poll() is not None:

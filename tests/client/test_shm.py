@@ -269,3 +269,10 @@ def test_open_channel_takes_a_shared_memory_address(make_server, tmp_path, net):
     with pytest.raises(BridgeError, match="no simbridge trainer at unix:") as e:
         open_channel(f"shm+unix:{tmp_path}/none.sock", 0.5)
     assert f"--address shm+unix:{tmp_path}/none.sock" in e.value.message
+
+
+@pytest.mark.nets("shm")
+def test_wait_for_health_takes_a_shared_memory_address(make_server, net):
+    from simbridge.trainer.launch import wait_for_health
+    srv = make_server()
+    wait_for_health(srv.address, timeout=5)   # it dialled "shm+unix:..." as a gRPC target and timed out
