@@ -72,8 +72,8 @@ class LearningLoop:
                 self._stop(f"total_env_steps {run.total_env_steps} reached")
 
     def _step(self, known: int, next_ckpt: float) -> int:
-        """Takes one batch (unless the rate limiter holds intake back), trains or takes weights,
-        reports and checkpoints as due; returns the env steps."""
+        """Takes one batch if one is queued, trains or takes weights, reports and checkpoints as
+        due; returns the env steps."""
         # With learner processes, the rate limiter holds the bridge's puts (hold_while), and what
         # is queued goes to the learners at once: the acting weights trail the simulators by at
         # most max_updates_behind updates and a fragment, not by the queue's fragments too.

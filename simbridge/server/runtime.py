@@ -286,8 +286,7 @@ class BridgeRuntime:
             returns = [x["total_reward"] for x in self.metrics.recent]
             return {
                 "sessions": len(sessions),
-                "open_episodes": sum(len(s.episodes) + (s.slots.n if s.slots and not s.slots.closed else 0)
-                                     for s in sessions),
+                "open_episodes": sum(s.open_episodes() for s in sessions),
                 "episodes": self.metrics.episodes,
                 "env_steps": self.metrics.env_steps,
                 "agent_steps": self.metrics.agent_steps,

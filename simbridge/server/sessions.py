@@ -107,10 +107,9 @@ class Session:
         return self.agent_specs.get(agent_id, self.default)
 
     def open_episodes(self) -> int:
-        """The row calls' open episodes, and a Step session's: one per slot once it has stepped."""
+        """The row calls' open episodes, and a Step session's: one per slot until its final Step."""
         bank = self.slots
-        live = bank is not None and not bank.closed and bank.prev_obs is not None
-        return len(self.episodes) + (bank.n if live else 0)
+        return len(self.episodes) + (bank.n if bank is not None and not bank.closed else 0)
 
     def commit_pending(self) -> bool:
         """Runtime lock held. Applies the answered call's bookkeeping; False: none was left."""
