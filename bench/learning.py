@@ -145,7 +145,7 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_proce
             sims = [["simbridge.sims.gym_sim", "--env", task["env"], *extra] for extra in task["sims"]]
         for i, cmd in enumerate(sims):
             procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet",
-                                           "--seed", str(seed * 100 + i)], env=env, cwd=str(ROOT),
+                                           "--seed", str(seed + 1000 * i)], env=env, cwd=str(ROOT),
                                           stdout=log, stderr=log))
         solved_at: Optional[dict] = None
         last: Optional[dict] = None
