@@ -3,7 +3,8 @@ no server module).
 
     connection.py     the connection engine: channel, session, seq, reconnect, resend, retry policy
     security.py       ClientSecurity: TLS, mutual TLS and the bearer token every client takes
-    policy_client.py  PolicyClient, MultiAgentPolicyClient (remote inference)
+    policy_client.py  PolicyClient, MultiAgentPolicyClient (remote inference), on row_calls.py
+                      (their connection, queued rewards and open episodes)
     slot_client.py    SlotClient (a batched simulator: N slots, one Step per step)
     external_env.py   ExternalEnv, ExternalMultiAgentEnv (RLlib's simulator-side classes)
     local_client.py   LocalPolicyClient (local inference), with local_buffer.py (its experience

@@ -1,5 +1,5 @@
 // What the two policy clients share (internal): their connection and the queue of rewards that
-// rides along with the next call, as simbridge/client/policy_client.py's _ClientBase does.
+// rides along with the next call, as simbridge/client/row_calls.py's RowCalls does.
 #pragma once
 
 #include <memory>
