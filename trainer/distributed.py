@@ -18,6 +18,9 @@ ended). From it every rank computes the same decision:
   all its ranks: a rank whose shard is still smaller than a batch (no simulator yet) runs them
   on filler rows (one row sent once by the fullest rank) with weight 0, and the average is over
   the ranks with data;
+- PPO (on-policy, `ON_POLICY`): no replay ratio; an iteration starts on every rank at the same
+  exchange once the group's waiting rows reach world x train_batch_size, with the same number of
+  minibatch updates everywhere (Group.train_iteration), each rank on its own rows;
 - on rank 0, the other ranks' counts and episode summaries, folded into its runtime's metrics:
   rank 0's progress lines, metrics.jsonl, TensorBoard and checkpoint are the group's.
 
@@ -106,10 +109,6 @@ def prepare_config(cfg: TrainerConfig, info: RankInfo) -> List[str]:
     if cfg.dataset.used:
         raise ConfigError("[dataset] (recording, warm starts) is not supported in a distributed run yet: "
                           "record or warm-start with a single trainer")
-    for pid, spec in cfg.policies.items():
-        if spec.algorithm == "ppo" and cfg.trainable(pid):
-            raise ConfigError(f"[policies.{pid}]: PPO cannot train in a distributed run yet (its updates follow "
-                              f"each rank's own on-policy rows); use dqn or sac, or a single trainer")
     notes = []
     cfg.server.address = rank_address(cfg.server.address, info.local_rank)
     if cfg.run.device in ("auto", "cuda") and torch.cuda.is_available():   # one GPU per rank of a host
@@ -219,7 +218,7 @@ class Group:
         self.share = Share()
         self.filler: Dict[str, dict] = {}   # per policy: one replay row, shapes for a rank without data
         self.env_steps = 0                 # the group's, as of the last exchange
-        self.rows: Dict[str, List[int]] = {}   # per policy: each rank's replay size
+        self.rows: Dict[str, List[int]] = {}   # per policy: each rank's waiting_rows()
         self.has: Dict[str, List[bool]] = {}   # per policy: which ranks have it
         self.episodes: List[dict] = []     # ended here, not yet sent (ranks other than 0)
         if not info.writes:
@@ -238,7 +237,7 @@ class Group:
         self.sent = {"env": env, "agent": agent}
         for i, pid in enumerate(self.pids):
             p = policies.get(pid)
-            v[5 + 3 * i:8 + 3 * i] = torch.tensor([p is not None, self.fed[pid], len(p.replay) if _learns(p) else 0],
+            v[5 + 3 * i:8 + 3 * i] = torch.tensor([p is not None, self.fed[pid], p.waiting_rows() if _learns(p) else 0],
                                                   dtype=torch.float64)
             self.fed[pid] = 0
         for j, s in enumerate(send):
@@ -340,6 +339,8 @@ class Group:
         same count: the clock, update count and forgiven updates are the same everywhere). A rank
         with fewer rows than a batch runs them on filler rows with weight 0: it takes part in each
         all_reduce and its weights stay equal, without a sample of its own. True while more are owed."""
+        if learner.ON_POLICY:
+            return self.train_iteration(pid, learner, max_updates)
         cfg, rows = learner.config, self.rows[pid]
         ready = [r for r, n in enumerate(rows) if n >= cfg["batch_size"]]
         if not ready or learner.agent_steps < cfg["learning_starts"]:
@@ -366,6 +367,25 @@ class Group:
         if mine:
             learner.last_metrics = metrics
         return due > n
+
+    def train_iteration(self, pid: str, learner: Learner, max_updates: int) -> bool:
+        """PPO: an iteration starts on every rank at the same exchange, once the group's waiting rows
+        reach world x train_batch_size, with the same number of minibatches per epoch everywhere
+        (from the group's rows per rank), so every update has all its ranks. A rank with fewer rows
+        than that number sits the iteration out: empty minibatches with weight 0, its rows left
+        waiting for the next one. True while the iteration has updates left."""
+        if learner.iteration is None:
+            cfg, waiting, world = learner.config, self.rows[pid], self.info.world
+            if sum(waiting) < world * cfg["train_batch_size"]:
+                return False
+            per_epoch = learner.minibatches(sum(waiting) // world)
+            mine = waiting[self.info.rank] >= per_epoch
+            learner.iteration = learner.start_iteration(per_epoch, take_rows=mine)
+            learner.iteration["share"] = (1.0 if mine else 0.0, sum(n >= per_epoch for n in waiting))
+        it = learner.iteration
+        self.share.weight, self.share.ready = it["share"]
+        learner.run_updates(min(len(it["steps"]) - it["done"], max_updates), keep_metrics=it["share"][0] > 0)
+        return learner.iteration is not None
 
     def _broadcast_bytes(self, data: Optional[bytes], src: int) -> bytes:
         n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)

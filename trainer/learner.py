@@ -63,6 +63,7 @@ def pick_device(name: Optional[str] = None) -> torch.device:
 
 class Learner(Policy):
     DEFAULTS: Dict[str, Any] = {}
+    ON_POLICY = False   # True: trains in iterations over its own rows, no replay ratio (PPO)
     # The type of each config key whose default (None) does not say it; the others take their
     # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
     CONFIG_TYPES: Dict[str, Any] = {"seed": int}
@@ -220,6 +221,10 @@ class Learner(Policy):
         """Gradient updates one more agent step makes due (the replay ratio; the rate limiter of
         trainer/learner_process.py counts rows in flight with it)."""
         return float(self.config["updates_per_step"])
+
+    def waiting_rows(self) -> int:
+        """Rows the next updates can draw on: the replay buffer's (PPO: those its next iteration takes)."""
+        return len(self.replay)
 
     def updates_due(self) -> int:
         if (not self.trainable or self.agent_steps < self.config["learning_starts"]

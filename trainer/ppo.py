@@ -146,6 +146,7 @@ PENDULUM_PRESET = {
 
 
 class PPOLearner(Learner):
+    ON_POLICY = True   # iterations over its rows, not draws from a replay buffer (trainer/distributed.py)
     NETWORKS = 2       # policy and value
     PARAM_COPIES = 5   # weights, acting copy, gradients, Adam's two moments
     DEFAULTS = PPO_DEFAULTS
@@ -301,12 +302,20 @@ class PPOLearner(Learner):
     def minibatches(self, rows: int) -> int:
         return max(1, round(rows / self.config["minibatch_size"]))
 
+    def waiting_rows(self) -> int:
+        return self.incoming_rows
+
     @torch.no_grad()
-    def start_iteration(self) -> dict:
+    def start_iteration(self, per_epoch: Optional[int] = None, take_rows: bool = True) -> dict:
+        """The iteration on every waiting row, in `per_epoch` minibatches per epoch (default: about
+        minibatch_size rows each). take_rows False: an iteration of empty minibatches that leaves the
+        rows waiting (a rank of a group sitting this one out, trainer/distributed.py)."""
         cfg = self.config
         with self._incoming_lock:
-            chunks, self.incoming, self.incoming_rows = self.incoming, [], 0
-        rows = {k: np.concatenate([r[k] for r in chunks]) for k in chunks[0]}
+            chunks = self.incoming if take_rows else []
+            if take_rows:
+                self.incoming, self.incoming_rows = [], 0
+        rows = {k: np.concatenate([r[k] for r in chunks]) for k in chunks[0]} if chunks else self._no_rows()
         order, ends = segments(rows[EPS_ID], rows[AGENT_INDEX], rows[T], rows[TERMINATEDS] | rows[TRUNCATEDS])
         rows = {k: v[order] for k, v in rows.items()}
         dev = self.device
@@ -320,7 +329,7 @@ class PPOLearner(Learner):
         self.counters["rows_lagged"] += lagged
         self.counters["rows_trained"] += n
         # every epoch's shuffled minibatches, drawn now: updates_due() counts them down
-        k = self.minibatches(n)
+        k = per_epoch or self.minibatches(n)
         steps = [mb for _ in range(cfg["num_epochs"])
                  for mb in torch.randperm(n, device=dev, generator=self.generator).tensor_split(k)]
         for group in self.optimizer.param_groups:
@@ -338,16 +347,33 @@ class PPOLearner(Learner):
             return {}
         if self.iteration is None:
             self.iteration = self.start_iteration()
+        self.run_updates(due)
+        return self.last_metrics
+
+    def run_updates(self, n: int, keep_metrics: bool = True) -> None:
+        """The iteration's next n minibatch updates (ending it after its last)."""
         it = self.iteration
-        for _ in range(due):
+        for _ in range(n):
             metrics = self.update({k: it[k][it["steps"][it["done"]]] for k in ("obs", "idx", "a", "logp", "adv", "targets")})
-            for name, v in metrics.items():
-                it["sums"][name] = it["sums"].get(name, 0.0) + v
+            if keep_metrics:
+                for name, v in metrics.items():
+                    it["sums"][name] = it["sums"].get(name, 0.0) + v
             it["done"] += 1
             self.updates += 1
         if it["done"] == len(it["steps"]):
             self.finish_iteration(it)
-        return self.last_metrics
+
+    def _no_rows(self) -> Dict[str, np.ndarray]:
+        """Zero rows with the columns' shapes (start_iteration without rows)."""
+        lay = self.layout
+        rows = {OBS: np.zeros((0, flat_dim(self.observation_space)), np.float32),
+                "idx": np.zeros((0, len(lay.nvec)), np.int64), "a": np.zeros((0, lay.act_dim), np.float32),
+                POLICY_VERSION: np.zeros(0, np.int64), ACTION_LOGP: np.zeros(0, np.float32)}
+        rows[NEW_OBS] = rows[OBS]
+        for k, dt in ((REWARDS, np.float32), (TERMINATEDS, bool), (TRUNCATEDS, bool), (EPS_ID, np.int64),
+                      (AGENT_INDEX, np.int64), (T, np.int64)):
+            rows[k] = np.zeros(0, dt)
+        return rows
 
     def finish_iteration(self, it: dict) -> None:
         self.iteration = None

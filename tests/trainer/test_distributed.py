@@ -96,7 +96,8 @@ SMALL = ('{ batch_size = 32, learning_starts = 200, hidden = [32, 32], buffer_si
          'seed = 0 }')
 
 
-def start_group(tmp_path, hosts: Hosts, budget: int, resume: bool = False, preset: str = PRESET):
+def start_group(tmp_path, hosts: Hosts, budget: int, resume: bool = False, preset: str = PRESET,
+                algorithm: str = "dqn"):
     """Two ranks, each serving on its own host; returns (procs, logdir)."""
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
@@ -110,7 +111,7 @@ print_every_s = 0.5
 checkpoint_every_env_steps = 1000000
 seed = 0
 [policies.default_policy]
-algorithm = "dqn"
+algorithm = "{algorithm}"
 config = {preset}
 """)
     master = free_port() if not hosts.namespaces else 29500 + resume
@@ -203,6 +204,53 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
 
 
+# trainer/ppo.py's CARTPOLE_PRESET: each rank's minibatch of 256 rows, averaged over the two ranks.
+PPO_PRESET = ('{ gamma = 0.98, lambda_ = 0.8, hidden = [64, 64], lr = 0.001, lr_final = 0.0, lr_timesteps = 100000, '
+              'train_batch_size = 256, minibatch_size = 256, num_epochs = 20, clip_param = 0.2, grad_clip = 0.5, '
+              'seed = 0 }')
+
+
+@pytest.mark.timeout(300)
+def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tmp_path, hosts):
+    """PPO in a group: an iteration starts on both ranks at the same exchange, with the same number
+    of minibatch updates. Rank 1's simulator comes only after rank 0's has trained some iterations:
+    rank 1 sits those out (empty minibatches, weight 0) and its weights stay equal all the same."""
+    steps = 15000
+    procs, logdir = start_group(tmp_path, hosts, budget=0, preset=PPO_PRESET, algorithm="ppo")
+    sims = []
+    try:
+        for i in range(2):
+            wait_health(hosts, procs, i)
+        sims.append(sim(hosts, 0, "--max-steps", str(steps)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(r.get("versions", {}).get("default_policy", 0) >= 40
+                                                      for r in records(logdir)):
+            time.sleep(0.2)
+        early = max((r.get("versions", {}).get("default_policy", 0) for r in records(logdir)), default=0)
+        sims.append(sim(hosts, 1, "--max-steps", str(steps)))
+        outs = [json.loads(s.communicate(timeout=200)[0].strip().splitlines()[-1]) for s in sims]
+        codes = stop(procs)
+    finally:
+        for s in sims:
+            if s.poll() is None:
+                s.kill()
+        stop(procs)
+    out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
+    assert early >= 40, f"no PPO iteration before rank 1's simulator came (version {early})\n{out}"
+    assert codes == [0, 0], out
+    d0, d1 = digests(procs[0]), digests(procs[1])
+    assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
+    recs = records(logdir)
+    assert recs[-1]["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (recs[-1], outs)
+    version = int(d0[0].split()[1].rstrip(","))
+    assert version > 200, version
+    best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
+    at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
+    print(f"PPO return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; version {version} "
+          f"({early} before rank 1's simulator); {hosts.why or 'namespaces'}")
+    assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
+
+
 @pytest.mark.timeout(240)
 def test_a_killed_rank_stops_the_group_and_resume_restarts_it_from_rank0s_checkpoint(tmp_path, hosts):
     """Rank 0 has no simulator here: it still takes part in every update (weight 0), and builds the
@@ -259,10 +307,11 @@ def test_what_a_group_cannot_do_is_refused_before_it_starts(monkeypatch, capsys,
     from simbridge.trainer import cli
     for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(k, v)
-    cfg = tmp_path / "ppo.toml"
-    cfg.write_text('[policies.default_policy]\nalgorithm = "ppo"\n')
+    cfg = tmp_path / "record.toml"
+    cfg.write_text('[dataset]\nrecord = true\n[policies.default_policy]\nalgorithm = "ppo"\n')
     assert cli.main(["run", "--config", str(cfg), "--logdir", str(tmp_path / "run")]) == 2
-    assert "PPO cannot train in a distributed run yet" in capsys.readouterr().err
+    assert "is not supported in a distributed run yet: record or warm-start with a single trainer" \
+        in capsys.readouterr().err
 
 
 def test_each_rank_of_a_host_serves_on_its_own_port():

@@ -144,6 +144,32 @@ def test_an_iteration_runs_in_chunks_and_publishes_weights_only_at_its_end():
     assert learner.counters["rows_trained"] == 32
 
 
+@pytest.mark.parametrize("act", [gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (2,)),
+                                 gym.spaces.Dict({"continuous": gym.spaces.Box(-1.0, 1.0, (2,)),
+                                                  "discrete": gym.spaces.MultiDiscrete([2, 3])})],
+                         ids=["discrete", "box", "hybrid"])
+def test_a_group_ranks_sit_out_iteration_has_its_updates_and_gradients_and_leaves_the_rows(act):
+    """trainer/distributed.py: a rank with too few rows runs the group's iteration on no rows: the same
+    number of updates, a gradient (zero) on exactly the parameters a real iteration gives one (each
+    is one all_reduce's worth, in the same order), and its rows wait for the next iteration."""
+    full, empty = make(act, train_batch_size=8, minibatch_size=4, num_epochs=2), \
+        make(act, train_batch_size=8, minibatch_size=4, num_epochs=2)
+    full.add(rows(full, 8))
+    empty.add(rows(empty, 3))
+    full.iteration = full.start_iteration(per_epoch=3)
+    empty.iteration = empty.start_iteration(per_epoch=3, take_rows=False)
+    assert len(full.iteration["steps"]) == len(empty.iteration["steps"]) == 6
+    grads = {}
+    for name, learner in (("full", full), ("empty", empty)):
+        learner.run_updates(1, keep_metrics=name == "full")
+        grads[name] = [p.grad for p in learner.optimizer.param_groups[0]["params"]]
+    assert [g is None for g in grads["full"]] == [g is None for g in grads["empty"]]
+    assert all(not g.any() for g in grads["empty"] if g is not None)
+    empty.run_updates(5, keep_metrics=False)
+    assert (empty.updates, empty.iteration, empty.incoming_rows) == (6, None, 3)
+    assert empty.counters["rows_trained"] == 0 and "policy_loss" not in empty.last_metrics
+
+
 def test_memory_estimate_is_the_rollout_buffer_not_a_replay_buffer():
     est = PPOLearner.memory_estimate(OBS, gym.spaces.Discrete(2), {"train_batch_size": 1000})
     assert est["replay"] == 2 * 1000 * est["transition"]
