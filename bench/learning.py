@@ -83,7 +83,7 @@ def _inline(d: dict) -> str:
 
 def learner_class(task: dict):
     """The task's Learner class, from the trainer config's algorithm registry."""
-    from simbridge.trainer.config import ALGORITHMS
+    from simbridge.trainer.config_algorithms import ALGORITHMS
     module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
 
