@@ -15,7 +15,7 @@ line per seed goes to stderr as it ends, and the JSON has each seed's run, the c
 `seeds_solved` and the median `median_bridge_vs_inprocess_wall`.
 
 The bridge run writes a TOML config (the learner presets of trainer/dqn.py,
-trainer/sac.py and trainer/ppo.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
+trainer/sac.py and trainer/ppo_presets.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
@@ -83,7 +83,7 @@ def _inline(d: dict) -> str:
 
 def learner_class(task: dict):
     """The task's Learner class, from the trainer config's algorithm registry."""
-    from simbridge.trainer.config import ALGORITHMS
+    from simbridge.trainer.config_algorithms import ALGORITHMS
     module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
 

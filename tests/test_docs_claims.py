@@ -7,7 +7,7 @@ import pytest
 
 from simbridge.sims import gym_sim
 from simbridge.trainer import cli, demo
-from simbridge.trainer.config import SECTIONS
+from simbridge.trainer.config_sections import SECTIONS
 from simbridge.trainer.launch import ROOT
 
 DOCS = sorted([ROOT / "README.md", ROOT / "docker" / "README.md", *(ROOT / "docs").glob("*.md")])

@@ -132,6 +132,24 @@ def check_keys(raw: dict, known: Iterable[str], what: str, hint: str = "") -> No
     raise ConfigError(f"{what}: unknown key(s) {unknown}{'; ' + said if said else ''}; known: {known}{hint}")
 
 
+def check_table_keys(raw: dict, known: Iterable[str], what: str) -> None:
+    """check_keys for a table of the config file, where an unknown policies_to_train is most likely
+    a top-level key written below a [table] header: the message says so."""
+    hint = ""
+    if "policies_to_train" in set(raw) - set(known):
+        hint = ("; policies_to_train is a top-level key: put it above the first [table] "
+                "(TOML files keys that follow a [table] header under that table)")
+    check_keys(raw, known, what, hint)
+
+
+def require_type(value, typ, what: str):
+    """`value` if it is a `typ` (dict: a table, list, str), else a ConfigError naming `what`."""
+    if not isinstance(value, typ):
+        name = {dict: "a table", list: "a list", str: "a string"}.get(typ, typ.__name__)
+        raise ConfigError(f"{what} must be {name}, got {value!r}")
+    return value
+
+
 # ---------------------------------------------------------------- overrides
 
 def parse_value(text: str, strict: bool = False):

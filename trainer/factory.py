@@ -13,7 +13,8 @@ import torch
 
 from simbridge.server.mapping import pattern_mapping
 from simbridge.server.policies import Policy, RandomPolicy
-from simbridge.trainer.config import TrainerConfig, resolve_algorithm
+from simbridge.trainer.config import TrainerConfig
+from simbridge.trainer.config_algorithms import resolve_algorithm
 from simbridge.trainer.learner import Learner
 from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
 

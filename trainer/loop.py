@@ -18,7 +18,7 @@ import time
 from typing import Callable, Dict, List
 
 from simbridge.server.runtime import BridgeRuntime
-from simbridge.trainer.config import RunSection
+from simbridge.trainer.config_sections import RunSection
 from simbridge.trainer.factory import trains
 from simbridge.trainer.learner import Learner
 from simbridge.trainer.learner_process import LearnerProcess, LearnerProcessDied, spawn_child, wait_any
