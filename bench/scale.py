@@ -2,13 +2,15 @@
 ranks (trainer/distributed.py), each rank with the same simulators, beside a plain single-process
 trainer with the same config.
 
-    python bench/scale.py [--ranks 1,2,4] [--sims-per-rank 1] [--slots 4] [--window-s 15]
+    python bench/scale.py [--ranks 1,2,4] [--sims-per-rank 1] [--slots 4] [--window-s 15] [--algorithm dqn|ppo]
 
 Every run is real processes on loopback: R ranks started as torchrun starts them (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment), each serving on its own port, and
 `--sims-per-rank` CartPole simulators (`simbridge-sim --slots K --vector`) per rank pointed at
 that rank. DQN with CartPole's preset, updates_per_step 1: the learner sets the pace (intake waits
 for the updates the replay ratio makes due), so env steps/s is what the group can learn from.
+`--algorithm ppo`: PPO's CartPole preset (an iteration per 256 rows per rank; samples/s counts
+each update's 256-row minibatch on every rank).
 After a warm-up (learning has started on every rank), rank 0's metrics.jsonl (the group's
 counts) is read over `--window-s`: env steps/s, updates/s (group updates: each averages the
 gradients of a batch from every rank) and samples/s (updates x ranks x batch_size). The ranks'
@@ -33,12 +35,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simbridge.trainer.launch import Proc, child_env, free_port, python_module, wait_for_health  # noqa: E402
 
-BATCH = 128
-PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, batch_size = %d, buffer_size = 100000, learning_starts = 1000, '
-          'updates_per_step = 1.0, hidden = [128, 128], tau = 0.005, epsilon_timesteps = 10000, seed = 0 }' % BATCH)
+# algorithm -> (its config, rows per rank in one update: DQN's batch, PPO's minibatch)
+PRESETS = {
+    "dqn": ('{ gamma = 0.99, n_step = 3, lr = 0.0005, batch_size = 128, buffer_size = 100000, learning_starts = 1000, '
+            'updates_per_step = 1.0, hidden = [128, 128], tau = 0.005, epsilon_timesteps = 10000, seed = 0 }', 128),
+    # trainer/ppo_presets.py's CARTPOLE_PRESET: an iteration per 256 rows per rank, 20 updates of 256 rows
+    "ppo": ('{ gamma = 0.98, lambda_ = 0.8, hidden = [64, 64], lr = 0.001, lr_final = 0.0, lr_timesteps = 100000, '
+            'train_batch_size = 256, minibatch_size = 256, num_epochs = 20, clip_param = 0.2, grad_clip = 0.5, '
+            'seed = 0 }', 256),
+}
 
 
-def config(path: Path, logdir: Path, address: str) -> None:
+def config(path: Path, logdir: Path, address: str, algorithm: str) -> None:
     path.write_text(f"""[server]
 address = "{address}"
 rollout_fragment_length = 32
@@ -48,8 +56,8 @@ print_every_s = 0.5
 checkpoint_every_env_steps = 100000000
 seed = 0
 [policies.default_policy]
-algorithm = "dqn"
-config = {PRESET}
+algorithm = "{algorithm}"
+config = {PRESETS[algorithm][0]}
 """)
 
 
@@ -65,7 +73,7 @@ def one(ranks: int, args, root: Path) -> dict:
     base = free_port()
     while any(_busy(base + i) for i in range(1, max(ranks, 1))):
         base = free_port()
-    config(cfg, logdir, f"127.0.0.1:{base}")
+    config(cfg, logdir, f"127.0.0.1:{base}", args.algorithm)
     master = free_port()
     procs, sims = [], []
     try:
@@ -114,7 +122,7 @@ def one(ranks: int, args, root: Path) -> dict:
     hashes = [re.findall(r"weights sha256 (\w+)", "\n".join(p.lines)) for p in procs]
     out = {"ranks": ranks, "simulators": max(ranks, 1) * args.sims_per_rank, "slots_per_simulator": args.slots,
            "window_s": round(dt, 1), "env_steps_per_s": round(env, 1), "updates_per_s": round(upd, 1),
-           "samples_per_s": round(upd * max(ranks, 1) * BATCH, 1),
+           "samples_per_s": round(upd * max(ranks, 1) * PRESETS[args.algorithm][1], 1),
            "env_steps_per_s_per_rank": round(env / max(ranks, 1), 1)}
     if ranks:
         out["weights_equal"] = bool(hashes[0]) and all(h == hashes[0] for h in hashes)
@@ -133,10 +141,13 @@ def main() -> None:
     p.add_argument("--sims-per-rank", type=int, default=1)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--window-s", type=float, default=15.0)
+    p.add_argument("--algorithm", choices=sorted(PRESETS), default="dqn",
+                   help="dqn (replay ratio 1) or ppo (on-policy iterations, DD-PPO across ranks)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="simbridge-scale-"))
     try:
-        out = {"machine": f"{os.cpu_count()} CPUs", "batch_size": BATCH, "single": one(0, args, root)}
+        out = {"machine": f"{os.cpu_count()} CPUs", "algorithm": args.algorithm,
+               "rows_per_update_per_rank": PRESETS[args.algorithm][1], "single": one(0, args, root)}
         for r in [int(x) for x in args.ranks.split(",")]:
             out[f"ranks{r}"] = one(r, args, root)
         r1 = out.get("ranks1")
