@@ -78,14 +78,14 @@ def check_spaces(dataset, policy, pid: str, what: str) -> None:
 def share(dataset, rank: int = 0, world: int = 1) -> List[int]:
     """The episodes (indices in the dataset's order) rank `rank` of `world` learns from: every
     world-th from the rank's own, so the group's shards hold the whole dataset once."""
-    return list(dataset.episode_indices[rank::world]) if world > 1 else list(dataset.episode_indices)
+    return [int(i) for i in dataset.episode_indices[rank::world]]
 
 
 def batches(dataset, episodes: Optional[List[int]] = None) -> Iterator[SampleBatch]:
     """The dataset's transitions (of `episodes`, default all) as SampleBatches of whole episodes
     (each its own eps_id, negative so that none is ever a live episode's)."""
     chunk, rows = [], 0
-    indices = list(dataset.episode_indices) if episodes is None else episodes
+    indices = share(dataset) if episodes is None else episodes
     for i, ep in zip(indices, dataset.iterate_episodes(indices)):
         n = len(ep.rewards)
         if n == 0:
