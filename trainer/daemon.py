@@ -133,17 +133,23 @@ class TrainerDaemon:
                 self.runtime.add_policy(pid, policy)
             warm_start.check_learner(policy, pid, what)
             warm_start.check_spaces(data, policy, pid, what)
+            # In a group each rank takes every world-th episode: the shards hold the dataset once.
+            episodes = warm_start.share(data, *((self.rank.rank, self.rank.world) if self.rank else ()))
             rows = 0
-            for b in warm_start.batches(data):
+            for b in warm_start.batches(data, episodes):
                 self.loop.warm_start.append((pid, b))
                 rows += b.count
-            notes.append(f"warm start of {pid}: {rows:,} transitions ({data.total_episodes:,} episodes) from "
-                         f"{source}, learned from before any simulator's")
+            whose, of = ("", "") if self.rank is None else (f"rank {self.rank.rank}'s share: ",
+                                                            f"{len(episodes):,} of ")
+            notes.append(f"warm start of {pid}: {whose}{rows:,} transitions ({of}{data.total_episodes:,} episodes) "
+                         f"from {source}, learned from before any simulator's")
         if ds.record:
             root = ds.root(self.logdir)
-            self.loop.recorder = datasets.EpisodeRecorder(ds, root, self._spaces, resume=self.resume)
+            rank = self.rank.rank if self.rank else None   # a group's ranks record apart (datasets.dataset_id)
+            self.loop.recorder = datasets.EpisodeRecorder(ds, root, self._spaces, resume=self.resume, rank=rank)
             notes.append(f"recording {', '.join(ds.record_policies) or 'every policy'} to {root} "
-                         f"(Minari; MINARI_DATASETS_PATH={root} then minari.load_dataset(\"simbridge/<policy>-v0\"))")
+                         f"(Minari; MINARI_DATASETS_PATH={root} then minari.load_dataset("
+                         f"\"simbridge/<policy>{'' if rank is None else f'-rank{rank}'}-v0\"))")
         return notes
 
     def _spaces(self, pid: str):

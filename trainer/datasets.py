@@ -3,7 +3,7 @@
     [dataset]
     record = true                    # record the run's experience (default false)
     record_policies = ["p0"]         # which policies (default: every policy that gets experience)
-    dir = ""                         # default LOGDIR/datasets; dataset ids simbridge/<policy>-v0
+    dir = ""                         # default LOGDIR/datasets; ids simbridge/<policy>-v0 (-rank<k>-v0 in a group)
     warm_start = { p0 = "runs/old/datasets/simbridge/p0-v0" }   # trainer/warm_start.py
     max_open_episodes = 10000        # open (episode, agent) trajectories kept at once
     max_episode_steps = 100000       # a longer trajectory is written in pieces
@@ -132,9 +132,12 @@ def require_minari():
     return minari
 
 
-def dataset_id(policy_id: str) -> str:
-    """simbridge/<policy>-v0: what minari.load_dataset takes with MINARI_DATASETS_PATH = the root."""
-    return f"{NAMESPACE}/{re.sub(r'[^-A-Za-z0-9_]', '_', policy_id)}-v0"
+def dataset_id(policy_id: str, rank: Optional[int] = None) -> str:
+    """simbridge/<policy>-v0: what minari.load_dataset takes with MINARI_DATASETS_PATH = the root.
+    Rank k of a data-parallel group records simbridge/<policy>-rank<k>-v0: the ranks' logdirs may be
+    one shared path, and distinct ids in one root are what minari.combine_datasets joins."""
+    name = re.sub(r'[^-A-Za-z0-9_]', '_', policy_id) + ("" if rank is None else f"-rank{rank}")
+    return f"{NAMESPACE}/{name}-v0"
 
 
 # ---------------------------------------------------------------- writing
@@ -142,11 +145,11 @@ def dataset_id(policy_id: str) -> str:
 class _Writer:
     """One policy's Minari dataset on disk (HDF5), appended to in groups of episodes."""
 
-    def __init__(self, root: Path, policy_id: str, obs_space, act_space, resume: bool):
+    def __init__(self, root: Path, policy_id: str, obs_space, act_space, resume: bool, rank: Optional[int] = None):
         from minari import __version__
         from minari.dataset.minari_storage import MinariStorage
 
-        self.id = dataset_id(policy_id)
+        self.id = dataset_id(policy_id, rank)
         data = root / self.id / "data"
         if (data / "metadata.json").exists():
             if not resume:
@@ -164,7 +167,8 @@ class _Writer:
                                              jpeg_encoding=False)
             self.storage.update_metadata({"dataset_id": self.id, "algorithm_name": f"simbridge policy {policy_id}",
                                           "minari_version": __version__,
-                                          "description": f"every transition the simbridge trainer received "
+                                          "description": f"every transition the simbridge trainer"
+                                                         f"{'' if rank is None else f' rank {rank}'} received "
                                                          f"for policy {policy_id!r} (docs/datasets.md)"})
         self.pending: list = []
         self.since = 0.0
@@ -213,13 +217,17 @@ def _rows(col, lo: int, hi: int):
 class EpisodeRecorder:
     """MultiAgentBatches in (`add`, the learning loop's thread only), Minari episodes out."""
 
-    def __init__(self, cfg: DatasetSection, root: Path, spaces: Callable[[str], Tuple], resume: bool = False):
+    def __init__(self, cfg: DatasetSection, root: Path, spaces: Callable[[str], Tuple], resume: bool = False,
+                 rank: Optional[int] = None):
+        """rank: this process's rank in a data-parallel group (None: a single trainer). A rank looks
+        only at its own datasets (ids ending -rank<k>-v0): the others' may share the root."""
         require_minari()
-        existing = sorted(p.parent.parent.name for p in Path(root).glob(f"{NAMESPACE}/*/data/metadata.json"))
+        mine = "*" if rank is None else f"*-rank{rank}-v0"
+        existing = sorted(p.parent.parent.name for p in Path(root).glob(f"{NAMESPACE}/{mine}/data/metadata.json"))
         if existing and not resume:
             raise DatasetConfigError(f"[dataset] datasets already exist in {root} ({', '.join(existing)}): remove "
                                      f"them, or set [dataset] dir to another directory")
-        self.cfg, self.root, self._spaces, self._resume = cfg, Path(root), spaces, resume
+        self.cfg, self.root, self._spaces, self._resume, self.rank = cfg, Path(root), spaces, resume, rank
         self._open: "collections.OrderedDict[Tuple[str, int, int], _Trajectory]" = collections.OrderedDict()
         self._dropped_keys: "collections.OrderedDict[Tuple[str, int, int], None]" = collections.OrderedDict()
         self._writers: Dict[str, _Writer] = {}
@@ -327,7 +335,7 @@ class EpisodeRecorder:
         w = self._writers.get(pid)
         if w is None:
             obs_space, act_space = self._spaces(pid)
-            w = self._writers[pid] = _Writer(self.root, pid, obs_space, act_space, self._resume)
+            w = self._writers[pid] = _Writer(self.root, pid, obs_space, act_space, self._resume, self.rank)
             log.info("dataset: recording policy %r to %s (minari id %s)", pid, self.root / w.id, w.id)
         return w
 

@@ -35,8 +35,10 @@ them, so the ranks start equal.
 The learners train in the loop's own thread here (`learner_process` is forced off): the
 collectives must be issued by every rank in the same order at the points the exchange decides,
 and the loop that makes the decision is the one place that can issue them without a second
-hand-over to a child process per update. Journal and datasets are off in a group: a resume
-restarts from rank 0's checkpoint.
+hand-over to a child process per update. The journal is off in a group: a resume restarts from
+rank 0's checkpoint. [dataset]: each rank records its own simulators' episodes (its own dataset ids,
+datasets.dataset_id), and a warm start gives each rank every world-th episode of the dataset; its
+rows count on the group's clock (DistributedLoop.run).
 """
 import datetime
 import hashlib
@@ -105,10 +107,8 @@ def rank_address(address: str, local_rank: int) -> str:
 
 def prepare_config(cfg: TrainerConfig, info: RankInfo) -> List[str]:
     """The config as a rank runs it (its address, seed, no learner process, no journal); lines
-    saying what was changed. Refuses what a group cannot do."""
-    if cfg.dataset.used:
-        raise ConfigError("[dataset] (recording, warm starts) is not supported in a distributed run yet: "
-                          "record or warm-start with a single trainer")
+    saying what was changed. ([dataset] works as in a single trainer, per rank: the daemon gives each
+    rank its own dataset ids and its share of a warm start's episodes.)"""
     notes = []
     cfg.server.address = rank_address(cfg.server.address, info.local_rank)
     if cfg.run.device in ("auto", "cuda") and torch.cuda.is_available():   # one GPU per rank of a host

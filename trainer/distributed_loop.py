@@ -30,11 +30,16 @@ class DistributedLoop(LearningLoop):
         for pid, p in self.runtime.policies.items():   # a resumed rank 0's clocks go on from its checkpoint
             if _learns(p):
                 g.base[pid] = p.agent_steps
+        # A warm start's share (trainer/warm_start.py), after the base: its rows count in `fed`, so the
+        # first exchange puts the whole dataset on the group's clock, as agent steps.
+        for pid, b in self.warm_start:
+            self.feed(pid, self.runtime.policies[pid], b)
+        self.warm_start = []
         self._next_report = time.monotonic() + run.print_every_s
         every = run.checkpoint_every_env_steps
         next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
         known = len(self.runtime.policies)
-        owed = False
+        owed = True   # no intake before the first exchange: a warm start's due updates come first
         while True:
             if not owed:
                 self._intake()

@@ -17,7 +17,7 @@ already counted the dataset in its checkpoint.
 """
 import logging
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -75,11 +75,18 @@ def check_spaces(dataset, policy, pid: str, what: str) -> None:
             f"warm-start from a dataset recorded with the same spaces")
 
 
-def batches(dataset) -> Iterator[SampleBatch]:
-    """The dataset's transitions as SampleBatches of whole episodes (each its own eps_id, negative so
-    that none is ever a live episode's)."""
+def share(dataset, rank: int = 0, world: int = 1) -> List[int]:
+    """The episodes (indices in the dataset's order) rank `rank` of `world` learns from: every
+    world-th from the rank's own, so the group's shards hold the whole dataset once."""
+    return [int(i) for i in dataset.episode_indices[rank::world]]
+
+
+def batches(dataset, episodes: Optional[List[int]] = None) -> Iterator[SampleBatch]:
+    """The dataset's transitions (of `episodes`, default all) as SampleBatches of whole episodes
+    (each its own eps_id, negative so that none is ever a live episode's)."""
     chunk, rows = [], 0
-    for i, ep in enumerate(dataset.iterate_episodes()):
+    indices = share(dataset) if episodes is None else episodes
+    for i, ep in zip(indices, dataset.iterate_episodes(indices)):
         n = len(ep.rewards)
         if n == 0:
             continue
@@ -110,4 +117,4 @@ def load(source: str, pid: str) -> Tuple[object, str]:
     return open_dataset(source, what), what
 
 
-__all__ = ["open_dataset", "check_learner", "check_spaces", "batches", "load", "EXTRA_HINT"]
+__all__ = ["open_dataset", "check_learner", "check_spaces", "share", "batches", "load", "EXTRA_HINT"]

@@ -184,13 +184,13 @@ def test_dataset_config_errors_name_the_fix(text, expected):
         assert piece in str(e.value), (piece, str(e.value))
 
 
-def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
-    """Before serving: a missing dataset, PPO (on-policy), a frozen policy, other spaces."""
+def tiny_dataset(path: Path) -> Path:
+    """A Minari dataset of one 2-step episode (observation Box(3,), action Discrete(2)) at path."""
     from minari.data_collector.episode_buffer import EpisodeBuffer
     from minari.dataset.minari_storage import MinariStorage
     import gymnasium as gym
 
-    data = tmp_path / "ds" / "data"
+    data = path / "data"
     data.mkdir(parents=True)
     store = MinariStorage.new(data, observation_space=gym.spaces.Box(-1, 1, (3,), np.float32),
                               action_space=gym.spaces.Discrete(2), jpeg_encoding=False)
@@ -198,6 +198,12 @@ def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
     store.update_episodes([EpisodeBuffer(observations=np.zeros((3, 3), np.float32), actions=np.zeros(2, np.int64),
                                          rewards=np.ones(2, np.float32), terminations=np.array([False, True]),
                                          truncations=np.zeros(2, bool))])
+    return path
+
+
+def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
+    """Before serving: a missing dataset, PPO (on-policy), a frozen policy, other spaces."""
+    tiny_dataset(tmp_path / "ds")
     cases = [
         ('algorithm = "dqn"', str(tmp_path / "missing"), ["no Minari dataset", "missing"]),
         ('algorithm = "ppo"', str(tmp_path / "ds"), ["PPO", "on-policy", "dqn or sac"]),
