@@ -24,7 +24,7 @@ namespace simbridge {
 // for this long has lost the session's open episodes anyway (they end at its timeout).
 constexpr double kFailoverAfterS = 2.0;
 // gRPC's grpc.min_reconnect_backoff_ms, which gRPC core takes as one connection attempt's deadline
-// (handshake included), as simbridge/wire/grpc_tuning.py's CONNECT_ATTEMPT_MS: see connection.cpp.
+// (handshake included), as simbridge/wire/grpc_tuning.py's CONNECT_ATTEMPT_MS: see new_channel.
 constexpr int kConnectAttemptMs = 2000;
 
 // probe's words for a port (or socket file) where nothing serves: its sessions are gone.
