@@ -6,6 +6,14 @@ Two bare BridgeServers on loopback; a PolicyClient given both addresses acts onc
 is on stops (grace 0), and the time from the stop to the SessionLost raised by the client's next
 call (which includes connecting to the other server and opening a new session there) is taken,
 per transport. Prints one JSON object: per transport the median and maximum seconds.
+
+    python bench/failover.py --cpp build/cpp [--hung]
+
+adds the C++ SDK (the lockstep example sims/cpp/examples/cartpole.cpp, given both addresses, built
+into that directory, e.g. by the C++ tests): the time from the stop to the first step the other
+server counts (SessionLost, the example's new episode and its first get_action: a round trip more
+than the Python figure). --hung: the C++ client's host keeps listening on its port without
+answering (a bare socket bound to it), so it moves after FAILOVER_AFTER_S and the connect attempts.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
@@ -13,6 +21,9 @@ prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tun
 import argparse
 import json
 import logging
+import os
+import socket
+import subprocess
 import time
 
 import gymnasium as gym
@@ -48,14 +59,54 @@ def one_move(transport: str) -> float:
             srv.stop(grace=0)
 
 
+def one_move_cpp(build: str, hung: bool) -> float:
+    servers = {}
+    for _ in range(2):
+        srv = BridgeServer(BridgeRuntime(BridgeConfig()), "127.0.0.1:0").start()
+        servers[srv.address] = srv
+    steps = lambda srv: srv.runtime.snapshot()["env_steps"]   # noqa: E731
+    proc = subprocess.Popen([os.path.join(build, "cartpole"), "--address", ",".join(servers), "--episodes", "100000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hold = socket.socket()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(steps(s) > 100 for s in servers.values()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the C++ example never stepped"
+            time.sleep(0.01)
+        first = next(a for a, s in servers.items() if steps(s) > 0)
+        (second,) = set(servers) - {first}
+        servers[first].stop(grace=0)
+        t0 = time.monotonic()
+        if hung:   # something still listens there, and never answers
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            host, port = first.rsplit(":", 1)
+            hold.bind((host, int(port)))
+            hold.listen(8)
+        while steps(servers[second]) == 0:
+            assert time.monotonic() - t0 < 30 and proc.poll() is None, "the C++ example did not move"
+            time.sleep(0.001)
+        return time.monotonic() - t0
+    finally:
+        hold.close()
+        proc.terminate()   # by its own PID
+        proc.wait(timeout=10)
+        for srv in servers.values():
+            srv.stop(grace=0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--cpp", metavar="BUILD_DIR", help="also the C++ SDK's lockstep example built there")
+    p.add_argument("--hung", action="store_true", help="C++ only: the lost host keeps listening, never answering")
     args = p.parse_args()
     logging.disable(logging.WARNING)
     out = {}
-    for transport in ("stream", "unary"):
-        times = [one_move(transport) for _ in range(args.trials)]
+    modes = {"stream": lambda: one_move("stream"), "unary": lambda: one_move("unary")}
+    if args.cpp:
+        modes["cpp_stream" + ("_hung" if args.hung else "")] = lambda: one_move_cpp(args.cpp, args.hung)
+    for transport, move in modes.items():
+        times = [move() for _ in range(args.trials)]
         out[transport] = {"move_s_median": round(float(np.median(times)), 4), "move_s_max": round(max(times), 4),
                           "trials": args.trials}
     print(json.dumps(out))
