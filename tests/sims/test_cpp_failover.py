@@ -1,10 +1,12 @@
 """The C++ SDK with several bridge hosts: a C++ example given "A,B" connects to one, moves to the
 other when its server goes away (SessionLost handled by going on with new episodes), and the two
 servers' counted steps add up to the steps whose actions the example received (plus, at most, the
-step in flight when the first stopped, which that server applied and counted, or not, alone); a host that still
-listens but does not answer gets FAILOVER_AFTER_S first; when no address answers the error names
-every one. Real BridgeServers on loopback and real C++ processes (the examples in build/cpp). Where
-a process starts in the list is ctest's (unit_tests.cpp). Budget: ~20 s on 2 cores."""
+step in flight when the first stopped, which that server applied and counted, or not, alone); a
+client idle at the stop counts exactly, and a call naming an episode of the lost session is
+refused by the client (EPISODE_ENDED); a host that still listens but does not answer gets
+FAILOVER_AFTER_S first; when no address answers the error names every one. Real BridgeServers on
+loopback and real C++ processes (the examples and tools/failover_probe in build/cpp). Where a
+process starts in the list is ctest's (unit_tests.cpp). Budget: ~20 s on 2 cores."""
 import json
 import os
 import socket
@@ -92,6 +94,35 @@ def test_slot_example_moves_and_every_served_step_is_counted_once(build, make_se
     a, b = _steps(servers[first]), _steps(servers[second])
     # The step in flight when A stopped: A applied and counted it or not, alone (never resent to B).
     assert a > 0 and b > 0 and summary["acted_steps"] <= a + b <= summary["acted_steps"] + 4, (summary, a, b)
+
+
+@pytest.mark.parametrize("multi", ["0", "1"])
+def test_client_moves_its_lost_episode_is_refused_and_counts_stay_exact(build, make_server, multi):
+    """tools/failover_probe: PolicyClient (multi 0) or MultiAgentPolicyClient (multi 1), idle when
+    its server stops: the next call raises SessionLost naming both addresses; a call naming the lost
+    episode is refused by the client (EPISODE_ENDED); the new episode's steps reach the other."""
+    servers = _pair(make_server)
+    proc = subprocess.Popen([os.path.join(build, "failover_probe"), "--address", ",".join(servers), "--multi", multi],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline()) == {"ready": True}
+        first = next(a for a, s in servers.items() if _steps(s) > 0)
+        (second,) = set(servers) - {first}
+        servers[first].stop(grace=0)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    summary, err = _finish(proc, 30)
+    assert summary["lost"].startswith(f"the bridge at {first} went away (nothing listens there (connection "
+                                      f"refused)); moved to {second} (new session "), summary
+    assert "the 1 open episode(s) of session" in summary["lost"] and summary["lost_s"] < 5.0, summary
+    assert summary["ended_reason"] == "EPISODE_ENDED" and "already ended (with its session, lost" in summary["ended"]
+    assert f"moved to {second}" in err and "1 open episode(s) ended" in err, err
+    assert (_steps(servers[first]), _steps(servers[second])) == (1, 10)
+    assert servers[second].runtime.snapshot()["episodes"] == 1
 
 
 def test_a_host_that_listens_but_does_not_answer_gets_the_grace_then_the_example_moves(build, make_server):
