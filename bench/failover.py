@@ -9,11 +9,10 @@ per transport. Prints one JSON object: per transport the median and maximum seco
 
     python bench/failover.py --cpp build/cpp [--hung]
 
-adds the C++ SDK (the lockstep example sims/cpp/examples/cartpole.cpp, given both addresses, built
-into that directory, e.g. by the C++ tests): the time from the stop to the first step the other
-server counts (SessionLost, the example's new episode and its first get_action: a round trip more
-than the Python figure). --hung: the C++ client's host keeps listening on its port without
-answering (a bare socket bound to it), so it moves after FAILOVER_AFTER_S and the connect attempts.
+adds the C++ SDK's PolicyClient (sims/cpp/tools/failover_probe.cpp, built into that directory,
+e.g. by the C++ tests), measured the same way: the stop, then the client's next call, timed until
+its SessionLost. --hung: the lost host keeps listening on its port without answering (a bare socket
+bound to it), so the C++ client moves after FAILOVER_AFTER_S and its connection attempts.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
@@ -60,36 +59,34 @@ def one_move(transport: str) -> float:
 
 
 def one_move_cpp(build: str, hung: bool) -> float:
+    """The C++ PolicyClient (tools/failover_probe): acts once, its server stops while it is idle,
+    and it times its next call, which raises SessionLost; as one_move does for Python."""
     servers = {}
     for _ in range(2):
         srv = BridgeServer(BridgeRuntime(BridgeConfig()), "127.0.0.1:0").start()
         servers[srv.address] = srv
-    steps = lambda srv: srv.runtime.snapshot()["env_steps"]   # noqa: E731
-    proc = subprocess.Popen([os.path.join(build, "cartpole"), "--address", ",".join(servers), "--episodes", "100000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([os.path.join(build, "failover_probe"), "--address", ",".join(servers)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     hold = socket.socket()
     try:
-        deadline = time.monotonic() + 30
-        while not any(steps(s) > 100 for s in servers.values()):
-            assert time.monotonic() < deadline and proc.poll() is None, "the C++ example never stepped"
-            time.sleep(0.01)
-        first = next(a for a, s in servers.items() if steps(s) > 0)
-        (second,) = set(servers) - {first}
+        assert json.loads(proc.stdout.readline()) == {"ready": True}, "failover_probe did not connect"
+        first = next(a for a, s in servers.items() if s.runtime.snapshot()["env_steps"] > 0)
         servers[first].stop(grace=0)
-        t0 = time.monotonic()
         if hung:   # something still listens there, and never answers
             hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             host, port = first.rsplit(":", 1)
             hold.bind((host, int(port)))
             hold.listen(8)
-        while steps(servers[second]) == 0:
-            assert time.monotonic() - t0 < 30 and proc.poll() is None, "the C++ example did not move"
-            time.sleep(0.001)
-        return time.monotonic() - t0
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, "failover_probe failed"
+        return json.loads(out.strip().splitlines()[-1])["lost_s"]
     finally:
         hold.close()
-        proc.terminate()   # by its own PID
-        proc.wait(timeout=10)
+        if proc.poll() is None:   # by its own PID
+            proc.kill()
+            proc.wait()
         for srv in servers.values():
             srv.stop(grace=0)
 
