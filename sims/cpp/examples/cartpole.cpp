@@ -5,6 +5,9 @@
 // --seconds S (bench/throughput.py's cpp_lockstep): episodes without end for --warmup-s, then S
 // seconds measured; the JSON line has the window's figures only (cartpole::Window), printed as the
 // window ends, before the flush and close (an error there still exits 1).
+// --address takes several ("h1:p1,h2:p2"). SessionLost (a restarted bridge, or a move to another
+// address) is handled as the Python simulators do: the message goes to stderr and every CartPole
+// starts a new episode (the open ones ended with the old session); "lost_sessions" counts them.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -29,7 +32,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> ids(slots);
     std::vector<double> returns(slots, 0.0);
     std::vector<bool> running(slots, false);
-    int started = 0, finished = 0;
+    int started = 0, finished = 0, lost_sessions = 0;
     long long steps = 0;
     double return_sum = 0;
     auto t0 = std::chrono::steady_clock::now();
@@ -42,49 +45,69 @@ int main(int argc, char** argv) {
         ++started;
       }
     }
+    // The session was lost: its open episodes ended with it; each running CartPole starts anew.
+    auto start_over = [&](const simbridge::SessionLost& e) {
+      std::fprintf(stderr, "cartpole: %s (%s)\n", e.what(), e.reason().c_str());
+      ++lost_sessions;
+      for (int i = 0; i < slots; ++i) {
+        if (!running[i]) continue;
+        obs[i] = envs[i].reset();
+        returns[i] = 0;
+        ids[i] = client.start_episode();
+      }
+    };
     cartpole::Window window(std::stod(args["warmup-s"]), std::stod(args["seconds"]));  // warm-up from here
     while (endless ? !window.over() : finished < episodes) {
       for (int i = 0; i < slots; ++i) {
         if (!running[i]) continue;
-        auto call_start = cartpole::Clock::now();
-        int action;
-        if (local) {
-          action = static_cast<int>(local->act(obs[i])[0]);
-          client.log_action(ids[i], obs[i], {static_cast<float>(action)});
-        } else {
-          action = static_cast<int>(client.get_action(ids[i], obs[i])[0]);
-        }
-        auto call_end = cartpole::Clock::now();
-        float reward;
-        bool terminated, truncated;
-        obs[i] = envs[i].step(action, &reward, &terminated, &truncated);
-        client.log_returns(ids[i], reward);
-        returns[i] += reward;
-        ++steps;
-        if (terminated || truncated) {
-          client.end_episode(ids[i], obs[i], truncated);
-          window.episode_done(returns[i]);
-          return_sum += returns[i];
-          returns[i] = 0;
-          ++finished;
-          running[i] = endless || started < episodes;
-          if (running[i]) {
-            obs[i] = envs[i].reset();
-            ids[i] = client.start_episode();
-            ++started;
+        try {
+          auto call_start = cartpole::Clock::now();
+          int action;
+          if (local) {
+            action = static_cast<int>(local->act(obs[i])[0]);
+            client.log_action(ids[i], obs[i], {static_cast<float>(action)});
+          } else {
+            action = static_cast<int>(client.get_action(ids[i], obs[i])[0]);
           }
+          auto call_end = cartpole::Clock::now();
+          float reward;
+          bool terminated, truncated;
+          obs[i] = envs[i].step(action, &reward, &terminated, &truncated);
+          client.log_returns(ids[i], reward);
+          returns[i] += reward;
+          ++steps;
+          if (terminated || truncated) {
+            client.end_episode(ids[i], obs[i], truncated);
+            window.episode_done(returns[i]);
+            return_sum += returns[i];
+            returns[i] = 0;
+            ++finished;
+            running[i] = endless || started < episodes;
+            if (running[i]) {
+              obs[i] = envs[i].reset();
+              ids[i] = client.start_episode();
+              ++started;
+            }
+          }
+          window.step_done(call_start, call_end, 1);
+        } catch (const simbridge::SessionLost& e) {
+          start_over(e);  // a second loss while starting over ends the run (exit 1)
         }
-        window.step_done(call_start, call_end, 1);
       }
     }
     if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
-    client.flush();
+    try {
+      client.flush();
+    } catch (const simbridge::SessionLost& e) {
+      std::fprintf(stderr, "cartpole: %s (%s)\n", e.what(), e.reason().c_str());  // nothing left to report: the episodes are done
+      ++lost_sessions;
+    }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     client.close();
     if (window.timed()) return 0;
-    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"reconnects\": %d, \"policy_version\": %lld}\n",
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"reconnects\": %d, \"policy_version\": %lld, \"lost_sessions\": %d}\n",
                 finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
-                static_cast<long long>(local ? local->version() : client.last_policy_version()));
+                static_cast<long long>(local ? local->version() : client.last_policy_version()), lost_sessions);
   } catch (const simbridge::Error& e) {
     cartpole::print_error("cartpole", e);
     return 1;

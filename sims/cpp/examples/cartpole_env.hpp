@@ -76,6 +76,7 @@ class Env {
 // (simbridge::set_client_flag) are taken too, empty by default: see client_options.
 inline std::map<std::string, std::string> parse_args(int argc, char** argv, std::map<std::string, std::string> defaults) {
   for (const char* flag : {"tls-ca", "tls-cert", "tls-key", "tls-server-name", "auth-token-file"}) defaults[flag] = "";
+  defaults["connect-timeout"] = "30";  // seconds to find a bridge at (one of) --address
   for (int i = 1; i < argc; i += 2) {
     std::string name = argv[i];
     if (name.rfind("--", 0) != 0 || !defaults.count(name.substr(2)) || i + 1 >= argc) {
@@ -93,6 +94,7 @@ inline std::map<std::string, std::string> parse_args(int argc, char** argv, std:
 inline simbridge::ClientOptions client_options(const std::map<std::string, std::string>& args, const std::string& name) {
   simbridge::ClientOptions options;
   options.client_name = name;
+  options.connect_timeout_s = std::stod(args.at("connect-timeout"));
   for (const auto& kv : args)
     if (!kv.second.empty()) simbridge::set_client_flag(options, "--" + kv.first, kv.second);
   return options;

@@ -5,6 +5,10 @@
 // ended, truncated). --seconds S (bench/throughput.py's cpp_batched*): Steps for --warmup-s, then S
 // seconds measured, then the final Step; the JSON line has the window's figures (cartpole::Window),
 // printed as the window ends, before that final Step (an error there still exits 1).
+// --address takes several ("h1:p1,h2:p2"). SessionLost (a restarted bridge, or a move to another
+// address) is handled as the Python simulators do: the message goes to stderr, every CartPole
+// resets and the next Step, without an outcome, starts every slot's new episode. "acted_steps" is
+// the env steps whose actions came back (what the bridges count); "lost_sessions" the losses.
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -30,10 +34,12 @@ int main(int argc, char** argv) {
       auto o = envs[i].reset();
       obs.insert(obs.end(), o.begin(), o.end());
     }
-    int episodes = 0, cut_short = 0;  // cut_short: episodes the final Step ends, truncated
+    int episodes = 0, cut_short = 0, lost_sessions = 0;  // cut_short: episodes the final Step ends, truncated
+    long long acted = 0;  // env steps whose actions came back
     double return_sum = 0;
     auto t0 = std::chrono::steady_clock::now();
     simbridge::Floats actions = client.step(obs);
+    acted += n;
     cartpole::Window window(std::stod(args["warmup-s"]), std::stod(args["seconds"]));  // warm-up from here
     for (long long t = 0; window.timed() || t < num_steps; ++t) {
       const bool last = window.timed() ? window.over() : t + 1 >= num_steps;
@@ -56,7 +62,21 @@ int main(int argc, char** argv) {
       }
       if (!last) {
         auto call_start = cartpole::Clock::now();
-        actions = client.step(obs, rewards, terminated, truncated, finals);
+        try {
+          actions = client.step(obs, rewards, terminated, truncated, finals);
+        } catch (const simbridge::SessionLost& e) {
+          // Every slot's episode ended with the old session: new ones from a reset (a second loss
+          // here ends the run, exit 1).
+          std::fprintf(stderr, "cartpole_slots: %s (%s)\n", e.what(), e.reason().c_str());
+          ++lost_sessions;
+          for (int i = 0; i < n; ++i) {
+            auto o = envs[i].reset();
+            std::copy(o.begin(), o.end(), obs.begin() + 4 * i);
+            returns[i] = 0;
+          }
+          actions = client.step(obs);
+        }
+        acted += n;
         window.step_done(call_start, cartpole::Clock::now(), n);
       } else {
         if (window.timed()) window.print(client.reconnects());  // at once: the bench samples the server's CPU then
@@ -77,9 +97,9 @@ int main(int argc, char** argv) {
     if (!window.timed() && num_steps == 0) client.close();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (window.timed()) return 0;
-    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d}\n",
+    std::printf("{\"episodes\": %d, \"steps\": %lld, \"steps_per_s\": %.1f, \"return_mean\": %.3f, \"slots\": %d, \"cut_short\": %d, \"reconnects\": %d, \"acted_steps\": %lld, \"lost_sessions\": %d}\n",
                 episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
-                client.reconnects());
+                client.reconnects(), acted, lost_sessions);
   } catch (const simbridge::Error& e) {
     cartpole::print_error("cartpole_slots", e);
     return 1;

@@ -1,11 +1,13 @@
 // The connection engine (see connection.hpp).
 #include "connection.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <thread>
 
 #include "backoff.hpp"
+#include "hosts.hpp"
 #include "shm_channel.hpp"
 
 namespace simbridge {
@@ -76,28 +78,25 @@ const char* kind_of(const pb::StreamRequest& req) {
   }
 }
 
-Connection::Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
-                       const ClientOptions& options, bool pipeline, OnFailed on_failed)
-    : address_(address), handover_(split_shm_address(address).handover), service_(service),
-      create_(std::move(create)), creds_(options),
-      reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
-  args.SetMaxSendMessageSize(256 * 1024 * 1024);
-  args.SetInt("grpc.keepalive_time_ms", 10000);
-  args.SetInt("grpc.keepalive_timeout_ms", 5000);
-  // A restarted server is found within a second, not gRPC's default two minutes of backoff.
-  // Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the connect timeout too, and a busy
-  // server that sends its HTTP/2 SETTINGS more than 100 ms after accepting was never reached.
-  args.SetInt("grpc.initial_reconnect_backoff_ms", 100);
-  args.SetInt("grpc.max_reconnect_backoff_ms", 1000);
-  creds_.configure(args);
-  channel_ = grpc::CreateCustomChannel(split_shm_address(address).grpc_target, creds_.channel(), args);
-  wait_connected(channel_, creds_, address, options.connect_timeout_s);
-  single_ = pb::ExternalEnv::NewStub(channel_);
-  multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
+Connection::Connection(std::vector<std::string> addresses, Service service, pb::CreateSessionRequest create,
+                       const ClientOptions& options, bool pipeline, OnFailed on_failed, OnSessionLost on_session_lost)
+    : addresses_(parse_addresses(addresses)), service_(service), create_(std::move(create)), creds_(options),
+      reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)),
+      on_session_lost_(std::move(on_session_lost)) {
+  // The channel's arguments, gRPC's per-attempt connect deadline among them: hosts.cpp's new_channel.
+  auto [address, channel] = connect_any(try_order(addresses_, start_index(addresses_.size()), monotonic_s()),
+                                        creds_, options.connect_timeout_s);
+  use(address, std::move(channel));
   session_ = open_session("");
   session_id_ = session_.session_id();
+}
+
+void Connection::use(const std::string& address, std::shared_ptr<grpc::Channel> channel) {
+  address_ = address;
+  handover_ = split_shm_address(address).handover;
+  channel_ = std::move(channel);
+  single_ = pb::ExternalEnv::NewStub(channel_);
+  multi_ = pb::ExternalMultiAgentEnv::NewStub(channel_);
 }
 
 Connection::~Connection() {
@@ -136,10 +135,12 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
 void Connection::reconnect(const std::string& cause) {
   if (closing_)
     throw Error(grpc::StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
+  const bool others = addresses_.size() > 1;
   // Between attempts, watch the channel rather than sleep blind: gRPC notices a finished connect
   // only while someone polls the channel (else at its backup poll, every 5 s), so a server back
   // on its address is seen at once and the next attempt goes then.
-  Backoff backoff(reconnect_timeout_s_, 0.05, 1.0, monotonic_s, [this](double s) {
+  Backoff backoff(others ? std::min(reconnect_timeout_s_, kFailoverAfterS) : reconnect_timeout_s_, 0.05, 1.0,
+                  monotonic_s, [this](double s) {
     const auto until = std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
     if (channel_->GetState(true) != GRPC_CHANNEL_READY && channel_->WaitForConnected(until)) return;
     std::this_thread::sleep_until(until);  // connected already (the session failed otherwise): wait the delay
@@ -157,6 +158,13 @@ void Connection::reconnect(const std::string& cause) {
       if (!retryable(e.code()))
         throw Error(e.code(), "reconnecting to " + address_ + ", the server refused to resume session " + session_id_ + ": " + e.what(),
                     e.reason());
+      if (others) {
+        // A closed port has lost the session for good (a restarted server would not know it
+        // either): move at once; anything else gets kFailoverAfterS to come back.
+        Probe p = probe(split_shm_address(address_).grpc_target, creds_.tls());
+        if (!p.closed && backoff.wait()) continue;
+        move(p.what);
+      }
       if (!backoff.wait())
         throw Error(grpc::StatusCode::UNAVAILABLE,
                     "lost the simbridge server at " + address_ + " and could not reconnect within " +
@@ -171,6 +179,7 @@ void Connection::reconnect(const std::string& cause) {
     session_id_ = resp.session_id();
     outstanding_.clear();
     seq_ = 0;
+    if (on_session_lost_) on_session_lost_();
     throw SessionLost(grpc::StatusCode::UNAVAILABLE,
                       "the server no longer had session " + old + " (restarted or expired): its open episodes "
                       "are gone; start new episodes (new session " + session_id_ + ")",
@@ -179,6 +188,36 @@ void Connection::reconnect(const std::string& cause) {
   std::cerr << "simbridge: resumed session " << session_id_ << "; resending " << outstanding_.size()
             << " requests\n";
   for (const auto& sent : outstanding_) stream_->write(sent.req);  // a failure shows at the next read
+}
+
+void Connection::move(const std::string& why) {
+  const std::string old = address_, old_session = session_id_;
+  mark_down(old, monotonic_s());
+  auto at = std::find(addresses_.begin(), addresses_.end(), old) - addresses_.begin();
+  std::vector<std::string> order;  // the lost one last: it may come back
+  for (size_t k = 1; k <= addresses_.size(); ++k) order.push_back(addresses_[(at + k) % addresses_.size()]);
+  try {
+    auto [address, channel] = connect_any(order, creds_, reconnect_timeout_s_);
+    use(address, std::move(channel));
+    outstanding_.clear();  // dropped, not resent: the old session applied them or not, alone
+    seq_ = 0;
+    session_ = open_session("");
+  } catch (const Error& e) {
+    throw Error(grpc::StatusCode::UNAVAILABLE,
+                "lost the simbridge trainer at " + old + " (" + why + ") and found no other: " + e.what(),
+                "SERVER_UNAVAILABLE");
+  }
+  session_id_ = session_.session_id();
+  ++reconnects_;
+  ++moves_;
+  const int ended = on_session_lost_ ? on_session_lost_() : 0;
+  std::cerr << "simbridge: bridge at " << old << " went away (" << why << "); moved to " << address_
+            << " (new session " << session_id_ << ", " << ended << " open episode(s) ended)\n";
+  throw SessionLost(grpc::StatusCode::UNAVAILABLE,
+                    "the bridge at " + old + " went away (" + why + "); moved to " + address_ + " (new session " +
+                        session_id_ + "); the " + std::to_string(ended) + " open episode(s) of session " + old_session +
+                        " ended with the old one: start new episodes",
+                    "SESSION_UNKNOWN");
 }
 
 // ---------------------------------------------------------------- calls

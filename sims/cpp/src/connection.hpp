@@ -7,6 +7,14 @@
 // answers a seq it already applied from memory, so each request is applied exactly once. Any other
 // status is the server's answer to the request: raised, never resent.
 //
+// Several bridge hosts (hosts.hpp): given several addresses, the client connects to one. When the
+// server it is on goes away (nothing listens at its port any more, or its reconnect attempts fail
+// for kFailoverAfterS), it moves to the next address that answers and opens a NEW session there
+// with the same CreateSessionRequest, then raises SessionLost, as when a restarted server no longer
+// knows the session. A request whose answer never came is NOT resent to the new server (its seq
+// belonged to the old session, which applied it or not, and counted it or not, alone): it is dropped
+// with the old session's episodes, so nothing is reported twice. Mirrors connection.py's _move.
+//
 // Transport: the address says it. HOST:PORT and unix:PATH carry the session on a gRPC stream;
 // shm+unix:PATH opens it on a gRPC stream over unix:PATH and hands its requests and answers to the
 // shared-memory channel (shm_channel.hpp), which breaks, resumes and resends as a stream does.
@@ -18,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -40,9 +49,13 @@ class Connection {
   // Called with a request that failed (it had no effect) before its error is raised: the policy
   // client resends the rewards it carried on their own.
   using OnFailed = std::function<void(const pb::StreamRequest&)>;
+  // Called when the session is lost (a restarted server, or a move to another one); returns how
+  // many open episodes ended with it (for the messages).
+  using OnSessionLost = std::function<int()>;
 
-  Connection(const std::string& address, Service service, pb::CreateSessionRequest create,
-             const ClientOptions& options, bool pipeline, OnFailed on_failed = {});
+  // addresses: parse_addresses' list (one or several).
+  Connection(std::vector<std::string> addresses, Service service, pb::CreateSessionRequest create,
+             const ClientOptions& options, bool pipeline, OnFailed on_failed = {}, OnSessionLost on_session_lost = {});
   ~Connection();
 
   // Send one request (its header's seq is set here). wait: read until its answer and return it;
@@ -57,10 +70,14 @@ class Connection {
   std::string session_id() const { return session_id_; }
   const pb::ServerLimits& limits() const { return session_.limits(); }
   int reconnects() const { return reconnects_; }
+  int moves() const { return moves_; }
+  const std::string& address() const { return address_; }  // the one it is connected to
 
  private:
   pb::CreateSessionResponse open_session(const std::string& resume);
   void reconnect(const std::string& cause);
+  void use(const std::string& address, std::shared_ptr<grpc::Channel> channel);
+  [[noreturn]] void move(const std::string& why);
   pb::StreamResponse read_until(uint64_t seq);
   grpc::Status end_stream(bool cancel);
   [[noreturn]] void raise_failed(const Error& err, const pb::StreamRequest& req);
@@ -70,6 +87,7 @@ class Connection {
     uint64_t seq;
     pb::StreamRequest req;
   };
+  std::vector<std::string> addresses_;
   std::string address_;
   std::string handover_;  // shm+unix:PATH: the handover socket PATH.shm; empty for other addresses
   Service service_;
@@ -78,6 +96,7 @@ class Connection {
   double reconnect_timeout_s_;
   bool pipeline_;
   OnFailed on_failed_;
+  OnSessionLost on_session_lost_;
   std::recursive_mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::ExternalEnv::Stub> single_;
@@ -89,7 +108,7 @@ class Connection {
   bool closing_ = false, closed_ = false, broken_ = false;
   pb::CreateSessionResponse session_;
   std::string session_id_;
-  int reconnects_ = 0;
+  int reconnects_ = 0, moves_ = 0;
 };
 
 }  // namespace simbridge

@@ -3,6 +3,7 @@
 // share one.
 #include <algorithm>
 
+#include "hosts.hpp"
 #include "row_calls.hpp"
 
 namespace simbridge {
@@ -27,8 +28,15 @@ std::vector<std::string> keys(const AgentRows& values) {
 
 }  // namespace
 
-MultiAgentPolicyClient::MultiAgentPolicyClient(const std::string& address, const Space& observation_space,
+MultiAgentPolicyClient::MultiAgentPolicyClient(const std::string& addresses, const Space& observation_space,
                                                const Space& action_space, ClientOptions options,
+                                               std::map<std::string, std::pair<Space, Space>> agents)
+    : MultiAgentPolicyClient(parse_addresses(addresses), observation_space, action_space, std::move(options),
+                             std::move(agents)) {}
+
+MultiAgentPolicyClient::MultiAgentPolicyClient(const std::vector<std::string>& addresses,
+                                               const Space& observation_space, const Space& action_space,
+                                               ClientOptions options,
                                                std::map<std::string, std::pair<Space, Space>> agents)
     : observation_space_(observation_space), action_space_(action_space), agents_(std::move(agents)) {
   pb::CreateSessionRequest create = create_request(options, observation_space, action_space);
@@ -38,7 +46,7 @@ MultiAgentPolicyClient::MultiAgentPolicyClient(const std::string& address, const
     space_to_proto(spaces.first, spec->mutable_observation_space());
     space_to_proto(spaces.second, spec->mutable_action_space());
   }
-  rows_ = std::make_unique<RowCalls>(address, Service::Multi, std::move(create), options);
+  rows_ = std::make_unique<RowCalls>(addresses, Service::Multi, std::move(create), options);
 }
 
 MultiAgentPolicyClient::~MultiAgentPolicyClient() {

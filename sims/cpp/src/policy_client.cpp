@@ -1,6 +1,7 @@
 // PolicyClient (ExternalEnv: one agent per episode) and the reward queue both policy clients share.
 #include <google/protobuf/repeated_field.h>
 
+#include "hosts.hpp"
 #include "row_calls.hpp"
 
 namespace simbridge {
@@ -16,12 +17,30 @@ pb::CreateSessionRequest create_request(const ClientOptions& options, const Spac
 
 // ---------------------------------------------------------------- RowCalls
 
-RowCalls::RowCalls(const std::string& address, Service service, pb::CreateSessionRequest create,
+RowCalls::RowCalls(const std::vector<std::string>& addresses, Service service, pb::CreateSessionRequest create,
                    const ClientOptions& options)
-    : conn_(std::make_unique<Connection>(address, service, std::move(create), options, true,
-                                         [this](const pb::StreamRequest& failed) { resend_rewards(failed); })) {}
+    : conn_(std::make_unique<Connection>(
+          addresses, service, std::move(create), options, true,
+          [this](const pb::StreamRequest& failed) { resend_rewards(failed); }, [this] { return episodes_cut(); })) {}
+
+int RowCalls::episodes_cut() {
+  cut_ = std::move(open_);
+  open_.clear();
+  rewards_.clear();
+  return static_cast<int>(cut_.size());
+}
+
+void RowCalls::check_open(const google::protobuf::RepeatedPtrField<std::string>& episode_ids) const {
+  for (const auto& eid : episode_ids)
+    if (cut_.count(eid))
+      throw Error(grpc::StatusCode::FAILED_PRECONDITION,
+                  "episode '" + eid + "' already ended (with its session, lost: the client is on a new session at " +
+                      conn_->address() + "): start a new episode",
+                  "EPISODE_ENDED");
+}
 
 void RowCalls::queue_rewards(pb::RewardRows rows) {
+  if (!cut_.empty()) check_open(rows.episode_ids());
   bool flagged = rows.terminated_size() > 0 || rows.truncated_size() > 0;
   rewards_.push_back(std::move(rows));
   if (flagged) send_rewards();
@@ -50,6 +69,13 @@ void RowCalls::resend_rewards(const pb::StreamRequest& failed) {
 }
 
 std::optional<pb::StreamResponse> RowCalls::call(pb::StreamRequest req, bool wait) {
+  if (!cut_.empty()) {
+    if (req.has_end_episode()) check_open(req.end_episode().episode_ids());
+    for (const auto& rows : req.has_get_action() ? req.get_action().rows() : req.log_action().rows())
+      check_open(rows.episode_ids());
+  }
+  if (req.has_end_episode())
+    for (const auto& eid : req.end_episode().episode_ids()) open_.erase(eid);
   google::protobuf::RepeatedPtrField<pb::RewardRows>* carry = nullptr;
   if (req.has_get_action()) carry = req.mutable_get_action()->mutable_rewards();
   if (req.has_log_action()) carry = req.mutable_log_action()->mutable_rewards();
@@ -70,6 +96,7 @@ std::string RowCalls::start_episode(bool training_enabled) {
   auto resp = call(std::move(req), true);
   if (resp->start_episode().episode_ids_size() != 1)
     throw Error(grpc::StatusCode::INTERNAL, "start_episode answered without one episode id", "SERVER_FAILURE");
+  open_.insert(resp->start_episode().episode_ids(0));
   return resp->start_episode().episode_ids(0);
 }
 
@@ -90,10 +117,14 @@ void RowCalls::close() {
 
 // ---------------------------------------------------------------- PolicyClient
 
-PolicyClient::PolicyClient(const std::string& address, const Space& observation_space, const Space& action_space,
+PolicyClient::PolicyClient(const std::string& addresses, const Space& observation_space, const Space& action_space,
                            ClientOptions options)
+    : PolicyClient(parse_addresses(addresses), observation_space, action_space, std::move(options)) {}
+
+PolicyClient::PolicyClient(const std::vector<std::string>& addresses, const Space& observation_space,
+                           const Space& action_space, ClientOptions options)
     : observation_space_(observation_space), action_space_(action_space),
-      rows_(std::make_unique<RowCalls>(address, Service::Single,
+      rows_(std::make_unique<RowCalls>(addresses, Service::Single,
                                        create_request(options, observation_space, action_space), options)) {}
 
 PolicyClient::~PolicyClient() {

@@ -1,6 +1,7 @@
 // SlotClient: a batched simulator's client (N slots, one Step per step, per-slot auto-reset), as
 // simbridge/client/slot_client.py. Steps wait for their answers: nothing to pipeline.
 #include "connection.hpp"
+#include "hosts.hpp"
 #include "row_calls.hpp"
 
 namespace simbridge {
@@ -35,14 +36,20 @@ void fill_outcome(pb::StepRequest* req, const Space& obs_space, size_t n, const 
 
 }  // namespace
 
-SlotClient::SlotClient(const std::string& address, const Space& observation_space, const Space& action_space,
+SlotClient::SlotClient(const std::string& addresses, const Space& observation_space, const Space& action_space,
                        int num_slots, ClientOptions options)
+    : SlotClient(parse_addresses(addresses), observation_space, action_space, num_slots, std::move(options)) {}
+
+SlotClient::SlotClient(const std::vector<std::string>& addresses, const Space& observation_space,
+                       const Space& action_space, int num_slots, ClientOptions options)
     : observation_space_(observation_space), action_space_(action_space), num_slots_(num_slots) {
   if (num_slots <= 0) throw invalid_request("num_slots must be positive");
   pb::CreateSessionRequest create = create_request(options, observation_space, action_space);
   create.set_num_slots(num_slots);
   if (!options.slots_training_enabled) create.set_slots_training_enabled(false);
-  conn_ = std::make_unique<Connection>(address, Service::Single, std::move(create), options, false);
+  // A lost session ended every slot's episode; the next step without an outcome starts new ones.
+  conn_ = std::make_unique<Connection>(addresses, Service::Single, std::move(create), options, false,
+                                       Connection::OnFailed{}, [num_slots] { return num_slots; });
 }
 
 SlotClient::~SlotClient() {

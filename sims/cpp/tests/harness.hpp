@@ -3,6 +3,7 @@
 #pragma once
 
 #include <exception>
+#include <stdexcept>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -35,8 +36,20 @@ inline int run_all_tests() {
   return failures == 0 ? 0 : 1;
 }
 
+// The message of the simbridge::Error that fn raises ("<no error>" if none).
+template <typename Fn>
+std::string error_message(const Fn& fn) {
+  try {
+    fn();
+  } catch (const std::runtime_error& e) {  // simbridge::Error derives from it
+    return e.what();
+  }
+  return "<no error>";
+}
+
 }  // namespace simbridge_test
 
+using simbridge_test::error_message;
 using simbridge_test::failures;
 using simbridge_test::run_all_tests;
 

@@ -1,6 +1,7 @@
 // Unit tests of the SDK's pieces that need no server: tensor encoding, space messages, rows of
 // values, the flatten rule, error reasons, backoff, LocalPolicy on hand-built PortablePolicies, and
-// the client's credentials (which token, which files, which flags).
+// the client's credentials (which token, which files, which flags). The bridge addresses' tests are
+// in hosts_tests.cpp, linked into the same program.
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -298,15 +299,6 @@ std::string temp_file(const std::string& text) {
   close(fd);
   std::ofstream(path, std::ios::binary) << text;
   return path;
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 TEST(the_token_comes_from_the_option_then_its_file_then_the_environment) {

@@ -4,6 +4,16 @@
 // with numbered requests: when the connection breaks it reconnects with backoff, resumes its
 // session and resends what was not answered; the server applies each request once.
 //
+// Several bridge hosts: every client takes one address, several in one string with commas
+// ("10.0.0.1:50051,10.0.0.2:50051"), or a std::vector<std::string> of them (a bad list: Error
+// INVALID_ARGUMENT naming the fix). It connects to one, starting at an index from a hash of the
+// host name and process id plus one for each client the process made before (processes spread,
+// a process's clients go round), trying each for 0.3 s in turn until connect_timeout_s is spent;
+// then an Error naming every address and what was found there. When that host goes away it moves
+// to another (at once when nothing listens at the old port any more, after 2 s for a hung host)
+// and raises SessionLost: a new session there, the open episodes ended, unanswered requests not
+// resent (docs/scaling.md, "Simulators and several bridge hosts").
+//
 // Addresses: "HOST:PORT" (TCP), "unix:PATH" (gRPC on a Unix socket), and, on Linux,
 // "shm+unix:PATH": the session on the Unix socket PATH, every later request and answer through a
 // shared-memory ring handed over on PATH.shm (docs/transports.md), resumed and resent as a stream
@@ -43,8 +53,10 @@ class Error : public std::runtime_error {
 };
 
 // The server no longer knew this client's session after a reconnect (it restarted or expired
-// it): its open episodes are gone. The client goes on with a new session: start new episodes.
-// code() UNAVAILABLE, reason() "SESSION_UNKNOWN".
+// it), or the client moved to another of its addresses because its host went away: its open
+// episodes are gone (a later call naming one: Error FAILED_PRECONDITION, "EPISODE_ENDED"; a
+// SlotClient's next step without an outcome starts every slot's new episode). The client goes on
+// with a new session: start new episodes. code() UNAVAILABLE, reason() "SESSION_UNKNOWN".
 class SessionLost : public Error {
  public:
   using Error::Error;
@@ -117,7 +129,10 @@ class RowCalls;
 // lockstep step is one message each way.
 class PolicyClient {
  public:
-  PolicyClient(const std::string& address, const Space& observation_space, const Space& action_space,
+  // addresses: one, or several with commas ("h1:p1,h2:p2"); or a list.
+  PolicyClient(const std::string& addresses, const Space& observation_space, const Space& action_space,
+               ClientOptions options = {});
+  PolicyClient(const std::vector<std::string>& addresses, const Space& observation_space, const Space& action_space,
                ClientOptions options = {});
   ~PolicyClient();
   PolicyClient(const PolicyClient&) = delete;
@@ -153,8 +168,11 @@ using AgentRows = std::map<std::string, Floats>;
 // next action. `agents` names agents whose spaces differ from the defaults.
 class MultiAgentPolicyClient {
  public:
-  MultiAgentPolicyClient(const std::string& address, const Space& observation_space, const Space& action_space,
+  MultiAgentPolicyClient(const std::string& addresses, const Space& observation_space, const Space& action_space,
                          ClientOptions options = {},
+                         std::map<std::string, std::pair<Space, Space>> agents = {});
+  MultiAgentPolicyClient(const std::vector<std::string>& addresses, const Space& observation_space,
+                         const Space& action_space, ClientOptions options = {},
                          std::map<std::string, std::pair<Space, Space>> agents = {});
   ~MultiAgentPolicyClient();
   MultiAgentPolicyClient(const MultiAgentPolicyClient&) = delete;
@@ -184,7 +202,9 @@ class MultiAgentPolicyClient {
 // A batched simulator: n slots, one Step per step, one message each way (per-slot auto-reset).
 class SlotClient {
  public:
-  SlotClient(const std::string& address, const Space& observation_space, const Space& action_space,
+  SlotClient(const std::string& addresses, const Space& observation_space, const Space& action_space,
+             int num_slots, ClientOptions options = {});
+  SlotClient(const std::vector<std::string>& addresses, const Space& observation_space, const Space& action_space,
              int num_slots, ClientOptions options = {});
   ~SlotClient();
   SlotClient(const SlotClient&) = delete;
