@@ -83,6 +83,24 @@ def test_lockstep_example_moves_to_the_other_host_and_counts_add_up(build, make_
     assert b > 0 and summary["steps"] <= a + b <= summary["steps"] + 1, (summary, a, b)
 
 
+def test_mujoco_pendulum_moves_to_the_other_host_and_goes_on(build, make_server):
+    """The MuJoCo simulator (sims/cpp/mujoco) handles SessionLost as the examples do: the episode under
+    way ends with the old session, the next starts on the new one (it stopped with exit 1 before)."""
+    sim = os.path.join(build, "mujoco", "mujoco_pendulum_sim")
+    if not os.path.exists(sim):
+        pytest.skip("mujoco_pendulum_sim was not built: install the mujoco extra (mujoco-core) and reconfigure")
+    servers = _pair(make_server)
+    proc = _start(build, os.path.join("mujoco", "mujoco_pendulum_sim"), "--address", ",".join(servers),
+                  "--seed", 0, "--max-steps", 3000)
+    first, second = _stop_the_first_when_busy(servers, 300)
+    summary, err = _finish(proc)
+    assert f"bridge at {first} went away" in err and f"moved to {second}" in err, err
+    assert summary["lost_sessions"] == 1 and summary["stopped"] == "max_steps", summary
+    assert summary["env_steps"] == 3000 and summary["cut_episodes"] >= 1, summary
+    a, b = _steps(servers[first]), _steps(servers[second])
+    assert b > 0 and summary["env_steps"] <= a + b <= summary["env_steps"] + 1, (summary, a, b)
+
+
 def test_slot_example_moves_and_every_served_step_is_counted_once(build, make_server):
     servers = _pair(make_server)
     proc = _start(build, "cartpole_slots", "--address", ",".join(servers), "--slots", 4, "--steps", 1500)

@@ -7,6 +7,8 @@
 //
 // Prints one JSON line at exit: env steps, episodes, returns, why it stopped. SIGTERM or SIGINT
 // stop it after the current step (the episode under way ends as truncated); a second one exits at once.
+// --address takes several ("h1:p1,h2:p2"); a lost session (a restarted trainer, or a move to another
+// address) ends the episode under way and the next starts on the new session ("lost_sessions").
 #include <simbridge/client.hpp>
 
 #include <algorithm>
@@ -96,7 +98,8 @@ simbridge::Floats to_floats(const InvertedPendulum::Observation& obs) {
 struct Summary {
   long long env_steps = 0;
   std::vector<double> returns;  // episodes that ended by themselves (terminated or the 1000-step limit)
-  long long cut_episodes = 0;   // ended early by --max-steps or a signal
+  long long cut_episodes = 0;   // ended early by --max-steps, a signal or a lost session
+  long long lost_sessions = 0;  // SessionLost: a restarted bridge, or a move to another address
   std::string stopped = "max_steps";
   std::string error;
 
@@ -107,9 +110,10 @@ struct Summary {
     };
     double best = returns.empty() ? 0.0 : *std::max_element(returns.begin(), returns.end());
     std::printf("{\"env_steps\": %lld, \"episodes\": %zu, \"cut_episodes\": %lld, \"mean_return\": %.6g, "
-                "\"mean_return_last_10\": %.6g, \"best_return\": %.6g, \"stopped\": \"%s\", \"wall_s\": %.3f",
+                "\"mean_return_last_10\": %.6g, \"best_return\": %.6g, \"lost_sessions\": %lld, \"stopped\": \"%s\", "
+                "\"wall_s\": %.3f",
                 env_steps, returns.size(), cut_episodes, mean_last(returns.size()), mean_last(10), best,
-                stopped.c_str(), wall_s);
+                lost_sessions, stopped.c_str(), wall_s);
     if (!error.empty()) {
       std::string escaped;
       for (char c : error) {
@@ -135,28 +139,40 @@ void run(const Options& o, Summary& summary) {
       simbridge::Space::Box({static_cast<float>(pendulum.action_low())}, {static_cast<float>(pendulum.action_high())}),
       client_options);
   auto out_of_budget = [&] { return o.max_steps > 0 && summary.env_steps >= o.max_steps; };
+  long long steps_at_last_loss = -1;
   while (!stop_signal && !out_of_budget()) {
     InvertedPendulum::Observation obs = pendulum.reset();
-    std::string episode = client.start_episode();
     double episode_return = 0;
-    for (;;) {
-      simbridge::Floats action = client.get_action(episode, to_floats(obs));
-      if (action.size() != 1) {
-        throw std::runtime_error("the trainer sent " + std::to_string(action.size()) + " action values, want 1");
+    try {
+      std::string episode = client.start_episode();
+      for (;;) {
+        simbridge::Floats action = client.get_action(episode, to_floats(obs));
+        if (action.size() != 1) {
+          throw std::runtime_error("the trainer sent " + std::to_string(action.size()) + " action values, want 1");
+        }
+        InvertedPendulum::Outcome out = pendulum.step(action[0]);
+        ++summary.env_steps;
+        episode_return += out.reward;
+        client.log_returns(episode, out.reward);
+        bool natural_end = out.terminated || out.truncated;
+        if (natural_end || stop_signal || out_of_budget()) {
+          // An episode cut short here ends like a time limit: truncated, so learners bootstrap from it.
+          client.end_episode(episode, to_floats(out.observation), !out.terminated);
+          if (natural_end) summary.returns.push_back(episode_return);
+          else ++summary.cut_episodes;
+          break;
+        }
+        obs = out.observation;
       }
-      InvertedPendulum::Outcome out = pendulum.step(action[0]);
-      ++summary.env_steps;
-      episode_return += out.reward;
-      client.log_returns(episode, out.reward);
-      bool natural_end = out.terminated || out.truncated;
-      if (natural_end || stop_signal || out_of_budget()) {
-        // An episode cut short here ends like a time limit: truncated, so learners bootstrap from it.
-        client.end_episode(episode, to_floats(out.observation), !out.terminated);
-        if (natural_end) summary.returns.push_back(episode_return);
-        else ++summary.cut_episodes;
-        break;
-      }
-      obs = out.observation;
+    } catch (const simbridge::SessionLost& e) {
+      // The bridge restarted, or the client moved to another of its addresses: the episode ended
+      // with the old session. Go on with a new one, as the Python simulators do; a second loss
+      // before any step in between ends the run.
+      if (steps_at_last_loss == summary.env_steps) throw;
+      steps_at_last_loss = summary.env_steps;
+      std::fprintf(stderr, "mujoco_pendulum_sim: %s (%s)\n", e.what(), e.reason().c_str());
+      ++summary.lost_sessions;
+      ++summary.cut_episodes;
     }
   }
   if (stop_signal) summary.stopped = stop_signal == SIGINT ? "sigint" : "sigterm";
