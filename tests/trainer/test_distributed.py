@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 import warnings
@@ -155,6 +154,21 @@ def digests(proc):
     return re.findall(r"policy default_policy at (version \d+, weights sha256 \w+)", "\n".join(proc.lines))
 
 
+def finish(sims, procs, timeout_s: float = 200):
+    """Each simulator's closing JSON line once it ends, then the ranks stopped (every rank's last
+    counts reach rank 0 by the exchange at the stop): (summaries, the ranks' exit codes)."""
+    outs = [json.loads(s.communicate(timeout=timeout_s)[0].strip().splitlines()[-1]) for s in sims]
+    return outs, stop(procs)
+
+
+def cleanup(sims, procs) -> None:
+    """After a test, pass or fail: no simulator or rank left running."""
+    for s in sims:
+        if s.poll() is None:
+            s.kill()
+    stop(procs)
+
+
 def stop(procs):
     """One SIGTERM to each rank at once (a second would mean "now, no checkpoint"); their exit codes."""
     for p in procs:
@@ -181,14 +195,9 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
-        outs = [json.loads(s.communicate(timeout=200)[0].strip().splitlines()[-1]) for s in sims]
-        # Every rank's last counts reach rank 0 by the exchange at the stop.
-        codes = stop(procs)
+        outs, codes = finish(sims, procs)
     finally:
-        for s in sims:
-            if s.poll() is None:
-                s.kill()
-        stop(procs)
+        cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
     assert codes == [0, 0], out
     d0, d1 = digests(procs[0]), digests(procs[1])
@@ -229,13 +238,9 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
             time.sleep(0.2)
         early = max((r.get("versions", {}).get("default_policy", 0) for r in records(logdir)), default=0)
         sims.append(sim(hosts, 1, "--max-steps", str(steps)))
-        outs = [json.loads(s.communicate(timeout=200)[0].strip().splitlines()[-1]) for s in sims]
-        codes = stop(procs)
+        outs, codes = finish(sims, procs)
     finally:
-        for s in sims:
-            if s.poll() is None:
-                s.kill()
-        stop(procs)
+        cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
     assert early >= 40, f"no PPO iteration before rank 1's simulator came (version {early})\n{out}"
     assert codes == [0, 0], out

@@ -4,7 +4,6 @@ simulators send, each to its own Minari dataset in one shared logdir; the two co
 own tool; a second group warm-starts from the combined dataset, each rank taking every other
 episode, and runs exactly the updates the group's clock makes due, with equal weights on both ranks.
 """
-import json
 import re
 
 import pytest
@@ -12,7 +11,8 @@ import pytest
 from simbridge.trainer.launch import free_port
 
 from test_datasets import tiny_dataset
-from test_distributed import SMALL, digests, hosts, records, sim, start_group, stop, wait_health  # noqa: F401
+from test_distributed import (SMALL, cleanup, digests, finish, hosts, records, sim, start_group,  # noqa: F401
+                              stop, wait_health)
 from test_trainer_daemon import _load_ckpt
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
@@ -44,13 +44,9 @@ def test_a_group_records_per_rank_then_warm_starts_from_the_combined_dataset(tmp
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps[i])) for i in range(2)]
-        outs = [json.loads(s.communicate(timeout=120)[0].strip().splitlines()[-1]) for s in sims]
-        codes = stop(procs)
+        outs, codes = finish(sims, procs, timeout_s=120)
     finally:
-        for s in sims:
-            if s.poll() is None:
-                s.kill()
-        stop(procs)
+        cleanup(sims, procs)
     text = ["\n".join(p.lines) for p in procs]
     assert codes == [0, 0], "\n".join(text)
     root = logdir / "datasets"   # both ranks' logdir: their datasets side by side, by id
