@@ -17,7 +17,7 @@ from simbridge.client.connection import SessionLost, parse_addresses
 from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.sample_batch import MultiAgentBatch
-from simbridge.trainer.launch import ROOT, child_env, python_module
+from simbridge.trainer.launch import ROOT, child_env, free_port, python_module
 from simbridge.wire.errors import BridgeError, Reason
 
 OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -32,11 +32,6 @@ def _pair(make_server, **config):
 def _steps(srv) -> int:
     return srv.runtime.snapshot()["env_steps"]
 
-
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def _run_episodes(client, episodes, length, sent):
@@ -174,7 +169,7 @@ def test_clients_spread_over_the_addresses(make_server, monkeypatch):
 
 
 def test_all_addresses_down_names_every_one():
-    down = [_free_address(), _free_address()]
+    down = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     t0 = time.monotonic()
     with pytest.raises(BridgeError) as e:
         PolicyClient(down, OBS, ACT, connect_timeout_s=1.0)

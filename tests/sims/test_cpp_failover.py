@@ -16,6 +16,7 @@ import time
 import pytest
 
 from simbridge.client.channels import FAILOVER_AFTER_S
+from simbridge.trainer.launch import free_port
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +32,6 @@ def _pair(make_server):
 def _steps(srv) -> int:
     return srv.runtime.snapshot()["env_steps"]
 
-
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def _wait(pred, timeout_s, what):
@@ -170,7 +166,7 @@ def test_a_host_that_listens_but_does_not_answer_gets_the_grace_then_the_client_
 
 
 def test_all_addresses_down_names_every_one(build):
-    down = [_free_address(), _free_address()]
+    down = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     t0 = time.monotonic()
     out = subprocess.run([os.path.join(build, "cartpole"), "--address", ",".join(down), "--connect-timeout", "1"],
                          capture_output=True, text=True, timeout=30)
