@@ -217,6 +217,7 @@ class Group:
         self.synced: set = set()
         self.share = Share()
         self.filler: Dict[str, dict] = {}   # per policy: one replay row, shapes for a rank without data
+        self.iteration_share: Dict[str, tuple] = {}   # per PPO policy: (weight, ready) of its iteration
         self.env_steps = 0                 # the group's, as of the last exchange
         self.rows: Dict[str, List[int]] = {}   # per policy: each rank's waiting_rows()
         self.has: Dict[str, List[bool]] = {}   # per policy: which ranks have it
@@ -381,10 +382,10 @@ class Group:
             per_epoch = learner.minibatches(sum(waiting) // world)
             mine = waiting[self.info.rank] >= per_epoch
             learner.iteration = learner.start_iteration(per_epoch, take_rows=mine)
-            learner.iteration["share"] = (1.0 if mine else 0.0, sum(n >= per_epoch for n in waiting))
+            self.iteration_share[pid] = (1.0 if mine else 0.0, sum(n >= per_epoch for n in waiting))
         it = learner.iteration
-        self.share.weight, self.share.ready = it["share"]
-        learner.run_updates(min(len(it["steps"]) - it["done"], max_updates), keep_metrics=it["share"][0] > 0)
+        self.share.weight, self.share.ready = self.iteration_share[pid]
+        learner.run_updates(min(len(it["steps"]) - it["done"], max_updates), keep_metrics=self.share.weight > 0)
         return learner.iteration is not None
 
     def _broadcast_bytes(self, data: Optional[bytes], src: int) -> bytes:
