@@ -223,6 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1500.0, help="wall-clock cap for the bridge run (s)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process reference run")
     p.add_argument("--budget", type=int, help="env-step budget (default: the task's)")
+    p.add_argument("--fragment", type=int,
+                   help="rows per fragment, both harnesses: the bridge's rollout_fragment_length, the "
+                        "in-process env steps between train() calls (default: the task's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                    help="override a learner config key, value as JSON: --set logged_actions='\"ignore\"'")
     p.add_argument("--out", help="also write the JSON here")
@@ -230,6 +233,8 @@ def main(argv=None) -> int:
     task = dict(TASKS[args.task])
     if args.budget:
         task["budget"] = args.budget
+    if args.fragment:
+        task["fragment"] = args.fragment
     for item in args.set:
         key, _, value = item.partition("=")
         try:
@@ -246,7 +251,8 @@ def main(argv=None) -> int:
     else:
         ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
         per_step = [r["bridge_vs_inprocess_wall_per_step"] for r in runs if "bridge_vs_inprocess_wall_per_step" in r]
-        result = {"task": args.task, "seeds": seeds, "learner": args.learner, "threshold": task["threshold"],
+        result = {"task": args.task, "seeds": seeds, "learner": args.learner, "fragment": task["fragment"],
+                  "max_updates_behind": args.max_updates_behind, "threshold": task["threshold"],
                   "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
                   "env_steps": [r["env_steps"] if r["solved"] else None for r in runs],
                   "wall_s": [r["wall_s"] for r in runs],

@@ -91,7 +91,9 @@ def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: 
             obs, _ = env.reset()
         else:
             obs = new_obs
-        if builder.count >= fragment or steps >= total_steps or reached_step is not None:
+        if reached_step is not None:
+            break   # the wall time to the target: training on the rows after it is not part of it
+        if builder.count >= fragment or steps >= total_steps:
             learner.add(builder.build())
             learner.train()
         if log_every and steps % log_every == 0:
@@ -99,8 +101,6 @@ def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: 
             print(f"[inprocess] steps {steps} episodes {len(returns)} mean{window} {recent:.1f} "
                   f"updates {learner.updates} {_fmt(learner.last_metrics)} "
                   f"{steps / (time.perf_counter() - start):.0f} steps/s", file=sys.stderr, flush=True)
-        if reached_step is not None:
-            break
     env.close()
     return {"env_steps": steps, "episodes": len(returns), "returns": returns, "lengths": lengths,
             "episode_end_steps": end_steps, "wall_s": time.perf_counter() - start,

@@ -401,6 +401,16 @@ class Fixed(nn.Module):
         return self.q.expand(len(obs), *self.q.shape)
 
 
+def test_inprocess_stops_at_the_target_without_training_on_the_rows_after_it():
+    # Its wall time is bench/learning.py's reference: the time to the target, as the bridge run's.
+    # It trained on the fragment under way after reaching it (SAC Pendulum: 200 more updates, ~2 s).
+    rec = Recorder()
+    out = run_inprocess(rec, "CartPole-v1", 1_000, seed=0, fragment=4, stop_at_return=-1.0,
+                        env_kwargs={"max_episode_steps": 6})
+    assert out["reached_step"] == 60 == out["env_steps"]          # the 10th 6-step episode's end
+    assert sum(b.count for b in rec.batches) == 56                # 14 fragments; the last 4 rows unused
+
+
 def test_masked_actions_are_never_chosen_greedy_or_exploring_and_logp_counts_allowed_only():
     learner = make(gym.spaces.Discrete(4), masked_space(4), epsilon_initial=0.5, epsilon_final=0.5)
     q = Fixed([[0.0, 1.0, 2.0, 3.0]])                      # action 3 is the unmasked favourite
