@@ -52,7 +52,10 @@ Cases (--cases):
              the same cases with the steps through the shared-memory channel (shm+unix:PATH:
              the session on the Unix socket, every later message in the rings): shm_<the TCP
              name>; shm_vs_tcp_*, shm_vs_uds_* ratios, and shm_*_vs_bare (SlotClient against the
-             bare replay of its Steps, on shm too). spin_shm_step_lockstep, spin_shm_batched64:
+             bare replay of its Steps, on shm too). With shm_floor and the TCP case in the same
+             run, shm_vs_tcp_*_free_bridge_ceiling: the most shm could give over TCP with this
+             simulator were the bridge's Step free (its CPU per Step plus the ring's round trip;
+             free_bridge_ceilings below). spin_shm_step_lockstep, spin_shm_batched64:
              the same with both ends spinning up to 50 us before they block (spin_shm_*);
              cspin_shm_step_lockstep, cspin_shm_batched64: the simulator alone spinning up to
              300 us for its answer, the bridge blocking (cspin_shm_*). spin_cpp_shm_lockstep,
@@ -1189,6 +1192,27 @@ def echo_ratios(result):
                 out[f"{net}_vs_tcp_{name}"] = round(result[f"{net}_{name}"] / result[name], 3)
         if result.get(f"uds_{name}") and result.get(f"shm_{name}"):
             out[f"shm_vs_uds_{name}"] = round(result[f"shm_{name}"] / result[f"uds_{name}"], 3)
+    out.update(free_bridge_ceilings(result))
+    return out
+
+
+def free_bridge_ceilings(result):
+    """shm_vs_tcp_<figure>_free_bridge_ceiling: the most a shared-memory case could make of this
+    simulator over TCP's figure of the same run, were the bridge's Step free. A lockstep Step is
+    serial, so none is shorter than the simulator's own CPU per Step (its env and client, measured
+    in the case) plus what the bare ring echo of the same sizes spends beyond its client (the
+    wake-ups and the peer's copy). Over 1 means no server work could close the gap."""
+    out = {}
+    for case, n, figure in (("step_lockstep", 1, "step_lockstep_steps_per_s"),
+                            ("batched64", 64, "batched64_agent_steps_per_s"),
+                            ("batched256", 256, "batched256_agent_steps_per_s")):
+        client_us = result.get(f"shm_{case}_client_cpu_us_per_call")
+        echo = result.get(f"shm_echo_step{n}_roundtrips_per_s")
+        echo_client_us = result.get(f"shm_echo_step{n}_client_cpu_us_per_call")
+        tcp = result.get(figure)
+        if client_us and echo and echo_client_us is not None and tcp:
+            floor_us = client_us + max(0.0, 1e6 / echo - echo_client_us)
+            out[f"shm_vs_tcp_{figure}_free_bridge_ceiling"] = round(1e6 / floor_us * n / tcp, 3)
     return out
 
 
