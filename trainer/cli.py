@@ -152,9 +152,9 @@ def cmd_run(args) -> int:
         cfg = config_for(args)
         rank = None
         if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
-            from simbridge.trainer import distributed   # needs torch: see the comment atop
-            rank = distributed.rank_from_env()
-            for note in distributed.prepare_config(cfg, rank) if rank is not None else ():
+            from simbridge.trainer import ranks   # needs torch: see the comment atop
+            rank = ranks.rank_from_env()
+            for note in ranks.prepare_config(cfg, rank) if rank is not None else ():
                 print(f"simbridge-trainer: rank {rank.rank}: {note}", flush=True)
         if not args.resume and (rank is None or rank.writes):
             refuse_used(Path(cfg.run.logdir))

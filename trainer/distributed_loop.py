@@ -10,8 +10,8 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 
-from simbridge.trainer.distributed import (Group, GroupLost, _first_line, _learns, init_group, lost, timeout_s,
-                                           weights_digest)
+from simbridge.trainer.distributed import Group, _learns, weights_digest
+from simbridge.trainer.ranks import GroupLost, _first_line, init_group, lost, timeout_s
 from simbridge.trainer.loop import TRAIN_CHUNK, LearningLoop
 
 INTAKE_BATCHES = 8     # experience batches a rank takes between two exchanges, at most

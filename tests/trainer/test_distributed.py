@@ -310,7 +310,7 @@ def test_a_bad_rank_environment_is_one_line_naming_the_fix(monkeypatch, capsys, 
 
 
 def test_each_rank_of_a_host_serves_on_its_own_port():
-    from simbridge.trainer.distributed import rank_address
+    from simbridge.trainer.ranks import rank_address
     assert rank_address("10.0.0.1:50051", 0) == "10.0.0.1:50051"
     assert rank_address("0.0.0.0:50051", 3) == "0.0.0.0:50054"
     assert rank_address("[::1]:50051", 1) == "[::1]:50052"
