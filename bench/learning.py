@@ -12,7 +12,11 @@ learner and config with the env stepped in this process, no bridge (for
 multiagent-cartpole: one trained policy's learner on one CartPole), so the
 bridge's overhead shows as the ratio `bridge_vs_inprocess_wall`. With --seeds, one
 line per seed goes to stderr as it ends, and the JSON has each seed's run, the count
-`seeds_solved` and the median `median_bridge_vs_inprocess_wall`.
+`seeds_solved` and the median `median_bridge_vs_inprocess_wall`. The ratio splits into
+`bridge_vs_inprocess_updates` (the gradient updates each run had done at the target: how far the
+seed's trajectory took it) and `bridge_vs_inprocess_wall_per_update` (what one update cost in
+wall time, acting and the simulator included: what the bridge's overlap changes); their product
+is the wall ratio.
 
 The bridge run writes a TOML config (the learner presets of trainer/dqn.py,
 trainer/sac.py and trainer/ppo_presets.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
@@ -196,7 +200,7 @@ def run_inprocess(task: dict, seed: int) -> dict:
     res = inprocess.run_inprocess(learner, task["env"], task["budget"], seed=seed, fragment=task["fragment"],
                                   stop_at_return=task["threshold"], **kwargs)
     return {"inprocess_wall_s": round(res["wall_s"], 1), "inprocess_solved": res["reached_step"] is not None,
-            "inprocess_env_steps": res["reached_step"] or res["env_steps"]}
+            "inprocess_env_steps": res["reached_step"] or res["env_steps"], "inprocess_updates": res["updates"]}
 
 
 def run_seed(name: str, task: dict, seed: int, args) -> dict:
@@ -209,6 +213,12 @@ def run_seed(name: str, task: dict, seed: int, args) -> dict:
             result["bridge_vs_inprocess_wall_per_step"] = round(
                 (result["wall_s"] / max(result["env_steps"], 1))
                 / (result["inprocess_wall_s"] / max(result["inprocess_env_steps"], 1)), 2)
+            # Apart: how many updates each run needed (the seed's trajectory) and what one cost.
+            bridge_updates = sum(result["updates"].values())
+            if bridge_updates and result["inprocess_updates"] and not task.get("multiagent"):
+                result["bridge_vs_inprocess_updates"] = round(bridge_updates / result["inprocess_updates"], 2)
+                result["bridge_vs_inprocess_wall_per_update"] = round(
+                    (result["wall_s"] / bridge_updates) / (result["inprocess_wall_s"] / result["inprocess_updates"]), 2)
     return result
 
 
@@ -251,6 +261,7 @@ def main(argv=None) -> int:
     else:
         ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
         per_step = [r["bridge_vs_inprocess_wall_per_step"] for r in runs if "bridge_vs_inprocess_wall_per_step" in r]
+        per_update = [r["bridge_vs_inprocess_wall_per_update"] for r in runs if "bridge_vs_inprocess_wall_per_update" in r]
         result = {"task": args.task, "seeds": seeds, "learner": args.learner, "fragment": task["fragment"],
                   "max_updates_behind": args.max_updates_behind, "threshold": task["threshold"],
                   "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
@@ -258,6 +269,7 @@ def main(argv=None) -> int:
                   "wall_s": [r["wall_s"] for r in runs],
                   "median_bridge_vs_inprocess_wall": statistics.median(ratios) if ratios else None,
                   "median_bridge_vs_inprocess_wall_per_step": statistics.median(per_step) if per_step else None,
+                  "median_bridge_vs_inprocess_wall_per_update": statistics.median(per_update) if per_update else None,
                   "runs": runs}
         if not args.no_inprocess:
             result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
