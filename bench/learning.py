@@ -262,6 +262,7 @@ def main(argv=None) -> int:
         ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
         per_step = [r["bridge_vs_inprocess_wall_per_step"] for r in runs if "bridge_vs_inprocess_wall_per_step" in r]
         per_update = [r["bridge_vs_inprocess_wall_per_update"] for r in runs if "bridge_vs_inprocess_wall_per_update" in r]
+        updates = [r["bridge_vs_inprocess_updates"] for r in runs if "bridge_vs_inprocess_updates" in r]
         result = {"task": args.task, "seeds": seeds, "learner": args.learner, "fragment": task["fragment"],
                   "max_updates_behind": args.max_updates_behind, "threshold": task["threshold"],
                   "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
@@ -269,6 +270,7 @@ def main(argv=None) -> int:
                   "wall_s": [r["wall_s"] for r in runs],
                   "median_bridge_vs_inprocess_wall": statistics.median(ratios) if ratios else None,
                   "median_bridge_vs_inprocess_wall_per_step": statistics.median(per_step) if per_step else None,
+                  "median_bridge_vs_inprocess_updates": statistics.median(updates) if updates else None,
                   "median_bridge_vs_inprocess_wall_per_update": statistics.median(per_update) if per_update else None,
                   "runs": runs}
         if not args.no_inprocess:

@@ -40,7 +40,8 @@ def run_inprocess(learner, env_id: str, total_steps: int, seed: int, log_every: 
     """Step `env_id` for `total_steps` env steps with `learner` acting and learning.
 
     fragment: env steps per SampleBatch handed to learner.add (then learner.train()).
-    stop_at_return: stop early once the mean return of the last `window` episodes reaches it.
+    stop_at_return: stop early once the mean return of the last `window` episodes reaches it (at
+        that episode's end, before training on the fragment under way: wall_s is the time to it).
     torch_threads: torch.set_num_threads for the run (None leaves it alone).
     off_policy_fraction: with this probability per step the harness picks a uniformly random
         action itself, recorded as the bridge records LogAction rows (policy_version -1,
