@@ -203,6 +203,11 @@ def run_inprocess(task: dict, seed: int) -> dict:
             "inprocess_env_steps": res["reached_step"] or res["env_steps"], "inprocess_updates": res["updates"]}
 
 
+# A run's ratios to the in-process reference; --seeds reports the median of each.
+RATIOS = ("bridge_vs_inprocess_wall", "bridge_vs_inprocess_wall_per_step", "bridge_vs_inprocess_updates",
+          "bridge_vs_inprocess_wall_per_update")
+
+
 def run_seed(name: str, task: dict, seed: int, args) -> dict:
     result = run_bridge(name, task, seed, args.timeout, args.learner == "process", args.max_updates_behind)
     if not args.no_inprocess:
@@ -259,23 +264,18 @@ def main(argv=None) -> int:
     if len(runs) == 1:
         result = runs[0]
     else:
-        ratios = [r["bridge_vs_inprocess_wall"] for r in runs if "bridge_vs_inprocess_wall" in r]
-        per_step = [r["bridge_vs_inprocess_wall_per_step"] for r in runs if "bridge_vs_inprocess_wall_per_step" in r]
-        per_update = [r["bridge_vs_inprocess_wall_per_update"] for r in runs if "bridge_vs_inprocess_wall_per_update" in r]
-        updates = [r["bridge_vs_inprocess_updates"] for r in runs if "bridge_vs_inprocess_updates" in r]
-        result = {"task": args.task, "seeds": seeds, "learner": args.learner, "fragment": task["fragment"],
-                  "max_updates_behind": args.max_updates_behind, "threshold": task["threshold"],
+        result = {"task": args.task, "seeds": seeds, "learner": args.learner, "threshold": task["threshold"],
                   "budget": task["budget"], "seeds_solved": sum(r["solved"] for r in runs),
                   "env_steps": [r["env_steps"] if r["solved"] else None for r in runs],
-                  "wall_s": [r["wall_s"] for r in runs],
-                  "median_bridge_vs_inprocess_wall": statistics.median(ratios) if ratios else None,
-                  "median_bridge_vs_inprocess_wall_per_step": statistics.median(per_step) if per_step else None,
-                  "median_bridge_vs_inprocess_updates": statistics.median(updates) if updates else None,
-                  "median_bridge_vs_inprocess_wall_per_update": statistics.median(per_update) if per_update else None,
-                  "runs": runs}
+                  "wall_s": [r["wall_s"] for r in runs]}
+        for ratio in RATIOS:
+            got = [r[ratio] for r in runs if ratio in r]
+            result[f"median_{ratio}"] = statistics.median(got) if got else None
+        result["runs"] = runs
         if not args.no_inprocess:
             result["inprocess_seeds_solved"] = sum(r["inprocess_solved"] for r in runs)
     result["overrides"] = task.get("overrides", {})     # learner config keys beside the preset
+    result["fragment"], result["max_updates_behind"] = task["fragment"], args.max_updates_behind
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
     text = json.dumps(result)
     print(text, flush=True)
