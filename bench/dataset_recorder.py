@@ -2,7 +2,7 @@
 
     python bench/dataset_recorder.py [--slots 64] [--fragment 200] [--rows 200000] [--episode 200]
 
-Feeds trainer/datasets.py's EpisodeRecorder MultiAgentBatches shaped as the bridge delivers
+Feeds trainer/data/datasets.py's EpisodeRecorder MultiAgentBatches shaped as the bridge delivers
 them from a batched CartPole simulator (--slots episodes stepped together, fragments of
 --fragment env steps, each episode --episode steps long, so episodes span fragments), writing
 to a temporary directory, then loads the dataset back to check the counts. Prints one JSON
@@ -21,7 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
-from simbridge.trainer.datasets import DatasetSection, EpisodeRecorder  # noqa: E402
+from simbridge.trainer.config.dataset import DatasetSection  # noqa: E402
+from simbridge.trainer.data.datasets import EpisodeRecorder  # noqa: E402
 
 
 def batches(slots: int, fragment: int, rows: int, episode: int):

@@ -18,8 +18,7 @@ seed's trajectory took it) and `bridge_vs_inprocess_wall_per_update` (what one u
 wall time, acting and the simulator included: what the bridge's overlap changes); their product
 is the wall ratio.
 
-The bridge run writes a TOML config (the learner presets of trainer/dqn.py,
-trainer/sac.py and trainer/ppo_presets.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
+The bridge run writes a TOML config (the learner presets of trainer/learners/presets.py), starts `python -m simbridge.trainer.cli run` on a free loopback port,
 starts the reference simulators against it and polls the daemon's
 metrics.jsonl until the target is met or the env-step budget is spent.
 """
@@ -40,31 +39,31 @@ from typing import List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simbridge.trainer import reporting  # noqa: E402
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
-from simbridge.trainer.rundir import METRICS  # noqa: E402
+from simbridge.trainer.run import reporting  # noqa: E402
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
+from simbridge.trainer.run.rundir import METRICS  # noqa: E402
 from simbridge.wire.columns import DEFAULT_POLICY  # noqa: E402
 
 TASKS = {
     # CartPole-v1: mean return of the last 10 episodes >= 475 within 50k env steps.
-    "dqn-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
+    "dqn-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="DQN_CARTPOLE", threshold=475.0,
                          budget=50_000, fragment=32, sims=[["--slots", "1"]]),
     # Pendulum-v1: >= -200 within 10k env steps.
-    "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="PENDULUM_PRESET", threshold=-200.0,
+    "sac-pendulum": dict(env="Pendulum-v1", algorithm="sac", preset="SAC_PENDULUM", threshold=-200.0,
                          budget=10_000, fragment=200, sims=[["--slots", "1"]]),
     # The simulator overrides 30% of the actions with its own choice, reported with log_action; the
-    # learner counts on it doing so (trainer/dqn.py's logged_actions), and explores no more itself.
-    "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=475.0,
+    # learner counts on it doing so (trainer/learners/dqn.py's logged_actions), and explores no more itself.
+    "dqn-cartpole-logged": dict(env="CartPole-v1", algorithm="dqn", preset="DQN_CARTPOLE", threshold=475.0,
                                 budget=50_000, fragment=32, off_policy=0.3,
                                 overrides={"logged_actions": "environment"},
                                 sims=[["--slots", "1", "--off-policy-fraction", "0.3"]]),
     # PPO, on-policy from the same stream: >= 475 within 100k env steps.
-    "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="CARTPOLE_PRESET", threshold=475.0,
+    "ppo-cartpole": dict(env="CartPole-v1", algorithm="ppo", preset="PPO_CARTPOLE", threshold=475.0,
                          budget=100_000, fragment=32, sims=[["--slots", "1"]]),
-    "ppo-pendulum": dict(env="Pendulum-v1", algorithm="ppo", preset="PENDULUM_PRESET", threshold=-200.0,
+    "ppo-pendulum": dict(env="Pendulum-v1", algorithm="ppo", preset="PPO_PENDULUM", threshold=-200.0,
                          budget=100_000, fragment=200, sims=[["--slots", "1"]]),
     # 4 carts on 2 trained policies (p0: cart_0, cart_2; p1: cart_1, cart_3) plus a frozen p2 (cart_4).
-    "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="CARTPOLE_PRESET", threshold=300.0,
+    "multiagent-cartpole": dict(env="CartPole-v1", algorithm="dqn", preset="DQN_CARTPOLE", threshold=300.0,
                                 budget=40_000, fragment=32, multiagent=True),
 }
 
@@ -87,14 +86,14 @@ def _inline(d: dict) -> str:
 
 def learner_class(task: dict):
     """The task's Learner class, from the trainer config's algorithm registry."""
-    from simbridge.trainer.config_algorithms import ALGORITHMS
+    from simbridge.trainer.config.algorithms import ALGORITHMS
     module, _, name = ALGORITHMS[task["algorithm"]].partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
 
 
 def preset(task: dict, seed: int) -> dict:
-    mod = sys.modules[learner_class(task).__module__]
-    return {**getattr(mod, task["preset"]), **task.get("overrides", {}), "seed": seed}
+    from simbridge.trainer.learners import presets
+    return {**getattr(presets, task["preset"]), **task.get("overrides", {}), "seed": seed}
 
 
 def write_config(task: dict, seed: int, address: str, logdir: Path, path: Path, learner_process: bool,
@@ -189,7 +188,7 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_proce
 def run_inprocess(task: dict, seed: int) -> dict:
     import gymnasium as gym
 
-    from simbridge.trainer import inprocess
+    from simbridge.trainer.run import inprocess
 
     cfg = preset(task, seed)
     env = gym.make(task["env"])

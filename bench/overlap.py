@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simbridge.trainer import reporting  # noqa: E402
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
-from simbridge.trainer.rundir import METRICS  # noqa: E402
+from simbridge.trainer.run import reporting  # noqa: E402
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
+from simbridge.trainer.run.rundir import METRICS  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 NET = "hidden = [128, 128], batch_size = 128, n_step = 3, lr = 5e-4"

@@ -1,5 +1,5 @@
 """Data-parallel scaling: the group's env steps/s and gradient updates/s with 1, 2 and 4 trainer
-ranks (trainer/distributed.py), each rank with the same simulators, beside a plain single-process
+ranks (trainer/distributed/group.py), each rank with the same simulators, beside a plain single-process
 trainer with the same config.
 
     python bench/scale.py [--ranks 1,2,4] [--sims-per-rank 1] [--slots 4] [--window-s 15] [--algorithm dqn|ppo]
@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from simbridge.trainer.launch import Proc, child_env, free_port, python_module, wait_for_health  # noqa: E402
+from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health  # noqa: E402
 
 # algorithm -> (its config, rows per rank in one update: DQN's batch, PPO's minibatch)
 PRESETS = {
     "dqn": ('{ gamma = 0.99, n_step = 3, lr = 0.0005, batch_size = 128, buffer_size = 100000, learning_starts = 1000, '
             'updates_per_step = 1.0, hidden = [128, 128], tau = 0.005, epsilon_timesteps = 10000, seed = 0 }', 128),
-    # trainer/ppo_presets.py's CARTPOLE_PRESET: an iteration per 256 rows per rank, 20 updates of 256 rows
+    # trainer/learners/presets.py's PPO_CARTPOLE: an iteration per 256 rows per rank, 20 updates of 256 rows
     "ppo": ('{ gamma = 0.98, lambda_ = 0.8, hidden = [64, 64], lr = 0.001, lr_final = 0.0, lr_timesteps = 100000, '
             'train_batch_size = 256, minibatch_size = 256, num_epochs = 20, clip_param = 0.2, grad_clip = 0.5, '
             'seed = 0 }', 256),

@@ -6,9 +6,10 @@ import re
 import pytest
 
 from simbridge.sims import gym_sim
-from simbridge.trainer import cli, demo
-from simbridge.trainer.config_sections import SECTIONS
-from simbridge.trainer.launch import ROOT
+from simbridge.trainer import cli
+from simbridge.trainer import demo
+from simbridge.trainer.config.sections import SECTIONS
+from simbridge.trainer.run.launch import ROOT
 
 DOCS = sorted([ROOT / "README.md", ROOT / "docker" / "README.md", *(ROOT / "docs").glob("*.md")])
 

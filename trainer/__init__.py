@@ -17,12 +17,12 @@ def __getattr__(name):
         from simbridge.trainer.daemon import TrainerDaemon
         return TrainerDaemon
     if name == "parse_overrides":
-        from simbridge.trainer.config_values import parse_overrides
+        from simbridge.trainer.config.values import parse_overrides
         return parse_overrides
     if name == "config_toml":
-        from simbridge.trainer.config_writer import config_toml
+        from simbridge.trainer.config.writer import config_toml
         return config_toml
     if name in __all__:
-        from simbridge.trainer import config
+        from simbridge.trainer.config import trainer_config as config
         return getattr(config, name)
     raise AttributeError(f"module 'simbridge.trainer' has no attribute {name!r}")

@@ -60,12 +60,12 @@ import simbridge
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use, in_use_message
-from simbridge.trainer import rundir
-from simbridge.trainer.config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
-from simbridge.trainer.config_values import parse_overrides
-from simbridge.trainer.datasets import dataset_overrides
-from simbridge.trainer.reporting import plot
-from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
+from simbridge.trainer.run import rundir
+from simbridge.trainer.config.trainer_config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
+from simbridge.trainer.config.values import parse_overrides
+from simbridge.trainer.config.dataset import dataset_overrides
+from simbridge.trainer.run.reporting import plot
+from simbridge.trainer.run.rundir import CHECKPOINT, SAVED_CONFIG, refuse_used
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simbridge-trainer", description=f"{__doc__}\n{rundir.__doc__}",
@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
         cfg = config_for(args)
         rank = None
         if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
-            from simbridge.trainer import ranks   # needs torch: see the comment atop
+            from simbridge.trainer.distributed import ranks   # needs torch: see the comment atop
             rank = ranks.rank_from_env()
             for note in ranks.prepare_config(cfg, rank) if rank is not None else ():
                 print(f"simbridge-trainer: rank {rank.rank}: {note}", flush=True)

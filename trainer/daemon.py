@@ -29,15 +29,17 @@ from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
-from simbridge.trainer import checkpoint, datasets, journal, recovery
-from simbridge.trainer.learner import Learner
-from simbridge.trainer.learner_process import LearnerProcessDied
-from simbridge.trainer.config import ConfigError, TrainerConfig
-from simbridge.trainer.config_writer import flat_config
-from simbridge.trainer.factory import PolicyFactory, trains
-from simbridge.trainer.loop import LearningLoop
-from simbridge.trainer.reporting import Reporter
-from simbridge.trainer.rundir import SAVED_CONFIG
+from simbridge.trainer.config.dataset import DatasetConfigError
+from simbridge.trainer.config.trainer_config import ConfigError, TrainerConfig
+from simbridge.trainer.config.writer import flat_config
+from simbridge.trainer.data import datasets
+from simbridge.trainer.learners.base import Learner, trains
+from simbridge.trainer.run import checkpoint, journal, recovery
+from simbridge.trainer.run.factory import PolicyFactory
+from simbridge.trainer.run.learner_process import LearnerProcessDied
+from simbridge.trainer.run.loop import LearningLoop
+from simbridge.trainer.run.reporting import Reporter
+from simbridge.trainer.run.rundir import SAVED_CONFIG
 
 
 class TrainerDaemon:
@@ -45,7 +47,7 @@ class TrainerDaemon:
 
     def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None, rank=None):
         """preloaded: {policy id: Policy} served as they are (`simbridge-trainer serve`). rank: this
-        process's place in a data-parallel group (trainer/distributed.py); only rank 0 writes files."""
+        process's place in a data-parallel group (trainer/distributed/group.py); only rank 0 writes files."""
         self.cfg = cfg
         self.rank = rank
         self.writes = rank is None or rank.writes
@@ -99,13 +101,13 @@ class TrainerDaemon:
             self.loop = LearningLoop(self.runtime, cfg.run, self.stop_event, self.request_stop,
                                      self.reporter.report, self.checkpoint)
         else:
-            from simbridge.trainer import distributed_loop
+            from simbridge.trainer.distributed import loop as distributed_loop
             self.reporter, self.loop = distributed_loop.attach(self)
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
         try:   # reads the warm-start datasets; the recorder writes nothing before the first episode
             self.dataset_notes = self._datasets() if cfg.dataset.used else []
-        except datasets.DatasetConfigError as e:
+        except DatasetConfigError as e:
             raise ConfigError(str(e)) from None
         self._state = state   # the journal opens in run(), once the port is bound
 
@@ -115,7 +117,7 @@ class TrainerDaemon:
         """[dataset]: the recorder on the learning loop's intake, and the warm starts' transitions
         queued for it (policies the config gives no spaces are built with the dataset's). Lines
         for the start-up message."""
-        from simbridge.trainer import warm_start   # imports minari's readers: only when used
+        from simbridge.trainer.data import warm_start   # imports minari's readers: only when used
         ds, notes = self.cfg.dataset, []
         datasets.require_minari()
         for pid, source in ds.warm_start.items():
@@ -333,7 +335,7 @@ class TrainerDaemon:
             self.reporter.report("resume" if self.resume else "start")
         try:
             if self.rank is not None:
-                from simbridge.trainer import distributed_loop
+                from simbridge.trainer.distributed import loop as distributed_loop
                 distributed_loop.join(self)   # waits for every rank (bounded): the loop's collectives need them
             self.loop.run(self.checkpoints.env_steps, learners_expected=sum(
                 1 for pid, cls in self.factory.classes.items()
@@ -367,7 +369,7 @@ class TrainerDaemon:
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group
-            from simbridge.trainer import distributed_loop
+            from simbridge.trainer.distributed import loop as distributed_loop
             distributed_loop.leave(self)
         if self.loop.recorder is not None:   # every row is in: open trajectories end as truncated
             for pid, d in self.loop.recorder.close().items():

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from simbridge.trainer.launch import Proc, free_port, python_module, start_server
+from simbridge.trainer.run.launch import Proc, free_port, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 
 SIMULATORS = [

@@ -3,7 +3,7 @@
     simbridge-trainer serve  --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
     simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
 
-Both read DIR/checkpoint.pt with the safe loader (trainer/checkpoint.py: never unpickled in full)
+Both read DIR/checkpoint.pt with the safe loader (trainer/run/checkpoint.py: never unpickled in full)
 and DIR/config.toml (the run's own config: which learner each policy is), and re-create each
 policy from the spaces saved with it, as `run --resume` does, but never trainable.
 
@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from simbridge.server.policies import ActionBatch, Policy
-from simbridge.trainer import checkpoint, export
-from simbridge.trainer.config import ConfigError, TrainerConfig, load_config
-from simbridge.trainer.factory import PolicyFactory
-from simbridge.trainer.rundir import CHECKPOINT, SAVED_CONFIG
+from simbridge.trainer.run import checkpoint
+from simbridge.trainer.learners import export
+from simbridge.trainer.config.trainer_config import ConfigError, TrainerConfig, load_config
+from simbridge.trainer.run.factory import PolicyFactory
+from simbridge.trainer.run.rundir import CHECKPOINT, SAVED_CONFIG
 from simbridge.wire import tree
 from simbridge.wire.preprocess import flatten
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
-from simbridge.trainer.launch import Proc, python_module
-from simbridge.trainer.vector_env import BridgeVectorEnv
+from simbridge.trainer.run.launch import Proc, python_module
+from simbridge.trainer.adapters.vector_env import BridgeVectorEnv
 
 
 def layer(i, o, std=np.sqrt(2)):

@@ -24,9 +24,9 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecMonitor
 
-from simbridge.trainer.launch import Proc, python_module
-from simbridge.trainer.sb3 import SB3VecEnv
-from simbridge.trainer.vector_env import BridgeVectorEnv
+from simbridge.trainer.run.launch import Proc, python_module
+from simbridge.trainer.adapters.sb3 import SB3VecEnv
+from simbridge.trainer.adapters.vector_env import BridgeVectorEnv
 
 
 def linear(start: float):

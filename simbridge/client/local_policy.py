@@ -19,7 +19,7 @@ Heads (ActionHead.params in parentheses):
 * q_argmax: Q-values side by side per branch (branch_sizes); greedy per branch,
   a uniform joint action with probability epsilon ("epsilon"). logp is the
   chosen action's log-probability under that epsilon-greedy distribution.
-  With "action_mask_offset" = k (an extension, as trainer/dqn.py's action
+  With "action_mask_offset" = k (an extension, as trainer/learners/dqn.py's action
   masks): columns k.. of the preprocessed observation hold one 0/1 entry per
   Q output; only actions whose entry is > 0.5 are chosen, greedy or random (a
   branch that allows nothing allows everything).
@@ -27,7 +27,7 @@ Heads (ActionHead.params in parentheses):
   scaled into the Box bounds ("deterministic" = 1: tanh(mean)). log_std is
   clipped to ["log_std_min", "log_std_max"]; with "log_std_squash" = 1 it is
   first squashed smoothly into that range, log_std_min + (max - min) *
-  (tanh(raw) + 1) / 2, as trainer/sac.py's actor does (an extension of the
+  (tanh(raw) + 1) / 2, as trainer/learners/sac.py's actor does (an extension of the
   wire comment: params is an open map). logp is the env-space log density.
 * random: uniform over the action space (logp known for Discrete,
   MultiDiscrete and finite Boxes, else NaN).

@@ -57,7 +57,7 @@ class ServerContext:
 
     def set_journal(self, journal) -> None:
         """Before serving. journal: add_rows(policy, columns, n), add_row(policy, row),
-        add_batch(batch) and commit(metrics) (see trainer/journal.py)."""
+        add_batch(batch) and commit(metrics) (see trainer/run/journal.py)."""
         self.journal = self.collector.journal = self.experience.journal = journal
 
     def committed(self) -> None:

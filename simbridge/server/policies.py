@@ -100,7 +100,7 @@ class SlotStep:
 class StepPolicy(Policy):
     """A policy that answers whole Steps of batched simulators, outcome included, instead of
     bare observations: the seam through which a learner outside the bridge drives the
-    simulators (simbridge.trainer.vector_env). The slots call compute_step directly, not
+    simulators (simbridge.trainer.adapters.vector_env). The slots call compute_step directly, not
     through a DynamicBatcher: each session's Step may wait for its own answer while other
     sessions' Steps come in. Row calls (GetAction) are refused: they carry no outcome."""
 

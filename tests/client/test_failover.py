@@ -17,7 +17,7 @@ from simbridge.client.connection import SessionLost, parse_addresses
 from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.sample_batch import MultiAgentBatch
-from simbridge.trainer.launch import ROOT, child_env, free_port, python_module
+from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
 from simbridge.wire.errors import BridgeError, Reason
 
 OBS = gym.spaces.Box(-1, 1, (2,), np.float32)

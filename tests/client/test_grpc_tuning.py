@@ -11,7 +11,7 @@ from simbridge.wire import grpc_tuning
 
 
 
-from simbridge.trainer import launch
+from simbridge.trainer.run import launch
 def test_fills_in_only_when_the_user_left_it_unset(monkeypatch):
     monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
     monkeypatch.delenv("SIMBRIDGE_GRPC_EVENT_ENGINE", raising=False)
@@ -61,7 +61,7 @@ _EARLY_CLIENT = """
 import sys, time
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 prefer_iomgr_tcp()
-from simbridge.trainer import launch
+from simbridge.trainer.run import launch
 launch.wait_for_health(sys.argv[1], timeout=30)
 print(time.time(), flush=True)
 """

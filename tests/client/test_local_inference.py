@@ -25,7 +25,7 @@ from simbridge.wire.errors import BridgeError
 from simbridge.client.local_client import LocalPolicyClient
 from simbridge.server.policies import Policy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
-from simbridge.trainer.launch import child_env
+from simbridge.trainer.run.launch import child_env
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
@@ -151,7 +151,7 @@ def test_an_upload_answer_with_a_newer_version_triggers_a_refresh(make_server):
 def test_onnx_travels_with_the_policy_and_matches_numpy(make_server):
     import onnxruntime as ort
     from simbridge.client.local_client import make_policy_client
-    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.learners.dqn import DQNLearner
     rt = _runtime(DQNLearner(OBS, ACT, config={"hidden": [16, 16], "seed": 0}, device="cpu"))
     server = make_server(rt)
     client = make_policy_client(server.address, OBS, ACT, inference_mode="local", include_onnx=True)
@@ -177,7 +177,7 @@ def test_policy_without_portable_form_is_refused(make_server):
 # ---------------------------------------------------------------- the client side: no torch
 
 def test_local_simulator_process_never_imports_torch(make_server):
-    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.learners.dqn import DQNLearner
     rt = _runtime(policy=None)
     rt.policy_factory = lambda pid, o, a: DQNLearner(o, a, config={"hidden": [32, 32], "seed": 0}, device="cpu")
     server = make_server(rt)

@@ -273,6 +273,6 @@ def test_open_channel_takes_a_shared_memory_address(make_server, tmp_path, net):
 
 @pytest.mark.nets("shm")
 def test_wait_for_health_takes_a_shared_memory_address(make_server, net):
-    from simbridge.trainer.launch import wait_for_health
+    from simbridge.trainer.run.launch import wait_for_health
     srv = make_server()
     wait_for_health(srv.address, timeout=5)   # it dialled "shm+unix:..." as a gRPC target and timed out

@@ -107,7 +107,7 @@ def test_unix_addresses_in_lists_and_bad_ones_name_the_fix():
         parse_addresses("unix-abstract:bridge")
     with pytest.raises(BridgeError, match="names no socket file"):
         parse_addresses("unix:")
-    from simbridge.trainer.config import ConfigError, parse_config
+    from simbridge.trainer.config.trainer_config import ConfigError, parse_config
     cfg = parse_config('[server]\naddress = "unix:/run/sb/bridge.sock"\n[policies.p]\nalgorithm = "random"\n')
     assert cfg.server.address == "unix:/run/sb/bridge.sock"
     with pytest.raises(ConfigError, match="or unix:PATH"):

@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
+from simbridge.trainer.config.values import toml_value
+from simbridge.trainer.learners.presets import DQN_CARTPOLE
 
-PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timesteps = 50000, batch_size = 128, '
-          'buffer_size = 100000, learning_starts = 1000, updates_per_step = 1.0, hidden = [128, 128], '
-          'tau = 0.005, epsilon_initial = 1.0, epsilon_final = 0.02, epsilon_timesteps = 10000, seed = 0 }')
+PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,

@@ -8,9 +8,10 @@ within ~10k env steps; the test allows 30k.
 import time
 
 from test_learning_e2e import r10, run
+from simbridge.trainer.config.values import toml_value
+from simbridge.trainer.learners.presets import PPO_CARTPOLE
 
-PRESET = ('{ gamma = 0.98, lambda_ = 0.8, hidden = [64, 64], lr = 0.001, lr_final = 0.0, lr_timesteps = 100000, '
-          'train_batch_size = 256, minibatch_size = 256, num_epochs = 20, seed = 0 }')
+PRESET = toml_value({**PPO_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
 
 def test_ppo_learns_cartpole_through_the_bridge_and_drops_the_simulators_own_actions(tmp_path):

@@ -6,7 +6,7 @@ import sys
 import time
 
 
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
 
 CONFIG = """
 [server]

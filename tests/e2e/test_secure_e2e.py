@@ -8,7 +8,7 @@ import sys
 import pytest
 import trustme
 
-from simbridge.trainer.launch import child_env, free_port, stop_all
+from simbridge.trainer.run.launch import child_env, free_port, stop_all
 
 CONFIG = """
 [server]

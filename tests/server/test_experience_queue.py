@@ -1,6 +1,6 @@
 """ExperienceQueue's hold (hold_while): the consumer's own rule holds puts before they queue.
 
-The trainer's rate limiter uses it (trainer/loop.py); its end-to-end bound is
+The trainer's rate limiter uses it (trainer/run/loop.py); its end-to-end bound is
 tests/trainer/test_learner_process.py's slow-learner test. Here the rule's contract, with real
 threads: a held put waits and then queues once progress() says the rule turned false; an
 offer gives up at its timeout and queues nothing; close() and hold_while(None) free every

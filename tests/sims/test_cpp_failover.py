@@ -16,7 +16,7 @@ import time
 import pytest
 
 from simbridge.client.channels import FAILOVER_AFTER_S
-from simbridge.trainer.launch import free_port
+from simbridge.trainer.run.launch import free_port
 
 
 @pytest.fixture(scope="module")

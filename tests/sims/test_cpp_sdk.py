@@ -102,7 +102,7 @@ def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server, hando
 
 
 def test_local_inference_from_a_real_learner_logs_the_actions(build, make_server):
-    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.learners.dqn import DQNLearner
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=16),
                        policy_factory=lambda pid, o, a: DQNLearner(o, a, config={"hidden": [16, 16], "seed": 0},
                                                                    device="cpu"))
@@ -242,7 +242,7 @@ def _compare(build, tmp_path, msg, obs_rows, rtol=1e-5, atol=1e-5):
 
 
 def test_local_q_policy_equals_python_on_a_dqn_learners_export(build, tmp_path):
-    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.learners.dqn import DQNLearner
     learner = DQNLearner(OBS, gym.spaces.Discrete(3), config={"hidden": [32, 32], "seed": 1}, device="cpu")
     msg = type(learner.portable())()
     msg.CopyFrom(learner.portable())
@@ -255,7 +255,7 @@ def test_local_q_policy_equals_python_on_a_dqn_learners_export(build, tmp_path):
 
 
 def test_local_gaussian_policy_equals_python_on_a_sac_learners_export(build, tmp_path):
-    from simbridge.trainer.sac import SACLearner
+    from simbridge.trainer.learners.sac import SACLearner
     act = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
     learner = SACLearner(OBS, act, config={"hidden": [32, 32], "seed": 2, "random_warmup": False}, device="cpu")
     msg = type(learner.portable())()

@@ -248,7 +248,7 @@ def test_a_token_refused_on_reconnect_is_auth_failed_not_a_lost_server(cpp_build
 
 def test_get_policy_carries_the_token_too(cpp_build, serve, pki):
     """--inference local downloads the policy with the unary GetPolicy: refused without the token."""
-    from simbridge.trainer.dqn import DQNLearner
+    from simbridge.trainer.learners.dqn import DQNLearner
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=16),
                        policy_factory=lambda pid, o, a: DQNLearner(o, a, config={"hidden": [8], "seed": 0},
                                                                    device="cpu"))

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from simbridge.trainer.launch import ROOT, child_env, python_module
+from simbridge.trainer.run.launch import ROOT, child_env, python_module
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.sample_batch import MultiAgentBatch
 from simbridge.server.service import BridgeServer

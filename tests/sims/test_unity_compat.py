@@ -11,7 +11,7 @@ import pytest
 
 import simbridge.sims.unity  # noqa: F401  (installs the hook)
 from mlagents_envs.base_env import ActionSpec, BehaviorSpec, DimensionProperty, ObservationSpec, ObservationType
-from simbridge.trainer.launch import child_env
+from simbridge.trainer.run.launch import child_env
 from simbridge.sims.unity.compat import serialized_descriptor
 from simbridge.sims.unity.spaces import behavior_spaces
 

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from simbridge.trainer.launch import child_env, free_port
+from simbridge.trainer.run.launch import child_env, free_port
 from unity_peer.harness import PEER, ROOT, Bridge, check_replay, free_base_port, run_connector
 
 

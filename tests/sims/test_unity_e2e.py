@@ -52,7 +52,7 @@ def test_dqn_and_sac_learn_two_behaviors_of_one_build_through_the_unity_connecto
 
 def test_the_shipped_unity_configs_load_and_map_behaviors_to_their_policies():
     from simbridge.server.mapping import pattern_mapping
-    from simbridge.trainer.config import CONFIG_DIR, load_config, resolve_algorithm
+    from simbridge.trainer.config.trainer_config import CONFIG_DIR, load_config, resolve_algorithm
     files = sorted(CONFIG_DIR.glob("unity_*.toml"))
     assert [f.name for f in files] == ["unity_3dball.toml", "unity_peer.toml", "unity_peer_ppo.toml"]
     expect = {"unity_3dball.toml": {"3DBall?team=0/17": "ball"},

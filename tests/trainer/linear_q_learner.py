@@ -6,7 +6,7 @@ with tests/ on PYTHONPATH, so the daemon's tests need neither DQN nor SAC.
 import numpy as np
 import torch
 
-from simbridge.trainer.learner import Learner
+from simbridge.trainer.learners.base import Learner
 from simbridge.wire.preprocess import flat_dim
 
 

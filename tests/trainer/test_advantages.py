@@ -1,8 +1,8 @@
-"""trainer/advantages.py against advantages computed by hand, on rows interleaved as the bridge's fragments are."""
+"""trainer/learners/advantages.py against advantages computed by hand, on rows interleaved as the bridge's fragments are."""
 import numpy as np
 import pytest
 
-from simbridge.trainer.advantages import compute_advantages, segments
+from simbridge.trainer.learners.advantages import compute_advantages, segments
 
 G, L = 0.9, 0.5
 

@@ -12,11 +12,11 @@ import torch
 
 from simbridge.server.episodes import episode_summary
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer import checkpoint
-from simbridge.trainer.config import ConfigError
-from simbridge.trainer.dqn import DQNLearner
-from simbridge.trainer.launch import ROOT, child_env, python_module
-from simbridge.trainer.sac import SACLearner
+from simbridge.trainer.run import checkpoint
+from simbridge.trainer.config.trainer_config import ConfigError
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.run.launch import ROOT, child_env, python_module
+from simbridge.trainer.learners.sac import SACLearner
 
 
 class _RunsACommand:

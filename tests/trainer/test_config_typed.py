@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from simbridge.trainer.config import CONFIG_DIR, ConfigError, load_config, parse_config, resolve_algorithm
-from simbridge.trainer.config_values import parse_overrides
-from simbridge.trainer.config_writer import config_toml, flat_config
-from simbridge.trainer.launch import child_env
+from simbridge.trainer.config.trainer_config import CONFIG_DIR, ConfigError, load_config, parse_config, resolve_algorithm
+from simbridge.trainer.config.values import parse_overrides
+from simbridge.trainer.config.writer import config_toml, flat_config
+from simbridge.trainer.run.launch import child_env
 
 
 def _resolved(text: str, overrides=()):

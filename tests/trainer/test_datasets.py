@@ -1,4 +1,4 @@
-"""Datasets (trainer/datasets.py, trainer/warm_start.py, docs/datasets.md): a real trainer daemon
+"""Datasets (trainer/data/datasets.py, trainer/data/warm_start.py, docs/datasets.md): a real trainer daemon
 records what real simulator processes send it as Minari datasets, with episodes cut into small
 fragments coming back whole; a second daemon learns DQN from such a dataset alone (warm start,
 no training simulator) and acts well from its first step; and the mistakes a user can make
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from simbridge.trainer import cli
-from simbridge.trainer.config import ConfigError, parse_config
-from simbridge.trainer.datasets import DatasetSection, dataset_id, dataset_overrides
-from simbridge.trainer.launch import Proc, python_module, start_server
+from simbridge.trainer.config.trainer_config import ConfigError, parse_config
+from simbridge.trainer.config.dataset import DatasetSection, dataset_overrides
+from simbridge.trainer.data.datasets import dataset_id
+from simbridge.trainer.run.launch import Proc, python_module, start_server
 
 from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
 
@@ -242,7 +243,7 @@ def test_recorder_bounds_open_episodes_and_their_length(tmp_path, caplog):
     counted (its later rows too); one longer than max_episode_steps is written in pieces; those
     open at the stop are written as truncated."""
     import gymnasium as gym
-    from simbridge.trainer.datasets import EpisodeRecorder
+    from simbridge.trainer.data.datasets import EpisodeRecorder
 
     spaces = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
     cfg = DatasetSection(record=True, max_open_episodes=2, max_episode_steps=5)

@@ -1,4 +1,4 @@
-"""A data-parallel group of two trainer ranks (trainer/distributed.py) on two separate "hosts": two
+"""A data-parallel group of two trainer ranks (trainer/distributed/group.py) on two separate "hosts": two
 network namespaces this test makes, joined by a veth pair, each with its own 10.x address, its own
 rank and its own simulator, talking to the other only over that link. Where namespaces cannot be
 made (not root, no `ip`), the same group on loopback with two ports, and the test says why.
@@ -19,11 +19,11 @@ import warnings
 
 import pytest
 
-from simbridge.trainer.launch import Proc, child_env, free_port, python_module, wait_for_health
+from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
+from simbridge.trainer.config.values import toml_value
+from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE
 
-PRESET = ('{ gamma = 0.99, n_step = 3, lr = 0.0005, lr_final = 0.0001, lr_timesteps = 50000, batch_size = 128, '
-          'buffer_size = 100000, learning_starts = 1000, updates_per_step = 1.0, hidden = [128, 128], '
-          'tau = 0.005, epsilon_initial = 1.0, epsilon_final = 0.02, epsilon_timesteps = 10000, seed = 0 }')
+PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
 
 def _ip(*args: str) -> None:
@@ -214,10 +214,8 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
 
 
-# trainer/ppo.py's CARTPOLE_PRESET: each rank's minibatch of 256 rows, averaged over the two ranks.
-PPO_PRESET = ('{ gamma = 0.98, lambda_ = 0.8, hidden = [64, 64], lr = 0.001, lr_final = 0.0, lr_timesteps = 100000, '
-              'train_batch_size = 256, minibatch_size = 256, num_epochs = 20, clip_param = 0.2, grad_clip = 0.5, '
-              'seed = 0 }')
+# trainer/learners/presets.py's PPO_CARTPOLE: each rank's minibatch of 256 rows, averaged over the two ranks.
+PPO_PRESET = toml_value({**PPO_CARTPOLE, "seed": 0})
 
 
 @pytest.mark.timeout(300)
@@ -310,7 +308,7 @@ def test_a_bad_rank_environment_is_one_line_naming_the_fix(monkeypatch, capsys, 
 
 
 def test_each_rank_of_a_host_serves_on_its_own_port():
-    from simbridge.trainer.ranks import rank_address
+    from simbridge.trainer.distributed.ranks import rank_address
     assert rank_address("10.0.0.1:50051", 0) == "10.0.0.1:50051"
     assert rank_address("0.0.0.0:50051", 3) == "0.0.0.0:50054"
     assert rank_address("[::1]:50051", 1) == "[::1]:50052"

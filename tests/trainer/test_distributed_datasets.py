@@ -1,4 +1,4 @@
-"""[dataset] in a data-parallel group (trainer/distributed.py, docs/scaling.md, docs/datasets.md): two
+"""[dataset] in a data-parallel group (trainer/distributed/group.py, docs/scaling.md, docs/datasets.md): two
 real trainer ranks on two "hosts" (test_distributed.py's network namespaces) record what their own
 simulators send, each to its own Minari dataset in one shared logdir; the two combine with minari's
 own tool; a second group warm-starts from the combined dataset, each rank taking every other
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from simbridge.trainer.launch import free_port
+from simbridge.trainer.run.launch import free_port
 
 from test_datasets import tiny_dataset
 from test_distributed import (SMALL, cleanup, digests, finish, hosts, records, sim, start_group,  # noqa: F401

@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.dqn import CARTPOLE_PRESET, DQNLearner
-from simbridge.trainer.inprocess import run_inprocess
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.learners.presets import DQN_CARTPOLE
+from simbridge.trainer.run.inprocess import run_inprocess
 
 torch.set_num_threads(1)
 
@@ -207,7 +208,7 @@ def test_environment_mode_counts_the_simulators_uniform_choices_in_the_epsilon_f
 
 def test_a_learner_process_parent_counts_logged_rows_for_its_acting_epsilon():
     """Through the bridge the parent acts while a child trains: it counts the rows as it sends them."""
-    from simbridge.trainer.learner_process import LearnerProcess
+    from simbridge.trainer.run.learner_process import LearnerProcess
     learner = make(logged_actions="environment", epsilon_final=0.02, epsilon_timesteps=10, learning_starts=10 ** 6)
     proc = LearnerProcess("default_policy", learner)
     try:
@@ -340,7 +341,7 @@ def test_learns_the_right_greedy_actions_offline_from_logged_actions():
 
 def test_cartpole_learns_in_process_with_the_preset():
     env = gym.make("CartPole-v1")
-    learner = DQNLearner(env.observation_space, env.action_space, {**CARTPOLE_PRESET, "seed": 0})
+    learner = DQNLearner(env.observation_space, env.action_space, {**DQN_CARTPOLE, "seed": 0})
     out = run_inprocess(learner, "CartPole-v1", 15_000, seed=0, fragment=32, stop_at_return=150)
     assert out["reached_step"] is not None, f"mean of last 10 returns: {np.mean(out['returns'][-10:])}"
     assert np.mean(out["returns"][-10:]) >= 150 and out["env_steps"] <= 15_000

@@ -5,8 +5,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from simbridge.trainer.config import load_config
-from simbridge.trainer.launch import ROOT, child_env, python_module
+from simbridge.trainer.config.trainer_config import load_config
+from simbridge.trainer.run.launch import ROOT, child_env, python_module
 
 README = ROOT / "README.md"
 MARKER = "<!-- embedding example: tests/trainer/test_embedding.py"

@@ -5,7 +5,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client import PolicyClient
-from simbridge.trainer.launch import python_module, start_server
+from simbridge.trainer.run.launch import python_module, start_server
 from test_trainer_daemon import _env, _kill, _metrics, _sim, _wait, free_port
 
 CARTPOLE = gym.make("CartPole-v1")

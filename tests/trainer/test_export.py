@@ -17,8 +17,8 @@ from simbridge.client.local_policy import LocalPolicy, PolicyFormatError, flatte
 from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire import preprocess
-from simbridge.trainer.dqn import DQNLearner
-from simbridge.trainer.sac import LOG_STD_MAX, LOG_STD_MIN, SACLearner
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.learners.sac import LOG_STD_MAX, LOG_STD_MIN, SACLearner
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -181,7 +181,7 @@ def test_sac_numpy_and_onnx_equal_torch(shape, low, high):
 
 def test_sac_logp_matches_the_learners_formula():
     """Same noise through both: the local logp is the learner's env-space log density."""
-    from simbridge.trainer.sac import squashed_sample
+    from simbridge.trainer.learners.sac import squashed_sample
     act_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
     learner = SACLearner(OBS_SPACES["box"], act_space, config={"hidden": [16], "seed": 0, "random_warmup": False},
                          device="cpu")
@@ -266,7 +266,7 @@ def test_export_knows_no_learner():
     nothing of the trainer, so learner -> export -> learner cannot close a circle."""
     from pathlib import Path
 
-    from simbridge.trainer import export
+    from simbridge.trainer.learners import export
     tree = ast.parse(Path(export.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

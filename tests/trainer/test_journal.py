@@ -1,4 +1,4 @@
-"""The journal's records and segments (trainer/journal.py): what a kill leaves is read back
+"""The journal's records and segments (trainer/run/journal.py): what a kill leaves is read back
 exactly, a torn or damaged record is dropped with the rest of its segment, nothing is ever
 unpickled, and segments no resume needs are deleted."""
 import json
@@ -7,8 +7,8 @@ import zlib
 
 import numpy as np
 
-from simbridge.trainer import journal as J
-from simbridge.trainer.recovery import recover
+from simbridge.trainer.run import journal as J
+from simbridge.trainer.run.recovery import recover
 
 
 class _Metrics:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from simbridge.client.slot_client import SlotClient
-from simbridge.trainer import journal
-from simbridge.trainer.launch import python_module, start_server, wait_for_health
+from simbridge.trainer.run import journal
+from simbridge.trainer.run.launch import python_module, start_server, wait_for_health
 from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
 
 LEARNING_STARTS = 50

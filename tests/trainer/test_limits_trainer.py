@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from simbridge.client.policy_client import PolicyClient
-from simbridge.trainer.checkpoint import load_checkpoint
-from simbridge.trainer.config import ConfigError, parse_config
-from simbridge.trainer.dqn import DQNLearner
-from simbridge.trainer.factory import PolicyFactory
-from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.checkpoint import load_checkpoint
+from simbridge.trainer.config.trainer_config import ConfigError, parse_config
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.run.factory import PolicyFactory
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from simbridge.wire.errors import BridgeError, Reason
 
 HUGE = gym.spaces.Box(-1.0, 1.0, (100_000,), np.float32)

@@ -11,9 +11,10 @@ import torch
 
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.config import ALGORITHMS, DEFAULT_CONFIG, load_config
-from simbridge.trainer.inprocess import first_reach, run_inprocess
-from simbridge.trainer.ppo import CARTPOLE_PRESET, PPOLearner
+from simbridge.trainer.config.trainer_config import ALGORITHMS, DEFAULT_CONFIG, load_config
+from simbridge.trainer.run.inprocess import first_reach, run_inprocess
+from simbridge.trainer.learners.ppo import PPOLearner
+from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from simbridge.wire import preprocess
 from simbridge.wire import spaces as sb_spaces
 
@@ -52,13 +53,7 @@ def rows(learner, n, version=None, logp=None, eps_id=0, t0=0, rng=None, terminat
 
 
 def test_ppo_is_a_registered_algorithm():
-    assert ALGORITHMS["ppo"] == "simbridge.trainer.ppo:PPOLearner"
-
-
-def test_the_shipped_config_is_the_cartpole_preset():
-    cfg = load_config(DEFAULT_CONFIG.parent / "cartpole_ppo.toml")
-    assert cfg.policies["default_policy"].algorithm == "ppo"
-    assert cfg.policies["default_policy"].config == CARTPOLE_PRESET
+    assert ALGORITHMS["ppo"] == "simbridge.trainer.learners.ppo:PPOLearner"
 
 
 def test_replay_keys_are_refused():
@@ -149,7 +144,7 @@ def test_an_iteration_runs_in_chunks_and_publishes_weights_only_at_its_end():
                                                   "discrete": gym.spaces.MultiDiscrete([2, 3])})],
                          ids=["discrete", "box", "hybrid"])
 def test_a_group_ranks_sit_out_iteration_has_its_updates_and_gradients_and_leaves_the_rows(act):
-    """trainer/distributed.py: a rank with too few rows runs the group's iteration on no rows: the same
+    """trainer/distributed/group.py: a rank with too few rows runs the group's iteration on no rows: the same
     number of updates, a gradient (zero) on exactly the parameters a real iteration gives one (each
     is one all_reduce's worth, in the same order), and its rows wait for the next iteration."""
     full, empty = make(act, train_batch_size=8, minibatch_size=4, num_epochs=2), \
@@ -290,7 +285,7 @@ def test_checkpoint_round_trip_gives_identical_actions_and_counters():
 def test_cartpole_learns_in_process_with_the_preset():
     """Seeds 0-4 pass 150 at 2.9k-11k env steps and 475 at 18k-29k (fragments of 32)."""
     env = gym.make("CartPole-v1")
-    learner = PPOLearner(env.observation_space, env.action_space, {**CARTPOLE_PRESET, "seed": 0}, device="cpu")
+    learner = PPOLearner(env.observation_space, env.action_space, {**PPO_CARTPOLE, "seed": 0}, device="cpu")
     out = run_inprocess(learner, "CartPole-v1", 25_000, seed=0, fragment=32, stop_at_return=150)
     assert out["reached_step"] is not None, f"mean(10) {np.mean(out['returns'][-10:]):.1f} after 25k steps"
     assert first_reach(out, 150) <= 25_000 and learner.counters["rows_dropped_logged"] == 0

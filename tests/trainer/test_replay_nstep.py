@@ -2,9 +2,9 @@ import numpy as np
 import torch
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.nstep import NStepAccumulator
+from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.wire.preprocess import flat_dim, flatten
-from simbridge.trainer.replay import ReplayBuffer
+from simbridge.trainer.learners.replay import ReplayBuffer
 import gymnasium as gym
 
 

@@ -28,12 +28,12 @@ import numpy as np
 import pytest
 
 from simbridge.client.policy_client import PolicyClient
-from simbridge.trainer import journal
-from simbridge.trainer.checkpoint import load_checkpoint
-from simbridge.trainer.config import load_config, parse_config
+from simbridge.trainer.run import journal
+from simbridge.trainer.run.checkpoint import load_checkpoint
+from simbridge.trainer.config.trainer_config import load_config, parse_config
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
-from simbridge.trainer.reporting import read_metrics
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire.errors import BridgeError
 
 TESTS = Path(__file__).resolve().parent

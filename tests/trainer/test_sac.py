@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.inprocess import run_inprocess
-from simbridge.trainer.sac import PENDULUM_PRESET, SACLearner, squashed_sample
+from simbridge.trainer.run.inprocess import run_inprocess
+from simbridge.trainer.learners.heads import squashed_sample
+from simbridge.trainer.learners.presets import SAC_PENDULUM
+from simbridge.trainer.learners.sac import SACLearner
 
 torch.set_num_threads(1)
 
@@ -219,10 +221,10 @@ def test_learns_a_continuous_bandit():
 
 def test_pendulum_runs_end_to_end_in_process():
     """The daemon's calls (fragments of 200 rows with the bridge's columns, then train()) on Pendulum:
-    a plumbing check, too short to learn (PENDULUM_PRESET's figures are in trainer/sac.py)."""
+    a plumbing check, too short to learn (SAC_PENDULUM's figures are in docs/benchmarks.md)."""
     env = gym.make("Pendulum-v1")
     learner = SACLearner(env.observation_space, env.action_space,
-                         {**PENDULUM_PRESET, "hidden": [32, 32], "learning_starts": 200, "seed": 0}, device="cpu")
+                         {**SAC_PENDULUM, "hidden": [32, 32], "learning_starts": 200, "seed": 0}, device="cpu")
     out = run_inprocess(learner, "Pendulum-v1", 600, seed=0, fragment=200)
     assert out["episodes"] == 3 and all(-2000 < r < 0 for r in out["returns"])
     assert out["updates"] == learner.version == 400

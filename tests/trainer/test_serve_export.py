@@ -16,10 +16,11 @@ import torch
 
 from simbridge.client import PolicyClient
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer import checkpoint, cli
-from simbridge.trainer.dqn import DQNLearner
-from simbridge.trainer.launch import python_module, start_server
-from simbridge.trainer.sac import SACLearner
+from simbridge.trainer.run import checkpoint
+from simbridge.trainer import cli
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.run.launch import python_module, start_server
+from simbridge.trainer.learners.sac import SACLearner
 from simbridge.wire.preprocess import flatten
 from test_checkpoint_safe import _RunsACommand
 from test_trainer_daemon import _env, _kill, _metrics, _sim, _wait, free_port

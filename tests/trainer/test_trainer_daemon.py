@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from simbridge.trainer import cli
-from simbridge.trainer.checkpoint import load_checkpoint
-from simbridge.trainer.config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
+from simbridge.trainer.run.checkpoint import load_checkpoint
+from simbridge.trainer.config.trainer_config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
                                       resolve_algorithm)
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
-from simbridge.trainer.reporting import read_metrics
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.errors import BridgeError
@@ -122,8 +122,8 @@ def test_missing_config_file(tmp_path):
 
 
 def test_resolve_algorithm():
-    assert ALGORITHMS == {"dqn": "simbridge.trainer.dqn:DQNLearner", "sac": "simbridge.trainer.sac:SACLearner",
-                          "ppo": "simbridge.trainer.ppo:PPOLearner"}
+    assert ALGORITHMS == {"dqn": "simbridge.trainer.learners.dqn:DQNLearner", "sac": "simbridge.trainer.learners.sac:SACLearner",
+                          "ppo": "simbridge.trainer.learners.ppo:PPOLearner"}
     spec = parse_config(f'[policies.p]\nalgorithm = "{LINEAR_Q}"\nconfig = {{ lr = 0.1 }}').policies["p"]
     assert resolve_algorithm(spec).__name__ == "LinearQLearner"
     spec = parse_config(f'[policies.p]\nalgorithm = "{LINEAR_Q}"\nconfig = {{ learning_rate = 0.1 }}').policies["p"]
@@ -133,7 +133,7 @@ def test_resolve_algorithm():
     with pytest.raises(ConfigError, match="cannot import 'no_such_module_xyz'.*PYTHONPATH"):
         resolve_algorithm(spec)
     spec = parse_config('[policies.p]\nalgorithm = "json:dumps"').policies["p"]
-    with pytest.raises(ConfigError, match="not a simbridge.trainer.learner.Learner"):
+    with pytest.raises(ConfigError, match="not a simbridge.trainer.learners.base.Learner"):
         resolve_algorithm(spec)
     assert resolve_algorithm(parse_config('[policies.p]\nalgorithm = "random"').policies["p"]) is None
 

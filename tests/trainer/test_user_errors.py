@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from simbridge.trainer.config import parse_config
+from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 

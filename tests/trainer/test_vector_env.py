@@ -14,8 +14,8 @@ import pytest
 
 from simbridge.client.policy_client import PolicyClient
 from simbridge.client.slot_client import SlotClient
-from simbridge.trainer.launch import Proc, python_module
-from simbridge.trainer.vector_env import BridgeVectorEnv
+from simbridge.trainer.run.launch import Proc, python_module
+from simbridge.trainer.adapters.vector_env import BridgeVectorEnv
 from simbridge.wire.errors import BridgeError, Reason
 
 OBS = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)   # (slot id, t)
@@ -184,7 +184,7 @@ def test_bad_actions_are_the_learners_error():
 
 def test_sb3_vecenv_reports_terminal_observations_and_time_limits(venv):
     pytest.importorskip("stable_baselines3")
-    from simbridge.trainer.sb3 import SB3VecEnv
+    from simbridge.trainer.adapters.sb3 import SB3VecEnv
     env = SB3VecEnv(venv(2))
     errors: list = []
     threading.Thread(target=counting_sim, args=(env.venv.address, 2, 0, 2, 3, errors), daemon=True).start()
@@ -205,7 +205,7 @@ def test_the_sb3_wrapper_without_sb3_names_the_extra():
     import subprocess
     import sys
     code = ("import sys; sys.modules['stable_baselines3'] = None\n"
-            "try:\n    import simbridge.trainer.sb3\nexcept ModuleNotFoundError as e:\n    print(e)")
+            "try:\n    import simbridge.trainer.adapters.sb3\nexcept ModuleNotFoundError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "pip install 'simbridge[sb3]'" in out, out
 

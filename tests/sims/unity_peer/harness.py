@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from simbridge.wire import tree
-from simbridge.trainer.launch import child_env, free_port, stop_all, wait_for_health
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.policies import ActionBatch, Policy, RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime

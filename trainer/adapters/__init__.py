@@ -1,0 +1,2 @@
+"""The bridge as other libraries' environments: a gymnasium VectorEnv (vector_env.py) and an SB3
+VecEnv (sb3.py), for trainers that are not simbridge's own."""

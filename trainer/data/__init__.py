@@ -1,0 +1,1 @@
+"""Datasets: recording experience as Minari datasets and warm-starting learners from them."""

@@ -1,0 +1,292 @@
+"""Learner: a Policy the bridge serves actions from, that also learns off-policy.
+
+The bridge's gRPC threads call `compute_actions` (batched by the dynamic
+batcher) while the daemon's learner thread calls `add` and `train`. Acting uses
+its own copy of the networks, refreshed after each train() call under a lock,
+so a forward pass never sees half-updated weights; `version` counts the
+gradient updates in the weights that act.
+
+Replay ratio: `train()` performs the updates that are due, `updates_per_step`
+per agent step added once `learning_starts` steps were seen. The daemon calls
+it before taking more experience, so a slow learner slows the simulators
+(the bridge's queue fills and blocks) instead of falling behind.
+"""
+import copy
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from simbridge.server.policies import ActionBatch, Policy
+from simbridge.server.sample_batch import SampleBatch
+from simbridge.trainer.learners import export
+from simbridge.trainer.learners.nstep import NStepAccumulator
+from simbridge.trainer.learners.replay import ReplayBuffer
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
+from simbridge.wire.preprocess import flat_dim, flatten
+from simbridge.wire.v1 import simbridge_pb2 as pb
+
+Read = TypeVar("Read")
+
+COMMON_DEFAULTS = {
+    "gamma": 0.99,
+    "n_step": 1,
+    "buffer_size": 100_000,
+    "batch_size": 256,
+    "learning_starts": 1_000,
+    "updates_per_step": 1.0,   # gradient updates per agent step (replay ratio)
+    "hidden": [256, 256],
+    "seed": None,
+}
+
+
+_thread_state = threading.local()
+
+
+def trains(policy: Policy) -> bool:
+    """Whether the daemon feeds `policy` experience and runs its updates."""
+    return bool(getattr(policy, "trainable", False)) and hasattr(policy, "train")
+
+
+def pin_torch_threads() -> None:
+    """Makes this thread use torch's configured intra-op thread count. torch.set_num_threads sets
+    MKL's count for the calling thread only: a gRPC thread that runs a forward pass would
+    otherwise use one OpenMP thread per core, whose spin-waiting took most of a core per
+    simulator step (daemon CPU per step 7.7 ms against 2.3 ms with this, docs/benchmarks.md)."""
+    if not getattr(_thread_state, "pinned", False):
+        torch.set_num_threads(torch.get_num_threads())
+        _thread_state.pinned = True
+
+
+def pick_device(name: Optional[str] = None) -> torch.device:
+    if name and name != "auto":
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Learner(Policy):
+    DEFAULTS: Dict[str, Any] = {}
+    ON_POLICY = False   # True: trains in iterations over its own rows, no replay ratio (PPO)
+    # The type of each config key whose default (None) does not say it; the others take their
+    # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
+    CONFIG_TYPES: Dict[str, Any] = {"seed": int}
+
+    @classmethod
+    def config_defaults(cls) -> Dict[str, Any]:
+        return {**COMMON_DEFAULTS, **cls.DEFAULTS}
+
+    @classmethod
+    def config_types(cls) -> Dict[str, Any]:
+        types: Dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            types.update(getattr(klass, "CONFIG_TYPES", {}))
+        return types
+    # For memory_estimate: MLPs of shape [obs + act, *hidden, act + 1] the learner trains, and the
+    # copies of their parameters it keeps (weights, target, acting copy, gradients, Adam's two moments).
+    NETWORKS = 1
+    PARAM_COPIES = 6
+
+    @classmethod
+    def memory_estimate(cls, observation_space: gym.Space, action_space: gym.Space,
+                        config: Optional[dict] = None) -> Dict[str, int]:
+        """Bytes the learner would take for these spaces, before building it: {"replay": the
+        buffer at capacity, "transition": one transition of it, "networks": parameters and their
+        copies}. An estimate (float32 observations, twice per transition), to refuse a space the
+        memory cannot hold instead of failing to allocate it mid-run."""
+        cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
+        obs, act = flat_dim(observation_space), flat_dim(action_space)
+        transition = 4 * (2 * obs + act) + 64   # obs, new_obs, the action, its scalars
+        sizes = [obs + act, *cfg["hidden"], act + 1]
+        params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+        return {"replay": int(cfg["buffer_size"]) * transition, "transition": transition,
+                "networks": cls.NETWORKS * cls.PARAM_COPIES * 4 * params}
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True):
+        super().__init__(observation_space, action_space)
+        cfg = {**COMMON_DEFAULTS, **self.DEFAULTS}
+        unknown = set(config or {}) - set(cfg)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
+                             f"known: {sorted(cfg)}")
+        cfg.update(config or {})
+        self.config = cfg
+        self.device = pick_device(device)
+        self.trainable = trainable
+        self.generator = torch.Generator(device=self.device)
+        self.rng = np.random.default_rng(cfg["seed"])
+        if cfg["seed"] is not None:
+            torch.manual_seed(cfg["seed"])
+            self.generator.manual_seed(cfg["seed"])
+        self.replay = ReplayBuffer(cfg["buffer_size"], self.device)
+        self.nstep = NStepAccumulator(cfg["n_step"], cfg["gamma"])
+        self.agent_steps = 0          # transitions added
+        self.updates = 0              # gradient updates done
+        self.updates_forgiven = 0     # due updates skipped (resumed without a replay buffer)
+        self._act_lock = threading.Lock()
+        self._exports = export.PortableCache()
+        self.build()
+        self.acting = copy.deepcopy(self.modules_for_acting())
+        self.last_metrics: Dict[str, float] = {}
+        # A LearnerProcess (trainer/run/learner_process.py) when another process trains this learner:
+        # this object then only acts, and its state is that process's.
+        self.trained_by = None
+
+    # ------------------------------------------------------------ to implement
+
+    def build(self) -> None:
+        """Create networks and optimizers."""
+        raise NotImplementedError
+
+    def modules_for_acting(self) -> torch.nn.Module:
+        """The module(s) compute_actions needs; copied for acting."""
+        raise NotImplementedError
+
+    def act(self, module: torch.nn.Module, obs: torch.Tensor, explore: bool):
+        """Actions (np, env space) and logp (np or None) for flat obs, with the acting copy."""
+        raise NotImplementedError
+
+    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """One gradient update from a replay sample; returns scalar metrics."""
+        raise NotImplementedError
+
+    def store_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Actions as the replay keeps them (e.g. scaled to [-1, 1]); identity by default."""
+        return actions
+
+    def export_layers(self, acting: torch.nn.Module) -> export.Exported:
+        """The acting copy as dense layers and an action head (built with trainer/learners/export.py's
+        blocks), called while the acting copy cannot change; None: no portable form (default)."""
+        return None
+
+    # ------------------------------------------------------------ serving
+
+    def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
+        # The bridge's observations are read-only views of the request: torch gets a copy.
+        return torch.tensor(flatten(self.observation_space, obs_batch), device=self.device)
+
+    def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
+        pin_torch_threads()
+        obs = self.obs_tensor(obs_batch)
+        with self._act_lock, torch.no_grad():
+            actions, logp = self.act(self.acting, obs, explore)
+        return ActionBatch(actions, logp)
+
+    def acting_snapshot(self, read: Callable[[torch.nn.Module], Read]) -> Tuple[int, Read]:
+        """(version, read(acting copy)) as one consistent snapshot: no train() swaps the weights
+        in between. `read` runs under the acting lock, which compute_actions waits on: keep it short."""
+        with self._act_lock:
+            return self.version, read(self.acting)
+
+    def portable(self, include_onnx: bool = False) -> Optional[pb.PortablePolicy]:
+        """The acting networks as a PortablePolicy for clients that act locally (shared, cached per
+        version: copy before changing); None when this learner has no portable form."""
+        return self._exports.get(self.version, self._export_snapshot, include_onnx)
+
+    def _export_snapshot(self) -> Optional[pb.PortablePolicy]:
+        version, exported = self.acting_snapshot(self.export_layers)
+        if exported is None:
+            return None
+        layers, head = exported
+        return export.message(version, self.observation_space, self.action_space, layers, head)
+
+    # ------------------------------------------------------------ learning
+
+    def count_rows(self, batch: SampleBatch) -> None:
+        """Counts a learner keeps of the rows added (none by default). Called for every batch
+        added, here and on a learner process's parent side, whose acting copy may depend on them."""
+
+    def add(self, batch: SampleBatch) -> None:
+        if not self.trainable or batch.count == 0:
+            return
+        self.count_rows(batch)
+        cols = self.nstep.add(batch)
+        if cols:
+            cols[OBS] = flatten(self.observation_space, cols[OBS])
+            cols[NEW_OBS] = flatten(self.observation_space, cols[NEW_OBS])
+            cols[ACTIONS] = self.store_actions(np.asarray(cols[ACTIONS]))
+            self.replay.add(cols)
+        self.agent_steps += batch.count
+
+    def _update_target(self) -> int:
+        return int((self.agent_steps - self.config["learning_starts"]) * self.config["updates_per_step"])
+
+    def learning_rate(self) -> float:
+        """lr, decayed linearly to lr_final over lr_timesteps agent steps (lr_final None: constant);
+        for learners whose config has these keys."""
+        cfg = self.config
+        if cfg["lr_final"] is None:
+            return cfg["lr"]
+        frac = min(1.0, self.agent_steps / max(1, cfg["lr_timesteps"]))
+        return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
+
+    def updates_per_row(self) -> float:
+        """Gradient updates one more agent step makes due (the replay ratio; the rate limiter of
+        trainer/run/learner_process.py counts rows in flight with it)."""
+        return float(self.config["updates_per_step"])
+
+    def waiting_rows(self) -> int:
+        """Rows the next updates can draw on: the replay buffer's (PPO: those its next iteration takes)."""
+        return len(self.replay)
+
+    def updates_due(self) -> int:
+        if (not self.trainable or self.agent_steps < self.config["learning_starts"]
+                or len(self.replay) < self.config["batch_size"]):
+            return 0
+        return max(0, self._update_target() - self.updates - self.updates_forgiven)
+
+    def train(self, max_updates: Optional[int] = None) -> Dict[str, float]:
+        due = self.updates_due()
+        if max_updates is not None:
+            due = min(due, max_updates)
+        if due == 0:
+            return {}
+        metrics: Dict[str, float] = {}
+        for _ in range(due):
+            metrics = self.update(self.replay.sample(self.config["batch_size"], self.generator))
+            self.updates += 1
+        self.sync_acting()
+        self.last_metrics = metrics
+        return metrics
+
+    def sync_acting(self) -> None:
+        state = self.modules_for_acting().state_dict()
+        with self._act_lock:
+            self.acting.load_state_dict(state)
+            self.version = self.updates
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self, include_replay: bool = False) -> dict:
+        if self.trained_by is not None:
+            return self.trained_by.state(include_replay)
+        state = {"agent_steps": self.agent_steps, "updates": self.updates,
+                 "updates_forgiven": self.updates_forgiven, "config": self.config,
+                 "nets": self.nets_state(), "rng": self.rng.bit_generator.state}
+        if include_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent_steps, self.updates = state["agent_steps"], state["updates"]
+        self.load_nets_state(state["nets"])
+        self.rng.bit_generator.state = state["rng"]
+        self.updates_forgiven = state.get("updates_forgiven", 0)
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        else:
+            # An empty buffer must not pay off the updates that were due at the
+            # checkpoint: that burst would overfit its first few transitions.
+            self.updates_forgiven = max(0, self._update_target() - self.updates)
+        self.sync_acting()
+
+    def nets_state(self) -> dict:
+        """Networks, target networks and optimizers (override to add more)."""
+        return {name: obj.state_dict() for name, obj in vars(self).items()
+                if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)) and name != "acting"}
+
+    def load_nets_state(self, state: dict) -> None:
+        for name, sd in state.items():
+            getattr(self, name).load_state_dict(sd)

@@ -1,0 +1,109 @@
+"""The trainer config's policies, built: what the runtime calls on a policy's first use.
+
+A policy is a Learner subclass (built with the run's seed, device and whether it is in
+policies_to_train), "random" (RandomPolicy), or a Policy subclass that only acts (built with
+its config as keywords). The classes are resolved when the factory is made, so an unknown
+module or config key fails before anything is served.
+"""
+import logging
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from simbridge.server.mapping import pattern_mapping
+from simbridge.server.policies import Policy, RandomPolicy
+from simbridge.trainer.config.trainer_config import TrainerConfig
+from simbridge.trainer.config.algorithms import resolve_algorithm
+from simbridge.trainer.learners.base import Learner, trains
+from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
+
+log = logging.getLogger("simbridge.trainer")
+
+
+def warm_up_torch() -> None:
+    """Import what a learner's first optimizer imports (torch._dynamo, seconds on a slow machine)
+    now, not in a simulator's first call, which waits for its policy meanwhile."""
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+
+class PolicyFactory:
+    """`factory(pid, obs_space, act_space)`: the runtime's policy_factory (any gRPC thread; no
+    lock of the runtime's is assumed held). `build` is the same without the refusal's wording."""
+
+    def __init__(self, cfg: TrainerConfig):
+        self.cfg = cfg
+        self.classes = {pid: resolve_algorithm(spec, cfg.source) for pid, spec in cfg.policies.items()}
+        # A learner seeds torch's global generator, then draws its initial weights from it:
+        # two built at once would interleave those draws and break the run's seeding.
+        self._build_lock = threading.Lock()
+        if any(c is not None for c in self.classes.values()):
+            warm_up_torch()
+
+    def mapping_fn(self) -> Callable[[str, Optional[object]], str]:
+        m = self.cfg.mapping
+        fn = pattern_mapping(m.rules, default=m.default or "")
+
+        def mapping(agent_id: str, episode=None) -> str:
+            pid = fn(agent_id, episode)
+            if not pid:
+                raise invalid_argument(
+                    f"agent {agent_id!r} matches no [mapping] rule of the trainer config and no default "
+                    f"policy is set: add a rule for it or set [mapping] default")
+            return pid
+        return mapping
+
+    def build(self, pid: str, obs_space, act_space) -> Policy:
+        spec, cls = self.cfg.policies[pid], self.classes[pid]
+        run = self.cfg.run
+        seed = None if run.seed is None else run.seed + list(self.cfg.policies).index(pid)
+        with self._build_lock:
+            if cls is None:
+                return RandomPolicy(obs_space, act_space, seed=spec.config.get("seed", seed))
+            if issubclass(cls, Learner):
+                config = dict(spec.config)
+                if seed is not None:
+                    config.setdefault("seed", seed)
+                return cls(obs_space, act_space, config=config, device=run.device,
+                           trainable=self.cfg.trainable(pid))
+            return cls(obs_space, act_space, **spec.config)
+
+    def check_memory(self, pid: str, obs_space, act_space) -> None:
+        """RESOURCE_EXHAUSTED / SPACE_TOO_LARGE when the learner for these spaces would need more than
+        [server] max_policy_memory_mb: refused before anything is allocated, the trainer runs on."""
+        cls = self.classes[pid]
+        if cls is None or not issubclass(cls, Learner):
+            return
+        est = cls.memory_estimate(obs_space, act_space, self.cfg.policies[pid].config)
+        budget_mb = self.cfg.server.max_policy_memory_mb
+        need = est["replay"] + est["networks"]
+        if need <= budget_mb * 2**20:
+            return
+        mb = lambda x: f"{x / 2**20:,.0f} MiB"   # noqa: E731
+        log.error("refused policy %r for observation %s, action %s: it would need %s, [server] "
+                  "max_policy_memory_mb is %d", pid, obs_space, act_space, mb(need), budget_mb)
+        raise resource_exhausted(
+            f"the trainer cannot hold policy {pid!r} for observation space {obs_space}, action space "
+            f"{act_space}: it would need about {mb(need)} (replay buffer {mb(est['replay'])}: buffer_size "
+            f"x {est['transition']:,} bytes per transition; networks {mb(est['networks'])}), more than its "
+            f"budget of {budget_mb:,} MiB: send smaller observations, lower [policies.{pid}] buffer_size or "
+            f"hidden, or raise [server] max_policy_memory_mb", Reason.SPACE_TOO_LARGE)
+
+    def __call__(self, pid: str, obs_space, act_space) -> Policy:
+        if pid not in self.cfg.policies:
+            raise invalid_argument(f"policy {pid!r} is not defined in the trainer config: add "
+                                   f"[policies.{pid}] or map the agent to one of {sorted(self.cfg.policies)}")
+        self.check_memory(pid, obs_space, act_space)
+        try:
+            policy = self.build(pid, obs_space, act_space)
+        except Exception as e:
+            log.error("cannot create policy %r for observation %s, action %s: %s", pid, obs_space,
+                      act_space, e)
+            raise invalid_argument(
+                f"the trainer cannot create policy {pid!r} (algorithm {self.cfg.policies[pid].algorithm!r}) "
+                f"for observation space {obs_space}, action space {act_space}: {e}; map these agents "
+                f"to a policy whose algorithm fits (dqn: Discrete and MultiDiscrete actions, sac: Box actions, ppo: "
+                f"any of those and Unity's hybrid Dict actions)") from None
+        log.info("policy %r created (%s) for observation %s, action %s%s", pid, type(policy).__name__,
+                 obs_space, act_space, "" if trains(policy) else ", not trained")
+        return policy

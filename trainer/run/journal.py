@@ -1,0 +1,368 @@
+"""The run's journal: a write-ahead log of experience and counters, written as they enter the bridge.
+
+A trainer SIGKILLed between checkpoints would otherwise lose every env step, episode and
+transition since its last checkpoint. The bridge calls the journal (ServerContext.set_journal)
+as transitions enter its collector, as clients acting locally upload theirs, and once each call
+is applied, before it is answered; the daemon adds ended episodes and its learners' update
+counts. `--resume` loads the checkpoint, then trainer/run/recovery.py reads the journal back.
+
+Files: LOGDIR/journal/seg-NNNNNN.sbj, a new segment at each checkpoint. A segment is a run of
+records, each: b"SBJ1", header length, payload length, CRC-32 of header+payload (little-endian
+uint32s), a JSON header, then the payload: raw little-endian numpy bytes of the arrays the
+header describes (dtype, shape; nested observations as a tree of leaf indices). No pickle: a
+reader trusts nothing but JSON, dtypes without objects, and sizes it checks. A record cut short
+by a kill (or damaged) fails its length or CRC check; it and anything after it in its segment
+are dropped. Kinds ("k" in the header):
+  rows      transitions of one policy: {"p": policy, "i": first row index (per policy, counted
+            over the whole run), "n": rows, "cols": {name: tree}}
+  counters  the bridge's {"env", "agent", "episodes"} after a call was applied
+  episode   one ended episode's summary (JSON)
+  updates   {"u": {policy: gradient updates done}} after a chunk of updates
+
+Writes are plain os.write() calls on an O_APPEND descriptor, one per applied call: a SIGKILL
+loses nothing the kernel has. fsync_s > 0 also fsyncs every fsync_s seconds (power loss).
+"""
+import json
+import logging
+import os
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from simbridge.trainer.run.rundir import JOURNAL
+from simbridge.wire import tree
+
+log = logging.getLogger("simbridge.trainer")
+
+DIRNAME = JOURNAL
+MAGIC = b"SBJ1"
+_HEAD = struct.Struct("<4sIII")
+MAX_HEADER = 1 << 20            # a reader refuses larger headers (a damaged length field)
+
+
+def segment_name(n: int) -> str:
+    return f"seg-{n:06d}.sbj"
+
+
+# ---------------------------------------------------------------- records
+
+def _flatten(value, leaves: list):
+    """A column (an array, or dicts/tuples of them) -> (JSON tree of leaf indices, leaves += arrays)."""
+    if isinstance(value, dict):
+        return {"d": {str(k): _flatten(v, leaves) for k, v in value.items()}}
+    if isinstance(value, tuple):
+        return {"t": [_flatten(v, leaves) for v in value]}
+    leaves.append(np.ascontiguousarray(value))
+    return len(leaves) - 1
+
+
+def unflatten(spec, arrays: list):
+    if isinstance(spec, int):
+        return arrays[spec]
+    if "d" in spec:
+        return {k: unflatten(v, arrays) for k, v in spec["d"].items()}
+    return tuple(unflatten(v, arrays) for v in spec["t"])
+
+
+def _frame(h: bytes, payload: bytes = b"") -> bytes:
+    return _HEAD.pack(MAGIC, len(h), len(payload), zlib.crc32(payload, zlib.crc32(h))) + h + payload
+
+
+def _le(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype.byteorder == "<" or (a.dtype.byteorder in "=|" and _LITTLE) else a.astype(a.dtype.newbyteorder("<"))
+
+
+_LITTLE = np.little_endian
+
+
+def encode(header: dict, arrays: List[np.ndarray] = ()) -> bytes:
+    """One record: `header` (JSON) and `arrays` (their dtype and shape go in the header)."""
+    arrays = [_le(np.asarray(a)) for a in arrays]
+    header = dict(header, a=[[a.dtype.str, list(a.shape)] for a in arrays])
+    return _frame(json.dumps(header, separators=(",", ":")).encode(), b"".join(a.tobytes() for a in arrays))
+
+
+def encode_rows(columns: dict, n: int) -> bytes:
+    """`n` rows of a policy's columns as one rows record (trainer/run/learner_process.py sends them
+    to a learner process this way); object columns (infos: no learner reads them) are left out."""
+    leaves: list = []
+    cols = {}
+    for k, v in columns.items():
+        mark = len(leaves)
+        spec = _flatten(v, leaves)
+        if any(a.dtype.hasobject for a in leaves[mark:]):
+            del leaves[mark:]
+            continue
+        cols[k] = spec
+    leaves = [_le(a) for a in leaves]
+    header = {"k": "rows", "i": 0, "n": n, "cols": cols, "a": [[a.dtype.str, list(a.shape[1:])] for a in leaves]}
+    return _frame(json.dumps(header, separators=(",", ":")).encode(), b"".join(a.tobytes() for a in leaves))
+
+
+def decode_rows(data: bytes) -> Tuple[dict, int]:
+    """encode_rows' (columns, n) back; ValueError for anything else."""
+    recs, used = decode_all(data)
+    if len(recs) != 1 or used != len(data) or recs[0][0].get("k") != "rows":
+        raise ValueError("not one whole rows record")
+    header, arrays = recs[0]
+    return {k: unflatten(spec, arrays) for k, spec in header["cols"].items()}, int(header["n"])
+
+
+def _counters(env: int, agent: int, episodes: int) -> bytes:
+    # Once per applied call: formatted directly (json.dumps costs several times more).
+    return _frame(b'{"k":"counters","env":%d,"agent":%d,"episodes":%d,"a":[]}' % (env, agent, episodes))
+
+
+def decode_all(data: bytes) -> Tuple[List[Tuple[dict, List[np.ndarray]]], int]:
+    """The whole records at the start of `data`, and how many bytes they take (the rest: torn)."""
+    out, pos = [], 0
+    while pos + _HEAD.size <= len(data):
+        magic, hlen, plen, crc = _HEAD.unpack_from(data, pos)
+        end = pos + _HEAD.size + hlen + plen
+        if magic != MAGIC or hlen > MAX_HEADER or end > len(data):
+            break
+        h = data[pos + _HEAD.size: pos + _HEAD.size + hlen]
+        payload = data[pos + _HEAD.size + hlen: end]
+        if zlib.crc32(payload, zlib.crc32(h)) != crc:
+            break
+        try:
+            header = json.loads(h)
+            arrays, off = [], 0
+            rows = [int(header["n"])] if header.get("k") == "rows" else []   # rows: trailing shapes
+            for dt, shape in header.pop("a"):
+                shape = rows + list(shape)
+                dtype = np.dtype(dt)
+                if dtype.hasobject:
+                    raise ValueError("object dtype")
+                size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                arrays.append(np.frombuffer(payload, dtype, offset=off, count=size // max(dtype.itemsize, 1))
+                              .reshape(shape) if size else np.zeros(shape, dtype))
+                off += size
+            if off != len(payload):
+                raise ValueError("payload size")
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning("journal: a record with a valid checksum does not decode (%s): dropped with the rest", e)
+            break
+        out.append((header, arrays))
+        pos = end
+    return out, pos
+
+
+# ---------------------------------------------------------------- writing
+
+class Journal:
+    """The writer. Its row/episode calls come under the bridge's lock; `commit()` ends a call."""
+
+    def __init__(self, directory: Path, segment: int = 1, rows: Optional[Dict[str, int]] = None,
+                 fsync_s: float = 0.0):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows: Dict[str, int] = dict(rows or {})      # rows journaled per policy, whole run
+        self.segment = segment
+        self.seg_ends: Dict[int, Dict[str, int]] = {}     # segment -> rows end per policy in it
+        self.failed: Optional[str] = None                 # why writing stopped (disk full, ...)
+        self.bytes_written = 0
+        self._lock = threading.Lock()
+        self._buf: List[Tuple[str, Any, int, bool]] = []  # (policy, columns or row, n, single row)
+        self._episodes: List[dict] = []
+        self._last = (-1, -1, -1)
+        self._layouts: Dict[tuple, bytes] = {}
+        self._fd = -1
+        self._dirty = False
+        self._open(segment)
+        self._fsync_s = fsync_s
+        self._stop = threading.Event()
+        if fsync_s > 0:
+            threading.Thread(target=self._fsync_loop, name="journal-fsync", daemon=True).start()
+
+    def _open(self, n: int) -> None:
+        self.segment = n
+        self.seg_ends.setdefault(n, {})
+        self._fd = os.open(self.dir / segment_name(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    # -- the bridge's side (ServerContext, ExperienceCollector, ExperienceQueue.offer)
+    def add_rows(self, policy_id: str, columns: dict, n: int) -> None:
+        with self._lock:
+            self._buf.append((policy_id, columns, n, False))
+
+    def add_row(self, policy_id: str, row: dict) -> None:
+        with self._lock:
+            self._buf.append((policy_id, row, 1, True))
+
+    def add_batch(self, batch) -> None:
+        """A MultiAgentBatch that bypasses the collector (uploads): journaled now, as one call."""
+        with self._lock:
+            for pid, b in batch.policy_batches.items():
+                self._buf.append((pid, {k: b[k] for k in b}, b.count, False))
+            self._write(self._take_records())
+
+    def commit(self, metrics) -> None:
+        """A call was applied: its rows, episodes and the counters, in one write."""
+        with self._lock:
+            now = (metrics.env_steps, metrics.agent_steps, metrics.episodes)
+            if not self._buf and not self._episodes and now == self._last:
+                return
+            recs = self._take_records()
+            if now != self._last:
+                recs.append(_counters(*now))
+                self._last = now
+            self._write(recs)
+
+    # -- the daemon's side
+    def episode(self, summary: dict) -> None:
+        """Runtime lock held (an episode-end hook): written with the call's commit."""
+        with self._lock:
+            self._episodes.append(summary)
+
+    def updates(self, counts: Dict[str, int]) -> None:
+        with self._lock:
+            self._write([encode({"k": "updates", "u": counts})])
+
+    def rotate(self) -> dict:
+        """Runtime lock held, with the checkpoint's counters read: what follows goes to a new
+        segment. Returns the journal's part of the checkpoint."""
+        with self._lock:
+            self._write(self._take_records())
+            self._sync(self._fd)
+            os.close(self._fd)
+            self.seg_ends[self.segment] = dict(self.rows)
+            self._open(self.segment + 1)
+            if self._fsync_s > 0:
+                self._sync_dir()
+            return {"segment": self.segment, "rows": dict(self.rows)}
+
+    def prune(self, needed_from: Dict[str, int]) -> int:
+        """After a checkpoint is safely written: delete the closed segments holding no row from
+        needed_from[policy] on (rows a resume still replays); returns how many."""
+        gone = 0
+        for n in sorted(self.seg_ends):
+            if n >= self.segment:
+                break
+            ends = self.seg_ends[n]
+            if all(end <= needed_from.get(pid, 0) for pid, end in ends.items()):
+                try:
+                    os.unlink(self.dir / segment_name(n))
+                except FileNotFoundError:
+                    pass
+                del self.seg_ends[n]
+                gone += 1
+            else:
+                break   # segments go oldest first: a resume reads a contiguous tail
+        return gone
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._write(self._take_records())
+            self._sync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+    # -- internals (self._lock held)
+    def _take_records(self) -> List[bytes]:
+        recs, buf, self._buf = [], self._buf, []
+        run: list = []   # consecutive chunks of one policy and layout: one record
+        i = 0
+        while i < len(buf):
+            pid, cols, n, single = buf[i]
+            if single:   # consecutive single rows of one policy: stacked into one chunk
+                j = i
+                while j < len(buf) and buf[j][3] and buf[j][0] == pid:
+                    j += 1
+                rows = [b[1] for b in buf[i:j]]
+                cols = {k: tree.stack([r[k] for r in rows]) for k in rows[0]}
+                n, i = j - i, j
+            else:
+                i += 1
+            key, leaves = self._layout(pid, cols)
+            if run and run[0][0] != key:
+                recs.append(self._rows_record(run))
+                run = []
+            run.append((key, leaves, n))
+        if run:
+            recs.append(self._rows_record(run))
+        for s in self._episodes:
+            recs.append(encode({"k": "episode", "s": s}))
+        self._episodes = []
+        return recs
+
+    def _layout(self, pid: str, cols: dict) -> Tuple[tuple, list]:
+        """(pid and the columns' layout, their leaf arrays in order); the header of a layout but
+        for "i" and "n" is made once and cached (the per-call cost of the journal is mostly here)."""
+        leaves: list = []
+        sig = []   # (column, its tree of leaf indices as JSON, or the flat column's leaf index)
+        for k, v in cols.items():
+            if type(v) is np.ndarray:   # the common, flat column
+                dt = v.dtype
+                if not dt.hasobject:
+                    sig.append((k, len(leaves), dt, v.shape[1:]))
+                    leaves.append(v if _LITTLE and dt.isnative else _le(v))
+                continue
+            mark = len(leaves)
+            spec = _flatten(v, leaves)
+            if any(a.dtype.hasobject for a in leaves[mark:]):   # infos: no learner reads them
+                del leaves[mark:]
+                continue
+            leaves[mark:] = [_le(a) for a in leaves[mark:]]
+            sig.append((k, json.dumps(spec), tuple((a.dtype, a.shape[1:]) for a in leaves[mark:])))
+        key = (pid, tuple(sig))
+        if key not in self._layouts:
+            if len(self._layouts) > 256:
+                self._layouts.clear()
+            cols_spec = {x[0]: x[1] if isinstance(x[1], int) else json.loads(x[1]) for x in sig}
+            self._layouts[key] = json.dumps(
+                {"p": pid, "cols": cols_spec, "a": [[a.dtype.str, list(a.shape[1:])] for a in leaves]},
+                separators=(",", ":"))[1:].encode()
+        return key, leaves
+
+    def _rows_record(self, run: list) -> bytes:
+        """One record of chunks of one layout: row-major leaves, so each column's bytes are its
+        chunks' bytes one after the other."""
+        key = run[0][0]
+        pid = key[0]
+        n = sum(r[2] for r in run)
+        first = self.rows.get(pid, 0)
+        self.rows[pid] = first + n
+        self.seg_ends[self.segment][pid] = first + n
+        payload = b"".join(leaves[j].tobytes() for j in range(len(run[0][1])) for _, leaves, _ in run)
+        return _frame(b'{"k":"rows","i":%d,"n":%d,' % (first, n) + self._layouts[key], payload)
+
+    def _write(self, recs: List[bytes]) -> None:
+        if not recs or self.failed or self._fd < 0:
+            return
+        data = b"".join(recs)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            self.failed = f"{e.strerror or e} writing {self.dir / segment_name(self.segment)}"
+            log.error("journal: %s: journaling stops; a kill from now on loses what came since the last "
+                      "checkpoint (the run goes on)", self.failed)
+            return
+        self.bytes_written += len(data)
+        self._dirty = True
+
+    def _sync(self, fd: int) -> None:
+        if self._fsync_s > 0 and fd >= 0 and self._dirty:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                log.warning("journal: fsync failed: %s", e)
+            self._dirty = False
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _fsync_loop(self) -> None:
+        while not self._stop.wait(self._fsync_s):
+            with self._lock:
+                self._sync(self._fd)

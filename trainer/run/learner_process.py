@@ -1,0 +1,278 @@
+"""Learners in a process of their own, beside the bridge: acting and learning overlap.
+
+`[run] learner_process = true`. Why a process and not a thread: the daemon's gRPC threads and
+a learner thread share one GIL. torch releases it around every op and must take it back from
+the request threads each time, so a learner thread beside a busy bridge spends much of its
+time waiting for the GIL and the bridge waits for the learner's Python. A child process has
+its own interpreter: the bridge serves while the learner updates, on another core.
+
+The parent (the daemon's loop) keeps the runtime's Learner: it acts and exports from its
+acting copy, which takes the child's weights after every chunk of updates (its version is the
+child's update count), and it counts the rows it sends (agent_steps: the replay ratio's clock
+and the exploration schedule). The child builds the same Learner class from the same spaces
+and config, loads the parent's whole state (networks, optimizers, counters, replay buffer),
+adds the rows, runs the updates due in chunks and sends the acting weights back.
+
+Rate limiter, as DeepMind Reverb's SampleToInsertRatio: the ratio is the learner's own
+(`updates_per_step`, gradient updates per agent step). The child never runs ahead of it (an
+update that is not due waits for rows), and while a child is more than `[run]
+max_updates_behind` updates behind, the bridge holds the puts of finished fragments
+(ExperienceQueue.hold_while): the simulators that finished one wait; nothing is dropped. The
+parent hands whatever is queued to the child at once, so the acting weights trail the
+simulators by the tolerance and a fragment or so, not by the queue's fragments as well.
+
+Between the two: a pipe carrying bytes only. Rows go in the journal's record format (JSON
+and raw arrays, trainer/run/journal.py); states and weights as torch.save bytes, read back with
+torch's safe loader (weights_only=True). Experience is never pickled.
+"""
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import signal
+import time
+import traceback
+from typing import List, Optional, Tuple
+
+import torch
+
+from simbridge.trainer.run import journal
+from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
+from simbridge.trainer.learners.replay import ReplayBuffer
+
+log = logging.getLogger("simbridge.trainer")
+
+CHUNK = 64          # updates between two weight hand-overs
+_INIT, _ROWS, _STATE_Q, _STOP = b"I", b"R", b"Q", b"X"      # parent -> child
+_WEIGHTS, _STATE, _ERROR = b"W", b"S", b"E"                # child -> parent
+
+
+class LearnerProcessDied(RuntimeError):
+    """The child training a policy is gone; the message says what to do."""
+
+
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import(path: str) -> type:
+    import importlib
+    mod, _, name = path.partition(":")
+    obj = importlib.import_module(mod)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class LearnerProcess:
+    """The parent's handle on one policy's training child. All calls from one thread (the loop)."""
+
+    def __init__(self, policy_id: str, learner, torch_threads: int = 1, child: Optional["Child"] = None):
+        """child: one started beforehand (spawn_child), whose imports are done by now."""
+        from simbridge.trainer.run.checkpoint import space_bytes
+        self.policy_id = policy_id
+        self.learner = learner
+        self.due = 0                  # the child's due updates, as of its last report
+        self.pending = 0              # rows sent since that report
+        self._sent = learner.agent_steps   # rows in the child's count (its state's, then sent)
+        self._dead: Optional[str] = None
+        self.proc, self.conn = child or spawn_child()
+        init = {"cls": _class_path(type(learner)), "obs": space_bytes(learner.observation_space),
+                "act": space_bytes(learner.action_space), "config": dict(learner.config),
+                "device": str(learner.device), "torch_threads": int(torch_threads),
+                "state": learner.state_dict(include_replay=True)}
+        self._send(_INIT + state_bytes(init))
+        # The child holds the buffer now; the parent's copy only wasted memory.
+        learner.replay = ReplayBuffer(learner.replay.capacity, learner.device)
+        learner.trained_by = self
+
+    # ---------------------------------------------------------------- parent side
+
+    def add(self, batch) -> None:
+        """Rows for the child; counted here at once (the ratio's clock, exploration schedules).
+        Never raises: a dead child is reported by poll() and state()."""
+        if batch.count == 0:
+            return
+        self.learner.agent_steps += batch.count
+        self.learner.count_rows(batch)
+        self.pending += batch.count
+        self._sent += batch.count
+        if self._dead is None:
+            try:
+                self._send(_ROWS + journal.encode_rows({k: batch[k] for k in batch}, batch.count))
+            except LearnerProcessDied:
+                pass   # poll() and state() report it; the rows are in the journal
+
+    def behind(self) -> float:
+        """Updates the child owes: its last report plus what the rows sent since will make due."""
+        return self.due + self.pending * self.learner.updates_per_row()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Applies what the child has sent; True when weights came."""
+        got = False
+        while self._alive_conn().poll(timeout):
+            timeout = 0.0
+            got |= self._handle(self._recv()) == _WEIGHTS
+        return got
+
+    def state(self, include_replay: bool) -> dict:
+        """The child's whole state, after every row sent so far (the pipe keeps order)."""
+        self._send(_STATE_Q + (b"1" if include_replay else b"0"))
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            msg = self._recv(timeout=1.0)
+            if msg is not None and self._handle(msg) == _STATE:
+                return self._state
+        raise self._died("did not send its state within 600 s")
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.proc.is_alive() and self._dead is None:
+            try:
+                self.conn.send_bytes(_STOP)
+            except OSError:
+                pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _handle(self, msg: bytes) -> bytes:
+        tag, body = msg[:1], msg[1:]
+        if tag == _WEIGHTS:
+            w = state_from_bytes(body)
+            p = self.learner
+            with p._act_lock:
+                p.acting.load_state_dict(w["acting"])
+                p.version = w["updates"]
+            p.updates, p.updates_forgiven = w["updates"], w["forgiven"]
+            p.last_metrics = w["metrics"]
+            self.due, self.pending = w["due"], self._sent - w["rows"]
+        elif tag == _STATE:
+            self._state = state_from_bytes(body)
+        elif tag == _ERROR:
+            trace = body.decode(errors="replace")
+            log.debug("learner process of policy %r:\n%s", self.policy_id, trace)
+            last = [line for line in trace.splitlines() if line.strip()][-1:] or ["?"]
+            raise self._died(f"failed ({last[0].strip()[:300]}; --log-level DEBUG shows where)")
+        return tag
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._alive_conn().send_bytes(data)
+        except OSError:
+            raise self._died("closed its pipe") from None
+
+    def _recv(self, timeout: Optional[float] = None) -> Optional[bytes]:
+        conn = self._alive_conn()
+        if timeout is not None and not conn.poll(timeout):
+            if not self.proc.is_alive():
+                raise self._died("exited")
+            return None
+        try:
+            return conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self._died("exited") from None
+
+    def _alive_conn(self):
+        if self._dead is not None:
+            raise LearnerProcessDied(self._dead)
+        return self.conn
+
+    def _died(self, what: str) -> LearnerProcessDied:
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        self._dead = (f"the learner process of policy {self.policy_id!r} {what} (exit code {code}): the trainer "
+                      f"stops; `simbridge-trainer run --resume` continues from the last checkpoint and journal")
+        return LearnerProcessDied(self._dead)
+
+
+Child = Tuple[mp.process.BaseProcess, mp.connection.Connection]
+
+
+def spawn_child() -> Child:
+    """A learner process, started: it imports torch and waits for its learner. Spawned ahead of
+    need, its seconds of imports do not hold up the loop when a policy's first rows come."""
+    ctx = mp.get_context("spawn")   # never fork: the parent runs gRPC threads
+    conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_child_main, args=(child_conn,), name="simbridge-learner", daemon=True)
+    proc.start()
+    child_conn.close()
+    return proc, conn
+
+
+def wait_any(processes: List[LearnerProcess], timeout: float) -> None:
+    """Until one of the children sends something (or `timeout`)."""
+    mp.connection.wait([p.conn for p in processes if p._dead is None], timeout)
+
+
+# -------------------------------------------------------------------- the child
+
+def _child_main(conn) -> None:
+    # Ctrl-C in a terminal signals the whole process group: the parent stops in order and still
+    # needs this process for its final checkpoint. The parent ends it (a stop message, or its
+    # pipe closing when the parent dies).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _serve(conn)
+    except (EOFError, OSError):
+        pass   # the parent is gone: nothing to report to
+    except BaseException:   # noqa: BLE001 - the parent must hear why, then we exit
+        try:
+            conn.send_bytes(_ERROR + traceback.format_exc().encode())
+        except OSError:
+            pass
+        raise SystemExit(1)
+
+
+def _serve(conn) -> None:
+    from simbridge.server.sample_batch import SampleBatch
+    from simbridge.trainer.run.checkpoint import space_from_bytes
+
+    msg = conn.recv_bytes()
+    assert msg[:1] == _INIT
+    init = state_from_bytes(msg[1:])
+    if init["torch_threads"]:
+        torch.set_num_threads(init["torch_threads"])
+    cls = _import(init["cls"])
+    learner = cls(space_from_bytes(init["obs"]), space_from_bytes(init["act"]), config=init["config"],
+                  device=init["device"])
+    learner.load_state_dict(init["state"])
+    rows = reported = learner.agent_steps
+
+    def report() -> None:
+        w = {"acting": learner.acting.state_dict(), "updates": learner.updates, "forgiven": learner.updates_forgiven,
+             "metrics": {k: float(v) for k, v in learner.last_metrics.items()}, "due": learner.updates_due(),
+             "rows": rows}
+        conn.send_bytes(_WEIGHTS + state_bytes(w))
+
+    while True:
+        due = learner.updates_due()
+        # Rows first (they may make updates due), but a steady stream of them must not starve training.
+        for _ in range(64):
+            if not conn.poll(0 if due > 0 else 0.5):
+                break
+            msg = conn.recv_bytes()
+            tag = msg[:1]
+            if tag == _ROWS:
+                cols, n = journal.decode_rows(msg[1:])
+                learner.add(SampleBatch(cols))
+                rows += n
+            elif tag == _STATE_Q:
+                # The weights first: the parent then acts with the state's networks and version.
+                report()
+                reported = rows
+                conn.send_bytes(_STATE + state_bytes(learner.state_dict(include_replay=msg[1:2] == b"1")))
+            elif tag == _STOP:
+                return
+            due = learner.updates_due()
+        if due > 0:
+            learner.train(max_updates=CHUNK)
+        elif rows == reported:
+            continue
+        report()   # after updates, or rows that made none due: the parent learns how far the child got
+        reported = rows

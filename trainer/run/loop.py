@@ -1,0 +1,182 @@
+"""The learning loop, the daemon's main thread.
+
+Take a MultiAgentBatch from the bridge's experience queue, add each policy's SampleBatch to
+its learner (trainable policies only), then run the updates the replay ratio makes due
+before taking more. The queue is small, so a learner that falls behind blocks the bridge's
+puts and slows the simulators instead of falling behind. Between chunks of updates the loop
+writes the progress record when due, checkpoints every checkpoint_every_env_steps and stops
+at total_env_steps.
+
+`ingested` counts the rows each policy's batches brought, over the whole run: the journal
+numbers rows the same way (the queue keeps their order), so a checkpoint saying how many
+were ingested tells a resume which journaled rows its learners have not seen.
+"""
+import collections
+import math
+import threading
+import time
+from typing import Callable, Dict, List
+
+from simbridge.server.runtime import BridgeRuntime
+from simbridge.trainer.config.sections import RunSection
+from simbridge.trainer.learners.base import Learner, trains
+from simbridge.trainer.run.learner_process import LearnerProcess, LearnerProcessDied, spawn_child, wait_any
+
+TRAIN_CHUNK = 64          # updates between checks for signals and progress lines
+
+
+class LearningLoop:
+    def __init__(self, runtime: BridgeRuntime, run: RunSection, stop_event: threading.Event,
+                 stop: Callable[[str], None], report: Callable[[], object], checkpoint: Callable[[], None],
+                 journal=None):
+        self.runtime = runtime
+        self.journal = journal   # told the update counts after each chunk of updates (None: none)
+        self.recorder = None     # trainer/data/datasets.py's EpisodeRecorder, when the run records
+        self.warm_start: List = []   # (policy id, SampleBatch) fed before any experience (trainer/data/warm_start.py)
+        self.ingested: Dict[str, int] = collections.Counter()
+        self.run_cfg = run
+        self.stop_event = stop_event
+        self._stop = stop
+        self._report = report
+        self._checkpoint = checkpoint
+        self._next_report = 0.0
+        # [run] learner_process: each trainable Learner trains in a child process of its own.
+        self.procs: Dict[str, LearnerProcess] = {}
+        self._spares: List = []   # started children, for the policies still to come
+
+    def run(self, last_checkpoint_env_steps: int, learners_expected: int = 0) -> None:
+        """Until stop_event is set (a signal, or total_env_steps reached). learners_expected: the
+        trainable learners the config may create, whose processes start now (learner_process)."""
+        run = self.run_cfg
+        if run.learner_process:
+            self._spares = [spawn_child() for _ in range(learners_expected)]
+            self.runtime.experience.hold_while(self._held_back)
+        for pid, b in self.warm_start:
+            self.feed(pid, self.runtime.policies[pid], b)
+        self.warm_start = []
+        self._next_report = time.monotonic() + run.print_every_s
+        every = run.checkpoint_every_env_steps
+        next_ckpt = (last_checkpoint_env_steps // every + 1) * every if every else math.inf
+        known = len(self.runtime.policies)
+        while not self.stop_event.is_set():
+            try:
+                steps = self._step(known, next_ckpt)
+            except LearnerProcessDied as e:
+                self._stop(str(e))
+                break
+            known = len(self.runtime.policies)
+            if steps >= next_ckpt:
+                next_ckpt = (steps // every + 1) * every
+            if run.total_env_steps and steps >= run.total_env_steps:
+                self._stop(f"total_env_steps {run.total_env_steps} reached")
+
+    def _step(self, known: int, next_ckpt: float) -> int:
+        """Takes one batch if one is queued, trains or takes weights, reports and checkpoints as
+        due; returns the env steps."""
+        # With learner processes, the rate limiter holds the bridge's puts (hold_while), and what
+        # is queued goes to the learners at once: the acting weights trail the simulators by at
+        # most max_updates_behind updates and a fragment, not by the queue's fragments too.
+        held = self._held_back()
+        if held:
+            wait_any(list(self.procs.values()), 0.05)
+        batch = self.runtime.experience.get(timeout=0 if held else 0.01 if self.procs else 0.05)
+        if batch is not None:
+            self.ingest(batch)
+        self._train_due()
+        if self.procs and not self._held_back():
+            self.runtime.experience.progress()
+        if len(self.runtime.policies) != known:
+            # A policy created by a simulator's handshake: checkpointed at once, so that a
+            # resume knows its spaces and can replay the journal into it.
+            self._checkpoint()
+        self._maybe_report()
+        steps = self.runtime.metrics.env_steps
+        if steps >= next_ckpt:
+            self._checkpoint()
+        return steps
+
+    def ingest(self, batch) -> None:
+        if self.recorder is not None:   # the datasets see what the learners get, in the same order
+            self.recorder.add(batch)
+        policies = self.runtime.policies
+        for pid, b in batch.policy_batches.items():
+            self.ingested[pid] += b.count
+            p = policies.get(pid)
+            if p is not None and trains(p):
+                self.feed(pid, p, b)
+
+    def feed(self, pid: str, p, b) -> None:
+        """Rows into a trainable policy's learner (its process, with learner_process), uncounted:
+        ingest counts the bridge's rows; a warm start's (trainer/data/warm_start.py) come this way too."""
+        proc = self.procs.get(pid)
+        if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
+            spare = self._spares.pop() if self._spares else None
+            proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
+        if proc is not None:
+            proc.add(b)
+        else:
+            p.add(b)
+
+    def _held_back(self) -> bool:
+        """The rate limiter: no more experience while a learner process is too far behind."""
+        limit = self.run_cfg.max_updates_behind
+        return any(p.behind() > limit for p in list(self.procs.values()))   # also from RPC threads
+
+    def _train_due(self) -> None:
+        """Runs every due update (in chunks, staying responsive to signals and the clock); with
+        learner processes, takes the weights they sent instead."""
+        if self.procs:
+            if any([proc.poll() for proc in self.procs.values()]) and self.journal is not None:
+                self.journal.updates({pid: proc.learner.updates for pid, proc in self.procs.items()})
+            return
+        while not self.stop_event.is_set():
+            busy = False
+            for _, p in list(self.runtime.policies.items()):
+                if trains(p) and p.updates_due() > 0:
+                    p.train(max_updates=TRAIN_CHUNK)
+                    busy = True
+            if not busy:
+                return
+            if self.journal is not None:
+                self.journal.updates({pid: p.updates for pid, p in list(self.runtime.policies.items())
+                                      if trains(p)})
+            self._maybe_report()
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_report:
+            self._report()
+            self._next_report = now + self.run_cfg.print_every_s
+
+    def drain_while(self, stop_server: Callable[[], None]) -> None:
+        """Keep taking experience while `stop_server` runs, so no RPC thread stays blocked on the
+        queue; then take what is left, with the transitions of episodes still open (their
+        sessions are gone with the server)."""
+        self.runtime.experience.hold_while(None)   # the learners take what is left, however far behind
+        done = threading.Event()
+
+        def drain():
+            while not done.is_set():
+                b = self.runtime.experience.get(timeout=0.05)
+                if b is not None:
+                    self.ingest(b)
+        t = threading.Thread(target=drain, name="trainer-drain", daemon=True)
+        t.start()
+        stop_server()
+        done.set()
+        t.join()
+        for b in self.runtime.experience.get_all():
+            self.ingest(b)
+        self.runtime.flush()
+        for b in self.runtime.experience.get_all():
+            self.ingest(b)
+
+    def close(self) -> None:
+        """Ends the learner processes (after the final checkpoint)."""
+        for proc in self.procs.values():
+            proc.close()
+        for proc, conn in self._spares:   # never used: their pipe closing ends them
+            conn.close()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
