@@ -90,7 +90,7 @@ class ServerContext:
         # Always under the lock, even to find nothing pending: another thread may be applying
         # this very commit, and the caller must see it finished.
         with self.lock:
-            if not session.commit_pending():
+            if not session.settle():
                 return
             self.committed()
             batch = self.collector.ready()

@@ -55,7 +55,7 @@ class RowCalls:
             results.append(self._compute(r))
         with ctx.lock:
             self.checks.check_still_open(s, rows, plans, ended_before)
-            s.commit_pending()   # another thread's call on this session (unary), if any
+            s.settle()   # another thread's call on this session (unary), if any
             s.pending = functools.partial(self._commit_actions, s, rows, plans, results)
         if not defer:
             ctx.settle(s)

@@ -179,7 +179,7 @@ class BridgeRuntime:
 
     def close_session(self, s: Session, req=None, reason: str = "session_closed") -> pb.CloseSessionResponse:
         with self.ctx.lock:
-            s.commit_pending()   # its last call was answered: it counts
+            s.settle()   # its last call was answered: it counts
             ended = self.rows.end_all(s, reason)
             self.slots.close_bank(s, reason)
             self.sessions.remove(s)
@@ -272,7 +272,7 @@ class BridgeRuntime:
         """Hand whatever experience is collected to the queue now."""
         with self.ctx.lock:
             for s in self.sessions.all():
-                s.commit_pending()
+                s.settle()
                 self.slots.hand_over(s)
             batch = self.collector.flush()
         self.ctx.deliver(batch)
@@ -282,7 +282,7 @@ class BridgeRuntime:
         with self.ctx.lock:
             sessions = self.sessions.all()
             for s in sessions:   # answered calls count, settled or not
-                s.commit_pending()
+                s.settle()
             returns = [x["total_reward"] for x in self.metrics.recent]
             return {
                 "sessions": len(sessions),

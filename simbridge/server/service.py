@@ -135,13 +135,13 @@ class _Servicer:
                 if session is not None and session.pending is not None:
                     # The answer is on its way: apply the call's bookkeeping while the simulator
                     # steps, instead of before answering (runtime.settle).
-                    self._settle(session)
+                    self.settle(session)
                 if kind == "close_session" and not resp.HasField("error"):
                     session = None
                     return
         finally:
             if session is not None:
-                self._settle(session)
+                self.settle(session)
                 self.runtime.detach_stream(session)
 
     def answer(self, req, client: str, session, where: str = "stream"):
@@ -177,7 +177,7 @@ class _Servicer:
             resp.error.CopyFrom(_internal(kind or "stream", e).to_status())
         return resp, kind, session
 
-    def _settle(self, session) -> None:
+    def settle(self, session) -> None:
         try:
             self.runtime.settle(session)
         except Exception:   # validated before it was answered: this is a bug, not bad input

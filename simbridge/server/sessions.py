@@ -111,7 +111,7 @@ class Session:
         bank = self.slots
         return len(self.episodes) + (bank.n if bank is not None and not bank.closed else 0)
 
-    def commit_pending(self) -> bool:
+    def settle(self) -> bool:
         """Runtime lock held. Applies the answered call's bookkeeping; False: none was left."""
         commit, self.pending = self.pending, None
         if commit is None:

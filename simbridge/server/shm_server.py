@@ -227,7 +227,7 @@ class _Channel:
                     resp.error.CopyFrom(err.to_status())
                     self.region.outgoing.put(resp.SerializeToString())
                 if session.pending is not None:
-                    self.servicer._settle(session)   # after the answer, as the stream does
+                    self.servicer.settle(session)   # after the answer, as the stream does
                 if resp.HasField("close_session"):
                     break
         except shm_ring.PeerGone:
@@ -236,7 +236,7 @@ class _Channel:
             log.exception("shared-memory channel of session %s failed", session.session_id)
         finally:
             if session.pending is not None:
-                self.servicer._settle(session)
+                self.servicer.settle(session)
             self.listener._gone(self)
             self.conn.close()
             self.region.close()

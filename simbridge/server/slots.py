@@ -196,7 +196,7 @@ class SlotCalls:
 
         # ---- the outcome and the new pending actions are applied together, later (settle)
         with self.ctx.lock:
-            session.commit_pending()   # a row call's, if the simulator mixes them in
+            session.settle()   # a row call's, if the simulator mixes them in
             session.pending = functools.partial(self._commit, session, bank, req.final, first, obs, rewards,
                                                 term, trunc, done_idx, finals, actions, logp, versions)
         resp = pb.StepResponse(policy_id=bank.policy_id)
