@@ -234,3 +234,16 @@ def test_a_simulator_that_stops_ends_its_episodes_as_it_reports_and_is_replaced(
         env.close()
         for p in sims:
             p.stop()
+
+
+def test_a_busy_port_names_the_constructors_argument_not_the_cli_flag():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError) as e:
+            BridgeVectorEnv(2, OBS, ACT, address=address)
+    msg = str(e.value)
+    assert f"could not bind {address}" in msg and "--address" not in msg, msg
+    assert "BridgeVectorEnv(address=" in msg and "'127.0.0.1:0'" in msg, msg

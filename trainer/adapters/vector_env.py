@@ -24,6 +24,7 @@ Every wait is bounded (connect_timeout_s, step_timeout_s) and its error says wha
 Rewards, episodes and step counts are the simulators'; the bridge's own rules (validation,
 exactly-once sequence numbers, limits) stay as they are. No torch here.
 """
+import re
 import threading
 import time
 import warnings
@@ -43,6 +44,14 @@ from simbridge.wire import leaf_codec, tree
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError, Reason, failed_precondition
 from simbridge.wire.v1 import simbridge_pb2 as pb
+
+
+def _for_python(bind_error: str) -> str:
+    """The bridge's bind errors name the CLIs' flag (--address HOST:PORT); a Python caller passes
+    the constructor's argument instead."""
+    said = re.sub(r"--address (\S+)", r"BridgeVectorEnv(address='\1')", bind_error)
+    return said + (" ('127.0.0.1:0' binds any free port; the env's .address then says which)"
+                   if said != bind_error else "")
 
 
 def _row(rows, i):
@@ -137,8 +146,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         try:
             self._server = BridgeServer(self.runtime, address).start()
         except RuntimeError as e:
-            raise RuntimeError(f"{e}: pass another address to BridgeVectorEnv, e.g. '127.0.0.1:0' "
-                               f"for any free port (then read .address)") from None
+            raise RuntimeError(_for_python(str(e))) from None
         self.address = self._server.address
         self._stop = threading.Event()
         threading.Thread(target=drain, args=(self.runtime, self._stop), daemon=True,
