@@ -6,14 +6,15 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
+from simbridge.client.connection import Stopped, stop_waiting
 from simbridge.client.policy_client import SessionLost
 from simbridge.client.security import ClientSecurity, SecuritySettingError
-from simbridge.wire.errors import BridgeError
+from simbridge.wire.errors import BridgeError, Reason
 
 
 def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
@@ -54,6 +55,9 @@ def client_security(args) -> ClientSecurity:
 
 class StopFlag:
     """Set by SIGTERM / SIGINT: the loop ends its open episodes (truncated) and exits cleanly.
+    The clients stop waiting for the server at once (simbridge.client.connection.stop_waiting):
+    a simulator connecting, reconnecting or waiting for an answer that does not come stops within
+    a second, saying what it was waiting for.
 
     A second SIGINT raises KeyboardInterrupt for an impatient user.
     """
@@ -73,6 +77,7 @@ class StopFlag:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
         self._event.set()
+        stop_waiting()
 
     def set(self) -> None:
         self._event.set()
@@ -98,6 +103,7 @@ class Stats:
         self.recent = collections.deque(maxlen=window)
         self.agent_returns: Dict[str, list] = collections.defaultdict(list)
         self.connected = False
+        self.kept: Dict[str, object] = {}   # the body's clients, across its runs (keep_client)
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_steps = 0
@@ -148,12 +154,26 @@ def cast_to_space(space: gym.Space, value):
     return value
 
 
+Client = TypeVar("Client")
+
+
+def keep_client(stats: Stats, make: Callable[[], Client], key: str = "") -> Client:
+    """The body's client `key`, made on the body's first run. After SessionLost the client is
+    already on its new session and run_cli runs the body again: it gets the same client back,
+    so that one reconnect makes one session (a new client would open a second)."""
+    if key not in stats.kept:
+        stats.kept[key] = make()
+    return stats.kept[key]
+
+
 def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) -> int:
     """Run a simulator body; map BridgeError to exit 2 with its message (no traceback).
 
     When the server restarted (a trainer daemon resumed from its checkpoint),
     the client reconnects but the open episodes are gone: the body runs again
-    with new episodes, keeping the counts, instead of exiting."""
+    with new episodes, keeping the counts, instead of exiting (on the same client and its
+    new session where the body keeps it: keep_client). Stopped by a signal while waiting for
+    the server (connecting, reconnecting, or an answer that does not come): exit 0 at once."""
     stop = StopFlag().install()
     try:
         while True:
@@ -161,15 +181,27 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
                 extra = body(stop, stats) or {}
                 break
             except SessionLost as e:
-                e.close_connection()  # the body starts over with a client of its own
+                kept = e.new_session_id is not None and any(
+                    getattr(c, "session_id", None) == e.new_session_id for c in stats.kept.values())
+                if stop or not kept:
+                    e.close_connection()  # the body starts over with a client of its own
                 if stop:
                     extra = {}
                     break
                 print(f"{prog}: {e.message}; going on with new episodes", file=sys.stderr, flush=True)
+    except Stopped as e:
+        print(f"{prog}: {e.message} ({stop.signal_name or 'a signal'})", file=sys.stderr, flush=True)
+        print(json.dumps(stats.summary(stopped=e.message)), flush=True)
+        return 0
     except SecuritySettingError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2
     except BridgeError as e:
+        if e.reason == Reason.TRAINING_OVER:   # the learner ended the session on purpose: a normal end
+            if not stats.quiet:
+                print(f"{prog}: {e}: stopping", file=sys.stderr, flush=True)
+            print(json.dumps(stats.summary(ended="training_over")), flush=True)
+            return 0
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         if stats.connected:
             print(json.dumps(stats.summary(error=str(e))), flush=True)

@@ -7,6 +7,7 @@ simulator joining late and one killed mid-episode (its sub-environments end trun
 next simulator's slots take them). Wrong spaces and an absent simulator get errors naming the fix.
 """
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -247,3 +248,29 @@ def test_a_busy_port_names_the_constructors_argument_not_the_cli_flag():
     msg = str(e.value)
     assert f"could not bind {address}" in msg and "--address" not in msg, msg
     assert "BridgeVectorEnv(address=" in msg and "'127.0.0.1:0'" in msg, msg
+
+
+def test_closing_at_the_end_of_training_ends_the_simulators_cleanly(venv):
+    """close() is the learner's normal end: the simulators (the one serving and the one waiting
+    for room) hear TRAINING_OVER and exit 0 with their summary, no error line."""
+    env = venv(2, CARTPOLE.observation_space, CARTPOLE.action_space)
+    argv = python_module("simbridge.sims.gym_sim", "--address", env.address, "--slots", 2)
+    sims = [Proc("serving", argv)]
+    try:
+        env.reset()
+        sims.append(Proc("waiting", argv))   # no room: its first Step stays parked
+        deadline = time.monotonic() + 60
+        while env._hub.parked < 2 and time.monotonic() < deadline:   # both Steps wait for the learner
+            env.step(np.zeros(2, np.int64))
+            time.sleep(0.05)
+        assert env._hub.parked == 2
+        env.close()
+        for p in sims:
+            rc = p.popen.wait(60)
+            p.wait_output()
+            out = "\n".join(p.lines)
+            assert rc == 0 and "error" not in out, (p.name, rc, out)
+            assert '"ended": "training_over"' in out and "training is over" in out, out
+    finally:
+        for p in sims:
+            p.stop()

@@ -81,11 +81,12 @@ class _Hub(StepPolicy):
         self.cond = threading.Condition()
         self.members: Dict[str, _Member] = {}
         self.shut = False
+        self.parked = 0   # Steps waiting in compute_step: close() lets them hear why before the server stops
 
     def compute_step(self, step: SlotStep) -> Optional[ActionBatch]:
         with self.cond:
             if self.shut:
-                raise failed_precondition("the learner's VectorEnv is closed", Reason.SESSION_UNKNOWN)
+                raise _over()
             m = self.members.get(step.session_id)
             if m is None:
                 m = self.members[step.session_id] = _Member(step.session_id, step.n)
@@ -95,12 +96,17 @@ class _Hub(StepPolicy):
                 return None
             # The simulator waits for the learner as it would for any policy: no deadline but
             # the learner's own (it closes the VectorEnv, or this session goes).
-            while m.answer is None and m.closed is None and not self.shut:
-                self.cond.wait(1.0)
+            self.parked += 1
+            try:
+                while m.answer is None and m.closed is None and not self.shut:
+                    self.cond.wait(1.0)
+            finally:
+                self.parked -= 1
+                self.cond.notify_all()
             if m.answer is None:
-                raise failed_precondition(
-                    "the learner closed its BridgeVectorEnv (training is over, or the learner stopped)"
-                    if self.shut else f"this session was closed ({m.closed})", Reason.SESSION_UNKNOWN)
+                if self.shut:
+                    raise _over()
+                raise failed_precondition(f"this session was closed ({m.closed})", Reason.SESSION_UNKNOWN)
             answer, m.answer = m.answer, None
             return ActionBatch(answer)
 
@@ -111,10 +117,20 @@ class _Hub(StepPolicy):
                 m.closed = reason
                 self.cond.notify_all()
 
-    def close(self) -> None:
+    def close(self, wait_s: float) -> None:
+        """Every Step, parked or still to come, is answered TRAINING_OVER (a simulator's normal
+        end); returns once the parked ones were (or after wait_s)."""
+        deadline = time.monotonic() + wait_s
         with self.cond:
             self.shut = True
             self.cond.notify_all()
+            while self.parked and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
+
+
+def _over() -> BridgeError:
+    return failed_precondition("the learner closed its BridgeVectorEnv: training is over",
+                               Reason.TRAINING_OVER)
 
 
 class BridgeVectorEnv(gym.vector.VectorEnv):
@@ -240,9 +256,11 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         return tree.map_structure(np.copy, self._obs), rewards, term, trunc, infos
 
     def close_extras(self, **kwargs) -> None:
-        self._hub.close()
+        # The simulators hear TRAINING_OVER (they stop cleanly) before the server goes: one whose
+        # stream were cut instead would try to reconnect, then fail.
+        self._hub.close(wait_s=5.0)
         self._stop.set()
-        self._server.stop(grace=0.5)
+        self._server.stop(grace=1.0)
 
     # ------------------------------------------------------------ with hub.cond held
 

@@ -54,6 +54,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEQ_REUSED: _ClassVar[ErrorReason]
     SEQ_OUT_OF_ORDER: _ClassVar[ErrorReason]
     UNDECODABLE: _ClassVar[ErrorReason]
+    TRAINING_OVER: _ClassVar[ErrorReason]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -94,6 +95,7 @@ SPACE_TOO_LARGE: ErrorReason
 SEQ_REUSED: ErrorReason
 SEQ_OUT_OF_ORDER: ErrorReason
 UNDECODABLE: ErrorReason
+TRAINING_OVER: ErrorReason
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
