@@ -69,7 +69,9 @@ class _Servicer:
     """Both services' calls; `multi_agent` selects the semantics."""
 
     def __init__(self, runtime: BridgeRuntime, multi_agent: bool, security: LoadedSecurity,
-                 gate: CallGate, notices: NoticeLog):
+                 gate: CallGate, notices: NoticeLog, ready: threading.Event, stopping: threading.Event,
+                 waited: threading.Event):
+        self.ready, self.stopping, self.waited = ready, stopping, waited   # BridgeServer's
         self.runtime = runtime
         self.multi_agent = multi_agent
         self.security = security
@@ -88,7 +90,21 @@ class _Servicer:
         except BridgeError as e:
             self._refuse(e)
             e.abort(context)
+        if not self.ready.is_set():
+            self._wait_until_serving(client, context)
         return client
+
+    def _wait_until_serving(self, client: str, context) -> None:
+        """A call that came while the server is bound but not serving yet (a trainer still loading
+        its learners: BridgeServer.start(serving=False)) waits until it serves; UNAVAILABLE, which
+        clients retry, when the server stops instead."""
+        if not self.waited.is_set():
+            self.waited.set()
+            log.info("a simulator connected before the trainer is ready: its calls wait until it serves")
+        self.ready.wait()
+        if self.stopping.is_set():
+            self.gate.leave(client)
+            BridgeError(grpc.StatusCode.UNAVAILABLE, "the server stopped before it served").abort(context)
 
     def _refuse(self, e: BridgeError) -> None:
         self.runtime.metrics.note_error(e)
@@ -205,6 +221,9 @@ def _internal(method: str, e: Exception) -> BridgeError:
                        Reason.SERVER_FAILURE)
 
 
+_HEALTH_SERVICES = ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv")
+
+
 class BridgeServer:
     """A running bridge: gRPC server + runtime + session reaper.
 
@@ -245,9 +264,10 @@ class BridgeServer:
                      ("grpc.keepalive_permit_without_calls", 1),
                      ("grpc.http2.min_ping_interval_without_data_ms", 5_000)])
         self._servicers = {}
+        self._ready, self._stop, waited = threading.Event(), threading.Event(), threading.Event()
         for service, multi_agent in (("ExternalEnv", False), ("ExternalMultiAgentEnv", True)):
             servicer = self._servicers[multi_agent] = _Servicer(self.runtime, multi_agent, self.security, gate,
-                                                                self.notices)
+                                                                self.notices, self._ready, self._stop, waited)
             self._server.add_generic_rpc_handlers((servicer.handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -265,7 +285,6 @@ class BridgeServer:
             from simbridge.server.shm_server import ShmListener
             self._shm = ShmListener(self.runtime, shm_handover_path(given), self._servicers,
                                     _tolerant(pb.StreamRequest.FromString))
-        self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
                                         name="simbridge-reaper", daemon=True)
 
@@ -273,16 +292,27 @@ class BridgeServer:
         self.runtime.metrics.note_error(auth_failed())
         self.notices.note("host:" + peer_host(context.peer()), "calls without a valid token", context.peer())
 
-    def start(self) -> "BridgeServer":
+    def start(self, serving: bool = True) -> "BridgeServer":
+        """serving=False: listen, answer health NOT_SERVING, and hold every call until `serve()`
+        (a trainer binds its port before it loads torch and its learners)."""
         self.runtime.experience.reopen()
         self._server.start()
         if self._shm is not None:
             self._shm.start()
-        for svc in ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv"):
-            self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
-        log.info("simbridge serving on %s", self.address)
+        if serving:
+            self.serve()
+        else:
+            for svc in _HEALTH_SERVICES:
+                self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
         return self
+
+    def serve(self) -> None:
+        """Serve the calls held since start(serving=False), and every call from now on."""
+        for svc in _HEALTH_SERVICES:
+            self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        self._ready.set()
+        log.info("simbridge serving on %s", self.address)
 
     def _reap_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -293,6 +323,7 @@ class BridgeServer:
 
     def stop(self, grace: Optional[float] = 1.0) -> None:
         self._stop.set()
+        self._ready.set()   # held calls go (refused: the server is stopping)
         self.health.enter_graceful_shutdown()
         if self._shm is not None:
             self._shm.stop()
