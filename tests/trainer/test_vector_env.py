@@ -274,3 +274,62 @@ def test_closing_at_the_end_of_training_ends_the_simulators_cleanly(venv):
     finally:
         for p in sims:
             p.stop()
+
+
+def test_next_step_autoreset_shows_the_final_observation_then_a_reset_step(venv):
+    """NEXT_STEP: an ended sub-env returns its last observation (no final_obs); its next step()
+    is the reset step (reward 0, not done), where the simulator spends that step's action on the
+    new episode's first observation: the learner's next episode starts at t=1."""
+    env = venv(4, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+    assert BridgeVectorEnv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP   # the default's
+    errors: list = []
+    for base in (10, 20):
+        threading.Thread(target=counting_sim, args=(env.address, 2, base, 3, 9, errors), daemon=True).start()
+    obs, _ = env.reset()
+    slot = obs[:, 0].astype(int)
+    seen_t, seen = [], []
+    for k in range(1, 9):
+        actions = (np.arange(4) + k) % 5
+        obs, rew, term, trunc, infos = env.step(actions)
+        np.testing.assert_array_equal(obs[:, 0], slot)
+        assert "final_obs" not in infos
+        seen_t.append(int(obs[0, 1]))
+        seen.append((rew.tolist(), actions.tolist(), (term | trunc).tolist()))
+        if k in (3, 6):   # the episodes end: their last observations, t = 3
+            np.testing.assert_array_equal(term, slot % 2 == 0)
+            np.testing.assert_array_equal(trunc, slot % 2 == 1)
+            np.testing.assert_array_equal(rew, actions)
+        elif k in (4, 7):   # the reset steps
+            assert not (term | trunc).any() and not rew.any()
+        else:
+            assert not (term | trunc).any()
+            np.testing.assert_array_equal(rew, actions)
+    assert seen_t == [1, 2, 3, 1, 2, 3, 1, 2], (seen_t, seen)
+    assert not errors
+
+
+def test_gymnasiums_observation_wrappers_work_on_next_step(venv):
+    from gymnasium.wrappers import vector as wrappers
+    raw = venv(4, autoreset_mode="NEXT_STEP")
+    stats = wrappers.RecordEpisodeStatistics(raw)
+    flat = wrappers.FlattenObservation(wrappers.TransformObservation(
+        wrappers.NormalizeObservation(stats), lambda o: 2 * o))
+    errors: list = []
+    for base in (10, 20):
+        threading.Thread(target=counting_sim, args=(raw.address, 2, base, 3, 8, errors), daemon=True).start()
+    obs, _ = flat.reset()
+    assert obs.shape == (4, 2)
+    for k in range(1, 7):
+        obs, rew, term, trunc, infos = flat.step(np.full(4, k % 5))
+        assert obs.shape == (4, 2) and np.isfinite(obs).all()
+    # the first episodes: steps 1-3 (actions 1, 2, 3); the next: steps 5-6 (actions 0, 1; 4 is the reset step)
+    assert list(stats.return_queue) == [6.0] * 4 + [1.0] * 4, stats.return_queue
+    assert list(stats.length_queue) == [3] * 4 + [2] * 4
+    assert flat.env.env.obs_rms.count > 20   # NormalizeObservation learnt from every observation
+    assert not errors
+
+
+def test_autoreset_modes_the_simulators_cannot_have_are_refused():
+    with pytest.raises(ValueError, match="SAME_STEP .* or AutoresetMode.NEXT_STEP"):
+        BridgeVectorEnv(2, OBS, ACT, address="127.0.0.1:0", autoreset_mode=gym.vector.AutoresetMode.DISABLED)

@@ -13,7 +13,8 @@ the next ones. The learner (Stable-Baselines3, CleanRL, RLlib, ...) sees one Vec
 - `step(actions)` returns what the simulators report next. Autoreset is gymnasium's SAME_STEP
   (the simulators reset their own slots inside the Step that ends an episode): an ended
   sub-environment's observation is its next episode's first, the last one is in
-  `infos["final_obs"]`, with `infos["final_info"]`;
+  `infos["final_obs"]`, with `infos["final_info"]`. autoreset_mode=NEXT_STEP (for gymnasium's
+  observation wrappers) shows the last one instead, and a reset step next (_as_next_step);
 - a simulator that goes away (killed, or its final Step) ends its sub-environments' episodes
   (truncated, unless it reported terminated; the final observation is the last one seen) and
   they take the slots of the next simulator that connects;
@@ -28,7 +29,7 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +53,13 @@ def _for_python(bind_error: str) -> str:
     said = re.sub(r"--address (\S+)", r"BridgeVectorEnv(address='\1')", bind_error)
     return said + (" ('127.0.0.1:0' binds any free port; the env's .address then says which)"
                    if said != bind_error else "")
+
+
+def _set_row(batch, i, row) -> None:
+    """batch[i] = row, leaf by leaf (i: an index, or an array of them with rows to match)."""
+    def put(dst, src):
+        dst[i] = src
+    tree.map_structure(put, batch, row)
 
 
 def _row(rows, i):
@@ -128,6 +136,19 @@ class _Hub(StepPolicy):
                 self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
 
 
+def _autoreset_mode(mode) -> AutoresetMode:
+    try:   # the enum, its value ("NextStep") or its name ("NEXT_STEP")
+        mode = AutoresetMode(mode) if not isinstance(mode, str) or mode not in AutoresetMode.__members__ \
+            else AutoresetMode[mode]
+    except ValueError:
+        mode = None
+    if mode not in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
+        raise ValueError("autoreset_mode must be AutoresetMode.SAME_STEP (the simulators' own, the default) or "
+                         "AutoresetMode.NEXT_STEP (for gymnasium's observation wrappers); the simulators reset "
+                         "their slots themselves, so DISABLED cannot be offered")
+    return mode
+
+
 def _over() -> BridgeError:
     return failed_precondition("the learner closed its BridgeVectorEnv: training is over",
                                Reason.TRAINING_OVER)
@@ -140,6 +161,8 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
     same). connect_timeout_s bounds reset() and the wait for a replacement simulator;
     step_timeout_s bounds the wait for the simulators' next Steps. reconnect_grace_s: how long
     a simulator whose connection broke may take to reconnect before its episodes end truncated.
+    autoreset_mode: SAME_STEP (the default: every simulator step is the learner's) or NEXT_STEP
+    (gymnasium's observation wrappers need it; each episode's first step is the simulator's alone).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -147,9 +170,14 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
     def __init__(self, num_envs: int, observation_space: gym.Space, action_space: gym.Space,
                  address: str = "127.0.0.1:50051", connect_timeout_s: float = 60.0,
                  step_timeout_s: float = 60.0, reconnect_grace_s: float = 5.0,
-                 config: Optional[BridgeConfig] = None):
+                 config: Optional[BridgeConfig] = None,
+                 autoreset_mode: Union[AutoresetMode, str] = AutoresetMode.SAME_STEP):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.metadata = {**self.metadata, "autoreset_mode": _autoreset_mode(autoreset_mode)}
+        self._next_step = self.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+        self._reset_next = np.zeros(num_envs, bool)   # NEXT_STEP: sub-envs whose next step() is their reset step
+        self._ends: Dict[int, tuple] = {}             # NEXT_STEP: this step()'s ends, (final obs, info) by sub-env
         self.num_envs = num_envs
         self.single_observation_space, self.single_action_space = observation_space, action_space
         self.observation_space = batch_space(observation_space, num_envs)
@@ -203,6 +231,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                     raise self._fail(TimeoutError(self._missing("reset()", self.connect_timeout_s)))
                 hub.cond.wait(min(left, 0.5))
         self._started = True
+        self._reset_next[:] = False
         return tree.map_structure(np.copy, self._obs), {}
 
     def step(self, actions):
@@ -224,6 +253,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         term = np.zeros(n, bool)
         trunc = np.zeros(n, bool)
         infos: dict = {}
+        self._ends.clear()
         with hub.cond:
             waiting = {id(m): m for m in self._envs}.values()   # each member once
             for m in waiting:
@@ -253,7 +283,27 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                     raise self._fail(TimeoutError(self._missing("step()", self.step_timeout_s) if not todo
                                                   else self._late(todo)))
                 hub.cond.wait(min(left, 0.5))
-        return tree.map_structure(np.copy, self._obs), rewards, term, trunc, infos
+        obs = tree.map_structure(np.copy, self._obs)
+        if self._next_step:
+            self._as_next_step(obs, rewards, term, trunc, infos)
+        return obs, rewards, term, trunc, infos
+
+    def _as_next_step(self, obs, rewards, term, trunc, infos) -> None:
+        """gymnasium's NEXT_STEP from the simulators' same-step resets: an ended sub-environment
+        shows its final observation; its next step() is its reset step (reward 0, not done), where
+        the simulator, which has reset the slot already and waits for its action, takes the
+        step's action (the one NEXT_STEP ignores) on the new episode's first observation. The
+        learner's episode starts at the observation that returns, the one the simulator waits
+        on: the new episode's first step, and its reward, stay the simulator's alone."""
+        resetting = self._reset_next.copy()
+        rewards[resetting], term[resetting], trunc[resetting] = 0.0, False, False
+        self._reset_next[:] = term | trunc
+        for i, (last, info) in sorted(self._ends.items()):
+            if resetting[i]:   # an episode begun and ended within the reset step: unseen, as its first step
+                continue
+            _set_row(obs, i, last)
+            if info:
+                self._add_info(infos, info, i)
 
     def close_extras(self, **kwargs) -> None:
         # The simulators hear TRAINING_OVER (they stop cleanly) before the server goes: one whose
@@ -290,10 +340,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
 
     def _place(self, m: _Member, obs) -> None:
         m.last_obs = obs
-
-        def put(dst, src):
-            dst[m.envs] = src
-        tree.map_structure(put, self._obs, obs)
+        _set_row(self._obs, m.envs, obs)
 
     def _outcome(self, m: _Member, step: SlotStep, rewards, term, trunc, infos) -> None:
         idx = m.envs
@@ -305,7 +352,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
             return
         for j, slot in enumerate(step.done_idx.tolist()):
             last = _row(step.finals, j) if step.finals is not None else _row(m.last_obs, slot)
-            self._add_info(infos, {"final_obs": last, "final_info": {}}, int(idx[slot]))   # fills infos
+            self._ended(infos, int(idx[slot]), last, {})
         self._place(m, step.obs)
 
     def _end(self, m: _Member, slots, finals, trunc, infos, reason: str, terminated=None) -> None:
@@ -316,9 +363,18 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
             cut = terminated is None or not terminated[slot]
             trunc[i] = trunc[i] or cut
             last = _row(finals, j) if finals is not None else _row(m.last_obs, slot)
-            self._add_info(infos, {"final_obs": last, "final_info": {"simbridge_end": reason}}, i)
+            self._ended(infos, i, last, {"simbridge_end": reason})
             self._envs[i] = None
         self._hub.members.pop(m.sid, None)
+
+    def _ended(self, infos, i: int, last, info: dict) -> None:
+        """Sub-env i's episode ended with observation `last`: SAME_STEP's infos["final_obs"] and
+        infos["final_info"] (the returned observation is its next episode's first); NEXT_STEP's
+        returned observation, and `info` in infos (_as_next_step)."""
+        if self._next_step:
+            self._ends[i] = (last, info)
+        else:
+            self._add_info(infos, {"final_obs": last, "final_info": info}, i)   # fills infos
 
     def _missing(self, call: str, waited: float) -> str:
         free = [i for i, m in enumerate(self._envs) if m is None]
