@@ -1,12 +1,16 @@
 """Learning through the bridge: the trainer daemon (real DQN) and simulators as separate processes.
 
 Small budgets (the full runs are bench/learning.py): DQN's CartPole preset passes a mean return
-of 150 over the last 10 episodes at about 6k env steps; the test allows 15k.
+of 150 over the last 10 episodes at about 6k env steps; the test allows 15k. One real DQN solve per
+way a simulator feeds the trainer: the lockstep client alone, then the batched Step client and the
+local-inference client together into one learner (each simulator's own step count shows it fed it).
 """
 import json
 import subprocess
 import sys
 import time
+
+import pytest
 
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
 from simbridge.trainer.config.values import toml_value
@@ -19,7 +23,7 @@ def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout:
         programs: list = (), fragment: int = 32):
     """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
     in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
-    return the records."""
+    return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out."""
     address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
@@ -40,9 +44,10 @@ checkpoint_every_env_steps = 1000000
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         wait_for_health(address, timeout=120)
-        for cmd in sims:
-            procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for i, cmd in enumerate(sims):
+            with open(tmp_path / f"sim{i}.out", "wb") as out:
+                procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,
+                                              stdout=out, stderr=subprocess.DEVNULL))
         for argv in programs:
             procs.append(subprocess.Popen([*argv, "--address", address], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -64,6 +69,7 @@ def r10(rec, pid):
     return (rec.get("return_mean_10") or {}).get(pid, 0.0)
 
 
+@pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10
 def test_dqn_learns_cartpole_through_the_bridge(tmp_path):
     tables = f"""[policies.default_policy]
 algorithm = "dqn"
@@ -77,6 +83,7 @@ config = {PRESET}"""
     assert last["versions"]["default_policy"] > 0
 
 
+@pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10
 def test_multiagent_trained_policy_improves_frozen_one_stays(tmp_path):
     tables = f"""[policies.p0]
 algorithm = "dqn"
@@ -98,31 +105,30 @@ default = "p1\""""
     assert r10(last, "p1") < 60                                          # and still acting randomly
 
 
-def test_dqn_learns_cartpole_from_a_batched_simulator_on_step(tmp_path):
-    """Four slots on the Step call, the carts stepped in numpy (per-slot auto-reset)."""
+def sim_summary(tmp_path, i: int) -> dict:
+    lines = (tmp_path / f"sim{i}.out").read_text().strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+@pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10
+def test_dqn_learns_cartpole_from_a_batched_simulator_and_a_local_inference_one_at_once(tmp_path):
+    """Four slots on the Step call (the carts stepped in numpy, per-slot auto-reset) and a simulator
+    acting with a local copy of the policy (shipped weights, uploaded experience) feed one learner."""
     tables = f"""[policies.default_policy]
 algorithm = "dqn"
 config = {PRESET}"""
-    recs = run(tmp_path, "", tables, [["simbridge.sims.gym_sim", "--slots", "4", "--vector", "--seed", "0"]],
-               budget=20_000, done=lambda rec: r10(rec, "default_policy") >= 150)
+    batched = ["simbridge.sims.gym_sim", "--slots", "4", "--vector", "--seed", "0"]
+    local = ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "1", "--inference", "local",
+             "--update-interval", "0.2", "--chunk-steps", "32", "--max-buffered-steps", "128"]
+    recs = run(tmp_path, "", tables, [batched, local], budget=20_000,
+               done=lambda rec: r10(rec, "default_policy") >= 150)
     assert recs, "no metrics were written"
     last = recs[-1]
+    b, loc = sim_summary(tmp_path, 0), sim_summary(tmp_path, 1)
+    print(f"mean(10) {r10(last, 'default_policy'):.1f} at {last['env_steps']} env steps; batched {b.get('steps')} "
+          f"steps, local {loc.get('steps')} steps at policy version {loc.get('local', {}).get('policy_version')}")
     assert r10(last, "default_policy") >= 150, f"mean(10) {r10(last, 'default_policy')} at {last['env_steps']} steps"
-    assert last["env_steps"] <= 20_000
-
-
-def test_dqn_learns_cartpole_from_a_local_inference_simulator(tmp_path):
-    tables = f"""[policies.default_policy]
-algorithm = "dqn"
-config = {PRESET}"""
-    sim = ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "0", "--inference", "local",
-           "--update-interval", "0.2", "--chunk-steps", "32", "--max-buffered-steps", "128"]
-    t0 = time.monotonic()
-    recs = run(tmp_path, "", tables, [sim], budget=15_000, done=lambda rec: r10(rec, "default_policy") >= 150,
-               timeout=70)
-    assert recs, "no metrics were written"
-    last = recs[-1]
-    print(f"mean(10) {r10(last, 'default_policy'):.1f} at {last['env_steps']} env steps, version "
-          f"{last['versions']['default_policy']}, {time.monotonic() - t0:.0f}s")
-    assert r10(last, "default_policy") >= 150, f"mean(10) {r10(last, 'default_policy')} at {last['env_steps']} steps"
-    assert last["env_steps"] <= 15_000 and last["versions"]["default_policy"] > 0
+    assert last["env_steps"] <= 20_000 and last["versions"]["default_policy"] > 0
+    # Both fed the learner: the local simulator's steps were uploaded and it acted with shipped weights.
+    assert b["steps"] >= 1_000 and loc["steps"] >= 500, (b, loc)
+    assert loc["local"]["policy_version"] > 0, loc
