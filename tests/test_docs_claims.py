@@ -1,6 +1,16 @@
 """Docs that agree with the tools: the CLI help texts and the docs are searched for claims the code
 no longer makes true, and for flags and config keys that do not exist. Where a claim cannot be
-checked by text, it is not here; each check below failed on a real stale sentence once."""
+checked by text, it is not here; each check below failed on a real stale sentence once.
+
+- Stale claims, documented trainer flags and `[run]`/`[server]` keys that do not exist.
+- Figures: docs/limits.md's table (every limit of the handshake has a row, each default is the
+  dataclass's), any "`key` (FIGURE" or "`key` is FIGURE" in the docs, the prose figures of PROSE, and
+  the config docs' `key = value` lines, against BridgeConfig and the trainer's [server], [run] and
+  [dataset] sections: a documented limit or default changed in code only fails here.
+- docs/architecture.md names every module of simbridge/, trainer/ and sims/ in its folder's
+  section (and none that is gone), and every ErrorReason in its error table.
+"""
+import dataclasses
 import re
 
 import pytest
@@ -70,3 +80,252 @@ def test_documented_config_keys_exist():
             if key not in SECTIONS[section].__dataclass_fields__:
                 missing.append(f"{name}: [{section}] {key}")
     assert not missing, "documented config keys that do not exist:\n" + "\n".join(missing)
+
+
+# ---------------------------------------------------------------- figures: documented limits and defaults
+# A figure in the docs next to a named key is the code's value: a default changed in code only
+# fails here, naming the doc, the key and both values.
+
+BYTES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3}
+FIGURE = r"(\d[\d,]*(?:\.\d+)?)(?:\s*([KMG]i?B)\b)?"
+
+
+def _number(text: str, unit: str = None, key: str = "") -> float:
+    """'16,384' -> 16384; '64 MiB' -> 67108864 for a *_bytes key, 64 for a *_mb one."""
+    value = float(text.replace(",", ""))
+    if unit:
+        value *= BYTES[unit]
+        if key.endswith("_mb"):
+            value /= 1 << 20
+    return value
+
+
+def _sources():
+    """Where each documented default lives: key -> {source name: value}."""
+    from simbridge.client.channels import FAILOVER_AFTER_S
+    from simbridge.server.runtime import BridgeConfig
+    from simbridge.trainer.config.dataset import DatasetSection
+    from simbridge.trainer.config.sections import RunSection, ServerSection
+    out = {}
+    for cls, name in ((BridgeConfig, "BridgeConfig"), (ServerSection, "server"), (RunSection, "run"),
+                      (DatasetSection, "dataset")):
+        for f in dataclasses.fields(cls):
+            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool):
+                out.setdefault(f.name, {})[name] = f.default
+    out["FAILOVER_AFTER_S"] = {"client/channels.py": FAILOVER_AFTER_S}
+    return out
+
+
+def _check(doc: str, key: str, figure: float, sources: dict, where: str = None):
+    """'' when the figure is the key's value in its source (any source, when the doc names none)."""
+    values = sources[key] if where is None else {where: sources[key][where]}
+    if any(figure == v for v in values.values()):
+        return ""
+    return f"{doc}: `{key}` documented as {figure:g}, the code says {values}"
+
+
+def test_limits_table_figures_are_the_code_defaults():
+    """docs/limits.md's table: each row's keys, its Default cell and its Set in cell (BridgeConfig,
+    [server], [dataset]) against those dataclasses; every limit of the handshake has a row."""
+    from simbridge.wire.v1 import simbridge_pb2 as pb
+    sources = _sources()
+    text = (ROOT / "docs" / "limits.md").read_text()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| `")]
+    named, wrong, checked = set(), [], 0
+    for cells in rows:
+        keys = [k for k in re.findall(r"`(\w+)`", cells[0]) if k in sources]
+        named.update(re.findall(r"`(\w+)`", cells[0]))
+        if not keys:
+            continue
+        default, set_in = cells[2], cells[3]
+        for part in default.split(";"):
+            where = ("server" if "[server]" in part else "dataset" if "[dataset]" in set_in
+                     else "server" if "BridgeConfig" not in set_in else "BridgeConfig")
+            figures = [(n, u) for n, u in re.findall(FIGURE, re.sub(r"\([^)]*\)", "", part))]
+            assert len(figures) == len(keys), f"docs/limits.md row {cells[0]}: {len(keys)} keys, figures {figures}"
+            for key, (n, u) in zip(keys, figures):
+                wrong.append(_check("docs/limits.md", key, _number(n, u, key), sources, where))
+                checked += 1
+    assert checked >= 18, f"only {checked} figures found in docs/limits.md's table: did its layout change?"
+    assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+    missing = {f.name for f in pb.ServerLimits.DESCRIPTOR.fields} - named
+    assert not missing, f"limits of the handshake (ServerLimits) without a row in docs/limits.md: {sorted(missing)}"
+
+
+# "`key` (FIGURE" and "`key` is FIGURE" anywhere in the docs; "`[server] key` (FIGURE" picks the section.
+KEY_FIGURE = re.compile(r"`(?:\[(\w+)\] )?(\w+)`(?: \(| is )~?" + FIGURE)
+
+
+def test_figures_next_to_a_key_are_its_default():
+    sources = _sources()
+    wrong, checked = [], 0
+    for name, text in _texts().items():
+        for section, key, n, unit in KEY_FIGURE.findall(text):
+            if key not in sources or (section and section not in sources[key]):
+                continue
+            wrong.append(_check(name, key, _number(n, unit, key), sources, section or None))
+            checked += 1
+    assert checked >= 10, f"only {checked} documented figures found"
+    assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+
+
+def _dqn_buffer():
+    from simbridge.trainer.learners.dqn import DQNLearner
+    return DQNLearner.config_defaults()["buffer_size"]
+
+
+def _sac_initial_alpha():
+    from simbridge.trainer.learners.sac import SACLearner
+    return SACLearner.config_defaults()["initial_alpha"]
+
+
+def _bridge(key):
+    from simbridge.server.runtime import BridgeConfig
+    return lambda: getattr(BridgeConfig, key)
+
+
+def _ring_bytes():
+    from simbridge.wire.shm_ring import DEFAULT_RING_BYTES
+    return DEFAULT_RING_BYTES
+
+
+def _grpc_workers():
+    return (ROOT / "simbridge" / "server" / "service.py").read_text()
+
+
+# Figures in prose, each next to the words that name it: (file, pattern whose group 1 is the
+# figure, the code's value). A figure the patterns above cannot attribute goes here.
+PROSE = [
+    ("docs/limits.md", r"(\d[\d,]*) x ~400 B", _bridge("finished_ids_kept")),
+    ("docs/limits.md", r"(\d[\d,]*) x ~500 B", _bridge("max_open_episodes_per_session")),
+    ("docs/limits.md", r"(\d[\d,]*) sessions x \(", _bridge("max_sessions_per_client")),
+    ("docs/limits.md", r"sessions x \((\d+ MiB)", _bridge("response_cache_bytes")),
+    ("docs/limits.md", r"`(\d+ GiB) \+ \d+ sessions", _bridge("max_client_state_bytes")),
+    ("docs/limits.md", r"from 1,000 to (\d[\d,]*) \(issue 13", _bridge("finished_ids_kept")),
+    ("docs/limits.md", r"`max_sessions_per_client` went from 1,024 to (\d[\d,]*)", _bridge("max_sessions_per_client")),
+    ("docs/limits.md", r"the default DQN \((\d[\d,]*) transitions\)", _dqn_buffer),
+    ("docs/limits.md", r"\| shared-memory ring[^\n]*?\| (\d+ MiB) \|", _ring_bytes),
+    ("docs/architecture.md", r"remembered as finished \(the last `finished_ids_kept` \((\d[\d,]*)\)", _bridge("finished_ids_kept")),
+    ("docs/architecture.md", r"finished ids remembered up to (\d[\d,]*) per session", _bridge("finished_ids_kept")),
+    ("trainer/configs/unity_3dball.toml", r"SAC's own default is (\d+(?:\.\d+)?)", _sac_initial_alpha),
+    ("trainer/configs/unity_peer.toml", r"keeps SAC's defaults\s*#?\s*\(initial_alpha (\d+(?:\.\d+)?)", _sac_initial_alpha),
+]
+
+
+@pytest.mark.parametrize("doc, pattern, truth", PROSE, ids=[f"{d}:{p[:30]}" for d, p, _ in PROSE])
+def test_prose_figures_are_the_code_values(doc, pattern, truth):
+    m = re.search(pattern, (ROOT / doc).read_text())
+    assert m, f"{doc} no longer says {pattern!r}: update the doc, or this table"
+    n, _, unit = m.group(1).partition(" ")
+    assert _number(n, unit or None, "_bytes" if unit else "") == truth(), \
+        f"{doc}: {m.group(0)!r}, the code says {truth()}"
+
+
+def test_architecture_states_the_grpc_thread_pool_as_built():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    m = re.search(r"a pool of `max_concurrent_calls` \+ (\d+) worker threads", doc)
+    assert m, "docs/architecture.md no longer sizes the server's thread pool"
+    assert f"max_workers=c.max_concurrent_calls + {m.group(1)}" in _grpc_workers(), \
+        "simbridge/server/service.py sizes its thread pool otherwise than docs/architecture.md says"
+
+
+# The config docs (module docstrings showing a section's keys) state defaults as `key = value`;
+# a comment with "default X" states X instead, and "optional" or "default:" in words is no figure.
+CONFIG_DOCS = [ROOT / "trainer" / "config" / "trainer_config.py", ROOT / "trainer" / "data" / "datasets.py"]
+
+
+def test_config_docs_state_the_section_defaults():
+    import ast
+    import tomllib
+    from simbridge.trainer.config.dataset import DatasetSection
+    defaults = {**SECTIONS, "dataset": DatasetSection}
+    wrong, checked = [], 0
+    for path in CONFIG_DOCS:
+        section = None
+        for line in ast.get_docstring(ast.parse(path.read_text())).splitlines():
+            line = line.strip()
+            head = re.match(r"\[([\w.]+)\]", line)
+            if head:
+                section = head.group(1)
+                continue
+            m = re.match(r"(\w+) = ([^#]+?)\s*(?:#\s*(.*))?$", line)
+            if not m or section not in defaults:
+                continue
+            key, value, comment = m.group(1), m.group(2), m.group(3) or ""
+            stated = re.search(r"\(default ([\w.\"]+)\)", comment)
+            if stated:
+                value = stated.group(1)
+            elif "optional" in comment or "default" in comment:
+                continue
+            value = tomllib.loads(f"v = {value}")["v"]
+            if isinstance(value, (dict, list)):
+                continue   # an example, not a default
+            field = defaults[section].__dataclass_fields__.get(key)
+            if field is None:
+                wrong.append(f"{path.name}: [{section}] {key} is no key of that section")
+            elif value != field.default:
+                wrong.append(f"{path.name}: [{section}] {key} = {value!r}, the default is {field.default!r}")
+            checked += 1
+    assert checked >= 15, f"only {checked} keys found in the config docs"
+    assert not wrong, "\n".join(wrong)
+
+
+# ---------------------------------------------------------------- architecture.md names every module
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ROOMS = ("simbridge", "trainer", "sims")
+
+
+def _modules():
+    """Hand-written Python modules by folder: {'trainer/learners': ['dqn.py', ...]}."""
+    out = {}
+    for room in ROOMS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if path.name == "__init__.py" or "_pb2" in path.name or "__pycache__" in rel.parts:
+                continue
+            out.setdefault(str(rel.parent), []).append(path.name)
+    return out
+
+
+def _sections():
+    """architecture.md cut at its headings: {folder: text} for each heading that names `folder/`."""
+    out, folder = {}, None
+    for line in ARCHITECTURE.read_text().splitlines():
+        if line.startswith("#"):
+            m = re.search(r"`((?:simbridge|trainer|sims)(?:/\w+)*)/`", line)
+            folder = m.group(1) if m else None
+            continue
+        if folder:
+            out[folder] = out.get(folder, "") + line + "\n"
+    return out
+
+
+def test_architecture_names_every_module_in_its_folders_section():
+    sections, missing = _sections(), []
+    for folder, names in _modules().items():
+        if folder not in sections:
+            missing.append(f"{folder}/ (no heading naming `{folder}/`)")
+            continue
+        missing += [f"{folder}/{n}" for n in names if f"`{n}`" not in sections[folder]]
+    assert not missing, "modules docs/architecture.md does not name, with a one-line job:\n" + "\n".join(missing)
+
+
+def test_architecture_tables_name_no_module_that_is_gone():
+    modules, gone = _modules(), []
+    for folder, text in _sections().items():
+        for line in text.splitlines():
+            m = re.match(r"\| ((?:`\w+\.py`(?:, )?)+) \|", line)
+            if m:
+                gone += [f"{folder}/{n}" for n in re.findall(r"`(\w+\.py)`", m.group(1))
+                         if n not in modules.get(folder, [])]
+    assert not gone, "docs/architecture.md's tables name modules that do not exist:\n" + "\n".join(gone)
+
+
+def test_architecture_error_table_names_every_error_reason():
+    from simbridge.wire.v1 import simbridge_pb2 as pb
+    doc = ARCHITECTURE.read_text()
+    table = "\n".join(line for line in doc.splitlines() if line.startswith("| ") and "`" in line)
+    missing = [r for r in pb.ErrorReason.keys() if r != "ERROR_REASON_UNSPECIFIED" and f"`{r}`" not in table]
+    assert not missing, f"ErrorReasons docs/architecture.md's error table leaves out: {missing}"
