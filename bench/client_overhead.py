@@ -19,20 +19,19 @@ Windows next to each other share the machine's mood, so the medians of the per-r
 
     .venv/bin/python bench/client_overhead.py --net tcp --slots 1 --rounds 5
 """
-from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
-
-prefer_iomgr_tcp()   # before anything imports grpc
-import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+if __package__ in (None, ""):   # run as `python bench/client_overhead.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput as tp  # noqa: E402  (bench/throughput.py: the server)
+from bench import harness  # noqa: E402  (first: it sets gRPC's TCP path; the server)
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def _window(fn, seconds):
@@ -57,9 +56,9 @@ def main(argv=None):
     from simbridge.client.slot_client import SlotClient
     from simbridge.wire.v1 import simbridge_pb2 as pb
 
-    children = tp.Children()
+    children = harness.Children()
     try:
-        proc, address = tp.start_bridge_server(children, net=args.net)
+        proc, address = harness.start_bridge_server(children, net=args.net)
         n = args.slots
         space = gym.make("CartPole-v1").observation_space
         client = SlotClient(address, space, gym.spaces.Discrete(2), n, client_name="overhead")

@@ -28,18 +28,16 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for _p in (HERE.parent, HERE):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if __package__ in (None, ""):   # run as `python bench/fuzz.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["no_proxy"] = os.environ["no_grpc_proxy"] = "127.0.0.1,localhost"
 
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp  # noqa: E402
 
 prefer_iomgr_tcp()   # before grpc loads, as simbridge's programs do
 import grpc  # noqa: E402
-import fuzzrig  # noqa: E402
-from fuzzing import RandomDraw, rpcs  # noqa: E402
+from bench import fuzzrig  # noqa: E402
+from bench.fuzzing import RandomDraw, rpcs  # noqa: E402
 
 POOL_REFRESH_EVERY = 200   # messages: the fuzz closes and breaks sessions, make fresh ones
 

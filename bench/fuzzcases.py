@@ -9,7 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from fuzzing import AGENTS, N_SLOTS, OBS_SHAPE, STREAM_KINDS, UNARY, Ctx, Gen
+from bench.fuzzing import AGENTS, N_SLOTS, OBS_SHAPE, STREAM_KINDS, UNARY, Ctx, Gen
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.v1 import simbridge_pb2 as pb
 

@@ -32,8 +32,8 @@ import gymnasium as gym
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
-from fuzzcases import ACT_SPACE, OBS_SPACE
-from fuzzing import N_SLOTS, SERVICES, UNARY, Ctx
+from bench.fuzzcases import ACT_SPACE, OBS_SPACE
+from bench.fuzzing import N_SLOTS, SERVICES, UNARY, Ctx
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,8 +199,8 @@ class Pool:
             pass   # the fuzz may have closed it already
 
     def refresh(self) -> None:
-        from fuzzcases import create_session
-        from fuzzing import Gen
+        from bench.fuzzcases import create_session
+        from bench.fuzzing import Gen
         made = {}
         for name, multi, slots in (("rows", False, 0), ("slots", False, N_SLOTS), ("multi", True, 0)):
             req = create_session(Gen(_NoDraw(), Ctx("", multi)))
@@ -373,8 +373,8 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 def fuzz_one(judge: Judge, pool: Pool, draw, svc: str, method: str, raw: bool) -> None:
     """One fuzzed call of `svc`.`method` (a whole stream for "Stream"): raw bytes or typed messages."""
-    from fuzzcases import raw_bytes, stream_ctx, stream_requests, typed_request
-    from fuzzing import Gen
+    from bench.fuzzcases import raw_bytes, stream_ctx, stream_requests, typed_request
+    from bench.fuzzing import Gen
     if method == "Stream":
         ctx = pool.ctx_for(svc, method, draw.integer(0, 3))
         g = Gen(draw, stream_ctx(svc == "multi", others=[ctx.sid, *ctx.others]))
@@ -402,8 +402,8 @@ class IdleStreams:
 
     def __init__(self, address: str, count: int, multi: bool = False):
         import queue
-        from fuzzcases import create_session
-        from fuzzing import Gen
+        from bench.fuzzcases import create_session
+        from bench.fuzzing import Gen
         self.channels, self.calls, self._queues = [], [], []
         first = pb.StreamRequest(create_session=create_session(Gen(_NoDraw(), Ctx("", multi)))).SerializeToString()
         for _ in range(count):

@@ -11,15 +11,20 @@ echo_step1 case: a 1-slot Step's sizes, 69 bytes out, 54 back). Servers alternat
 
     nice -n 5 .venv/bin/python bench/grpc_server_floor.py      # ~30 s, one JSON line
 """
-import argparse
-import json
-import multiprocessing as mp
-import os
 import sys
-import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import throughput as T  # noqa: E402  (FloorClient, _proc_cpu_s; sets gRPC's TCP path)
+if __package__ in (None, ""):   # run as `python bench/grpc_server_floor.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import proc_cpu_s  # noqa: E402  (first: it sets gRPC's TCP path)
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+from bench.sims import FloorClient  # noqa: E402
 
 def sync_server(q, stop):
     os.dup2(2, 1)
@@ -69,12 +74,12 @@ def main():
         for name, fn in (("sync", sync_server), ("aio_iter", aio_server), ("aio_rw", aio_rw_server)):
             q, stop = ctx.Queue(), ctx.Event()
             p = ctx.Process(target=fn, args=(q, stop), daemon=True); p.start()
-            c = T.FloorClient(q.get(timeout=30), "stream:69:54", 0)
+            c = FloorClient(q.get(timeout=30), "stream:69:54", 0)
             t = time.perf_counter() + 1
             while time.perf_counter() < t: c.step(False)
-            s0, t0, n = T._proc_cpu_s(p.pid), time.perf_counter(), 0
+            s0, t0, n = proc_cpu_s(p.pid), time.perf_counter(), 0
             while time.perf_counter() - t0 < a.seconds: c.step(False); n += 1
-            s1, dt = T._proc_cpu_s(p.pid), time.perf_counter() - t0
+            s1, dt = proc_cpu_s(p.pid), time.perf_counter() - t0
             c.close(); stop.set(); p.join(10)
             out.setdefault(name + "_server_cpu_us", []).append(round(1e6 * (s1 - s0) / n, 1))
             out.setdefault(name + "_rt_per_s", []).append(round(n / dt))

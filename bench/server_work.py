@@ -25,18 +25,23 @@ one, everything else as served (session, seq and digest, servicer, gRPC):
     nice -n 5 .venv/bin/python bench/server_work.py                 # ~1 min, one JSON line
     nice -n 5 .venv/bin/python bench/server_work.py --profile lockstep   # + cProfile to stderr
 """
-import argparse
-import copy
-import cProfile
-import json
-import os
-import pstats
 import sys
-import threading
-import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import throughput as T  # noqa: E402  (the simulators of the throughput cases; sets gRPC's TCP path)
+if __package__ in (None, ""):   # run as `python bench/server_work.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import proc_cpu_s  # noqa: E402  (first: it sets gRPC's TCP path)
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import cProfile  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import pstats  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from bench.sims import SIMS  # noqa: E402  (the simulators of the throughput cases)
 
 from simbridge.server.cli import drain  # noqa: E402
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime  # noqa: E402
@@ -73,7 +78,7 @@ def record(sim_kind: str, steps: int) -> list:
     rt.handle, rt.create_session = recording_handle, recording_create
     server = BridgeServer(rt, "127.0.0.1:0").start()
     try:
-        sim = T.SIMS[sim_kind](server.address, "stream", seed=0)
+        sim = SIMS[sim_kind](server.address, "stream", seed=0)
         for _ in range(steps):
             sim.step(False)
         sim.close()
@@ -149,15 +154,15 @@ def insitu(case: str, mode: str, seconds: float) -> dict:
     proc = ctx.Process(target=_insitu_server, args=(mode, address_q, stop, work_q), daemon=True)
     proc.start()
     try:
-        sim = T.SIMS[sim_kind](address_q.get(timeout=60), "stream", seed=0)
+        sim = SIMS[sim_kind](address_q.get(timeout=60), "stream", seed=0)
         warm = time.perf_counter() + 1.0
         while time.perf_counter() < warm:
             sim.step(False)
-        cpu0, t0, steps = T._proc_cpu_s(proc.pid), time.perf_counter(), 0
+        cpu0, t0, steps = proc_cpu_s(proc.pid), time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds:
             sim.step(False)
             steps += 1
-        cpu1 = T._proc_cpu_s(proc.pid)
+        cpu1 = proc_cpu_s(proc.pid)
         sim.close()
         stop.set()
         work, calls = work_q.get(timeout=30)

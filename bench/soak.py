@@ -33,10 +33,8 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for _p in (HERE.parent, HERE):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if __package__ in (None, ""):   # run as `python bench/soak.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["no_proxy"] = os.environ["no_grpc_proxy"] = "127.0.0.1,localhost"
 
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp  # noqa: E402
@@ -47,8 +45,8 @@ MAX_ERRORS_KEPT = 10
 
 
 def _client_thread(address, seed, stop, totals, lock, errors):
-    from fuzzcases import ACT_SPACE, OBS_SPACE
-    from fuzzrig import run_cartpole
+    from bench.fuzzcases import ACT_SPACE, OBS_SPACE
+    from bench.fuzzrig import run_cartpole
     from simbridge.client.policy_client import PolicyClient
     counters = {"steps": 0, "episodes": 0, "last_step_t": 0.0}
     try:
@@ -92,7 +90,7 @@ def slope_mb_per_min(samples, t_from):
 
 
 def main(argv=None) -> int:
-    import fuzzrig
+    from bench import fuzzrig
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--minutes", type=float, default=2.0)

@@ -16,18 +16,20 @@ asked, the peer's work per agent included in both.
 HOST:PORT, unix:PATH, shm+unix:PATH: docs/transports.md), keyed `<net>_bridge_decisions_per_s`
 and `<net>_bridge_vs_bare` beside the one bare loop of the round; tcp alone keeps the old keys.
 """
-import argparse
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import throughput as T  # noqa: E402  (server start, child bookkeeping)
-
 REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):   # run as `python bench/unity_throughput.py`: the checkout, for `bench.`
+    sys.path.insert(0, str(REPO))
+
+from bench import harness  # noqa: E402  (server start, child bookkeeping)
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
 sys.path.insert(0, str(REPO / "tests" / "sims"))
 from unity_peer.harness import PEER, free_base_port  # noqa: E402
 
@@ -97,14 +99,14 @@ def main() -> None:
     if not nets or set(nets) - {"tcp", "uds", "shm"}:
         p.error(f"--nets {a.nets!r}: a comma list of tcp, uds, shm")
     key = {n: ("" if nets == ["tcp"] else f"{n}_") for n in nets}
-    children = T.Children()
+    children = harness.Children()
     out = {"agents": a.agents, "scene": a.scene, "load_before": os.getloadavg()[0], "bare_decisions_per_s": [],
            **{f"{key[n]}bridge_decisions_per_s": [] for n in nets}}
     try:
         with tempfile.TemporaryDirectory(prefix="sb-unity-bench-") as tmp:
             for _ in range(a.rounds):
                 for net in nets:
-                    proc, address = T.start_bridge_server(children, net=net)
+                    proc, address = harness.start_bridge_server(children, net=net)
                     short = connector_wall(address, a.short, a.agents, a.scene, Path(tmp))
                     long_ = connector_wall(address, a.long, a.agents, a.scene, Path(tmp))
                     children.stop(proc)

@@ -21,21 +21,14 @@ the witness served within the last few seconds without an error. The last test
 sends a mixed batch and checks the server's RSS, its log and the witness's
 completed episodes.
 """
-import importlib
 import threading
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-fuzzing = importlib.import_module("fuzzing")     # bench/ is no package: its modules import each other
-fuzzrig = importlib.import_module("fuzzrig")
+from bench import fuzzing, fuzzrig
 
 WITNESS_MAX_GAP_S = 5.0    # the witness steps every few ms; this long without an action is a stall
 RSS_GROWTH_MB = 64.0       # the mixed batch below may not grow the server by more

@@ -1,0 +1,81 @@
+"""bench/ as a package: scripts that run from the checkout, a case registry that makes their help,
+and every documented `bench/throughput.py` command still one the script takes.
+
+No case is run here (each starts servers and measures for seconds: bench/throughput.py is the
+benchmark); these check the command line and the registry in a real process of the script.
+"""
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_MODULE_LINES = 440   # tests/test_layout.py's "~400" for the installed rooms
+# the commands the docs show, continuation lines and all, up to a closing backtick or a comment
+COMMAND = re.compile(r"bench/throughput\.py((?:[^\n`#]*\\\n)*[^\n`#]*)")
+PLACEHOLDER = "..."    # docs/benchmarks.md's "--cases ...same...": the command before it, again
+
+CHECK = """
+import json, sys
+from bench import cases, throughput
+bad = []
+for args in json.loads(sys.argv[1]):
+    try:
+        got = throughput.parser().parse_args(args)
+        cases.resolve(got.cases)
+    except (SystemExit, ValueError) as e:
+        bad.append([args, repr(e)])
+print(json.dumps(bad))
+"""
+
+
+def documented_commands():
+    found = {}
+    for path in [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in COMMAND.finditer(path.read_text()):
+            args = shlex.split(m.group(1).replace("\\\n", ""))
+            if any(PLACEHOLDER in a for a in args):
+                continue
+            found.setdefault(f"{path.name}: {' '.join(args)}", args)
+    return found
+
+
+def run(*args, timeout=120):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_every_documented_throughput_command_takes_known_flags_and_cases():
+    commands = documented_commands()
+    assert len(commands) >= 10, f"the docs' commands were not found: {sorted(commands)}"
+    assert any("--cases" in args for args in commands.values())
+    bad = json.loads(run("-c", CHECK, json.dumps(list(commands.values()))))
+    assert not bad, f"documented commands the script refuses: {bad}"
+
+
+def test_an_unknown_case_is_refused_with_the_way_to_the_list():
+    out = subprocess.run([sys.executable, "bench/throughput.py", "--cases", "stream,no_such_case"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2
+    assert "no_such_case" in out.stderr and "--list" in out.stderr, out.stderr
+
+
+def test_help_and_list_are_made_from_the_case_docstrings():
+    listed = run("bench/throughput.py", "--list").splitlines()
+    names = [line.split()[0] for line in listed]
+    assert len(names) == len(set(names)) >= 40
+    assert all(len(line.split(None, 1)) == 2 for line in listed), "a case without its line"
+    helped = run("-m", "bench.throughput", "--help")
+    for name in names:
+        assert re.search(rf"\b{name}\b", helped), f"{name} missing from --help"
+    # the texts are the functions' docstrings
+    assert "what this machine allows per round trip" in helped     # bench/echo.py's floor
+    assert "SIMBRIDGE_GRPC_STREAM=iterator" in helped               # the iter_ family's text
+
+
+def test_bench_modules_stay_near_400_lines():
+    big = {p.name: n for p in (ROOT / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not big, f"bench modules that hold two jobs: {big}"
