@@ -6,6 +6,7 @@ into fragments of `rollout_fragment_length` steps, counted in env steps or
 agent steps, either anywhere (`truncate_episodes`) or only at episode ends
 (`complete_episodes`), and handed to an ExperienceQueue.
 """
+import collections
 import math
 import queue
 import threading
@@ -118,6 +119,10 @@ class ExperienceQueue:
         self.batches_in = 0
         self.env_steps_in = 0
         self.agent_steps_in = 0
+        # Each policy's rows let past the hold, counted before they enter the queue: a hold rule
+        # counts what is queued but not yet taken (a consumer slow to take, on a loaded machine,
+        # must not let more in than its rule allows).
+        self.rows_admitted: Dict[str, int] = collections.Counter()
         self.blocked_puts = 0
         self.blocked_s = 0.0
         self._closed = False
@@ -157,6 +162,7 @@ class ExperienceQueue:
 
     def put(self, batch: MultiAgentBatch) -> None:
         self._held()
+        self._admit(batch, +1)
         try:
             self._q.put_nowait(batch)
         except queue.Full:
@@ -192,6 +198,7 @@ class ExperienceQueue:
         deadline = time.monotonic() + max(0.0, timeout)
         if self._held(deadline):
             return False
+        self._admit(batch, +1)
         try:
             timeout = deadline - time.monotonic()
             if timeout > 0:
@@ -199,11 +206,17 @@ class ExperienceQueue:
             else:
                 self._q.put_nowait(batch)
         except queue.Full:
+            self._admit(batch, -1)
             return False
         if self.journal is not None:
             self.journal.add_batch(batch)
         self._count_in(batch)
         return True
+
+    def _admit(self, batch: MultiAgentBatch, sign: int) -> None:
+        with self._lock:
+            for pid, b in batch.policy_batches.items():
+                self.rows_admitted[pid] += sign * b.count
 
     def _count_in(self, batch: MultiAgentBatch) -> None:
         with self._lock:

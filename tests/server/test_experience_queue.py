@@ -72,3 +72,14 @@ def test_close_and_dropping_the_rule_free_every_waiting_put():
             t.join(2)
         assert not any(t.is_alive() for t in threads), release
         assert len(q.get_all()) == 3, release    # nothing lost
+
+
+def test_rows_admitted_counts_each_policys_rows_before_they_queue_and_a_failed_offer_not_at_all():
+    """A hold rule counts what is queued but not yet taken with it (trainer/run/loop.py)."""
+    q = ExperienceQueue(1)
+    q.put(_batch(3))
+    assert q.rows_admitted["p"] == 3 and q.rows_admitted["other"] == 0
+    assert q.offer(_batch(5), timeout=0.05) is False     # full
+    assert q.rows_admitted["p"] == 3
+    q.get()
+    assert q.rows_admitted["p"] == 3, "taking is the consumer's to count"

@@ -74,6 +74,46 @@ def test_rows_codec_round_trip_drops_object_columns():
         journal.decode_rows(journal.encode_rows(cols, 3)[:-4])   # torn
 
 
+def test_the_limiter_counts_queued_rows_when_the_loop_is_slow_to_take_them():
+    """Issue 27 #1: on a loaded machine the loop takes batches late, and the limiter only counted
+    the rows it had sent on: every put passed until the queue was full, so the learner could owe
+    the tolerance plus the whole queue (161 and 136 in the slow-learner test, bound 128). Here the
+    loop never takes (the extreme of a starved loop): intake must stop at the tolerance and one
+    fragment, with the queue far from full."""
+    from types import SimpleNamespace
+
+    from linear_q_learner import LinearQLearner
+    from simbridge.server.experience import ExperienceQueue
+    from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
+    from simbridge.trainer.config.sections import RunSection
+    from simbridge.trainer.run.learner_process import LearnerProcess
+    from simbridge.trainer.run.loop import LearningLoop
+
+    q = ExperienceQueue(32)
+    loop = LearningLoop(SimpleNamespace(experience=q, policies={}, metrics=None),
+                        RunSection(max_updates_behind=MAX_BEHIND), threading.Event(), print, dict, dict)
+    learner = LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                             config={"updates_per_step": 1.0}, device="cpu")
+    proc = loop.procs["default_policy"] = LearnerProcess("default_policy", learner)
+    q.hold_while(loop._held_back)
+
+    def produce():
+        for _ in range(20):
+            q.put(MultiAgentBatch({"default_policy": SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)})},
+                                  FRAGMENT))
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    try:
+        time.sleep(1.5)
+        assert t.is_alive(), "every put went through: nothing held intake"
+        queued = q.qsize() * FRAGMENT
+        assert queued <= MAX_BEHIND + FRAGMENT, f"{queued} rows let in with a tolerance of {MAX_BEHIND}"
+    finally:
+        q.hold_while(None)
+        t.join(5)
+        proc.close()
+
+
 def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
     """4 ms per update against a simulator ~10x faster: without the limiter the learner would owe
     thousands of updates within seconds; with it, never more than the tolerance and a few
@@ -92,8 +132,9 @@ def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
     recs = [r for r in _metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS + 200]
     owed = [_owed(r) for r in recs]
     # Rows the bridge counted but the learner had not trained on beyond the tolerance: the
-    # collector's fragment, the held put's, one queued as the hold began, one taken just under it.
-    slack = 4 * FRAGMENT
+    # collector's fragment, the held put's, and the one let in just under the tolerance. However
+    # loaded the machine: queued rows count too (the test above).
+    slack = 3 * FRAGMENT
     print(f"owed at most {max(owed)} (tolerance {MAX_BEHIND}, queue {queue} x {FRAGMENT})")
     assert recs and max(owed) <= MAX_BEHIND + slack, owed
     assert max(owed) >= FRAGMENT, f"the learner never fell behind: not a test of the limiter: {owed}"

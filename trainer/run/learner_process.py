@@ -73,9 +73,10 @@ class LearnerProcess:
         from simbridge.trainer.run.checkpoint import space_bytes
         self.policy_id = policy_id
         self.learner = learner
-        self.due = 0                  # the child's due updates, as of its last report
-        self.pending = 0              # rows sent since that report
         self._sent = learner.agent_steps   # rows in the child's count (its state's, then sent)
+        # The child's last report: (updates due, rows it had then). One tuple, assigned at once:
+        # the limiter reads it from RPC threads.
+        self._report = (0, self._sent)
         self._dead: Optional[str] = None
         self.proc, self.conn = child or spawn_child()
         init = {"cls": _class_path(type(learner)), "obs": space_bytes(learner.observation_space),
@@ -96,7 +97,6 @@ class LearnerProcess:
             return
         self.learner.agent_steps += batch.count
         self.learner.count_rows(batch)
-        self.pending += batch.count
         self._sent += batch.count
         if self._dead is None:
             try:
@@ -104,9 +104,11 @@ class LearnerProcess:
             except LearnerProcessDied:
                 pass   # poll() and state() report it; the rows are in the journal
 
-    def behind(self) -> float:
-        """Updates the child owes: its last report plus what the rows sent since will make due."""
-        return self.due + self.pending * self.learner.updates_per_row()
+    def behind(self, queued_rows: int = 0) -> float:
+        """Updates the child owes: its last report plus what the rows sent since, and
+        `queued_rows` more (let into the bridge's queue, not yet sent), will make due."""
+        due, rows = self._report   # before _sent: a report newer than the _sent read would undercount
+        return due + (self._sent - rows + queued_rows) * self.learner.updates_per_row()
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Applies what the child has sent; True when weights came."""
@@ -150,7 +152,7 @@ class LearnerProcess:
                 p.version = w["updates"]
             p.updates, p.updates_forgiven = w["updates"], w["forgiven"]
             p.last_metrics = w["metrics"]
-            self.due, self.pending = w["due"], self._sent - w["rows"]
+            self._report = (w["due"], w["rows"])
         elif tag == _STATE:
             self._state = state_from_bytes(body)
         elif tag == _ERROR:

@@ -34,6 +34,9 @@ class LearningLoop:
         self.recorder = None     # trainer/data/datasets.py's EpisodeRecorder, when the run records
         self.warm_start: List = []   # (policy id, SampleBatch) fed before any experience (trainer/data/warm_start.py)
         self.ingested: Dict[str, int] = collections.Counter()
+        # Rows taken from the experience queue and fed on, this process's: with the queue's
+        # rows_admitted, what the rate limiter counts as queued.
+        self._taken: Dict[str, int] = collections.Counter()
         self.run_cfg = run
         self.stop_event = stop_event
         self._stop = stop
@@ -82,6 +85,7 @@ class LearningLoop:
         batch = self.runtime.experience.get(timeout=0 if held else 0.01 if self.procs else 0.05)
         if batch is not None:
             self.ingest(batch)
+            self._taken.update({pid: b.count for pid, b in batch.policy_batches.items()})
         self._train_due()
         if self.procs and not self._held_back():
             self.runtime.experience.progress()
@@ -118,9 +122,18 @@ class LearningLoop:
             p.add(b)
 
     def _held_back(self) -> bool:
-        """The rate limiter: no more experience while a learner process is too far behind."""
+        """The rate limiter: no more experience while a learner process is too far behind,
+        counting the rows queued for it too. Called from RPC threads as well. Without the queued
+        rows, a loop slow to take them (a loaded machine) let every put through until the queue
+        was full: the bound was the tolerance plus the queue's fragments, not plus one."""
         limit = self.run_cfg.max_updates_behind
-        return any(p.behind() > limit for p in list(self.procs.values()))   # also from RPC threads
+        admitted = self.runtime.experience.rows_admitted
+        for pid, p in list(self.procs.items()):
+            # _taken before rows_admitted and behind(): a batch taken meanwhile counts twice, never not at all.
+            taken = self._taken[pid]
+            if p.behind(admitted[pid] - taken) > limit:
+                return True
+        return False
 
     def _train_due(self) -> None:
         """Runs every due update (in chunks, staying responsive to signals and the clock); with
