@@ -38,7 +38,7 @@ BUILD = REPO / "build" / "cpp"
 TARGETS = ("cartpole", "cartpole_slots")
 
 # case -> (program, its options, per_agent, net): per_agent cases report agent_steps_per_s and
-# calls_per_s; net is the server's transport (throughput.listen_address: tcp, uds, shm).
+# calls_per_s; net is the server's transport (harness.listen_address: tcp, uds, shm).
 _TCP_CASES = {
     "cpp_lockstep": ("cartpole", ["--slots", "1"], False),
     "cpp_batched64": ("cartpole_slots", ["--slots", "64"], True),
@@ -156,7 +156,7 @@ def run_example(children, case, address, seconds, warmup_s, server_cpu_s, preexe
 
 
 def summarize(case, s):
-    """The flat metrics of one C++ case, named as the Python cases' are (throughput._summary)."""
+    """The flat metrics of one C++ case, named as the Python cases' are (harness.summary)."""
     per_agent = CPP_CASES[case][2]
     rate = f"{case}_agent_steps_per_s" if per_agent else f"{case}_steps_per_s"
     out = {

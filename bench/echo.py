@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 
-from bench.harness import HOST, WARMUP_S, key, listen_address, run_clients, socket_dir, summary
+from bench.harness import HOST, WARMUP_S, die_with_parent, key, listen_address, run_clients, socket_dir, summary
 
 def _sized_answer(req, _answers={}):
     """The echo's answer: as many bytes as the request's first 4 bytes say (little-endian), or the
@@ -30,6 +30,7 @@ def _sized_answer(req, _answers={}):
 def _floor_server_main(address, port_q, stop_evt):
     """Child process: a trivial echo service, bytes in and out, no proto."""
     os.dup2(2, 1)
+    die_with_parent()
     from concurrent import futures
 
     import grpc
@@ -123,6 +124,7 @@ def floor(children, seconds, net="tcp"):
 def _shm_echo_main(path, sizes, stop_evt):
     """Child process: the bare shared-memory echo (simbridge/wire/shm_ring.py, no bridge, no
     proto): a request of sizes[0] bytes is answered with sizes[1] bytes."""
+    die_with_parent()
     from simbridge.wire import shm_ring
 
     listener = socket.socket(socket.AF_UNIX)

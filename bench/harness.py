@@ -222,6 +222,7 @@ config = {{ hidden = [128, 128], epsilon_initial = 0.02, epsilon_final = 0.02, s
 def _client_main(idx, sim_kind, address, transport, seconds, barrier, results, server_pid):
     """Child process: set up one simulator, wait for the others, warm up, measure."""
     os.dup2(2, 1)  # stdout belongs to the parent's JSON
+    die_with_parent()   # a simulator left alone would retry its server for ever
     try:
         sim = SIMS[sim_kind](address, transport, seed=idx)
         barrier.wait(timeout=120)  # all simulators of a case start together

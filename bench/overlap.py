@@ -25,21 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import proc_cpu_s  # noqa: E402
 from simbridge.trainer.run import reporting  # noqa: E402
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
 from simbridge.trainer.run.rundir import METRICS  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 NET = "hidden = [128, 128], batch_size = 128, n_step = 3, lr = 5e-4"
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def children(pid: int) -> list:
@@ -80,10 +71,10 @@ def run_mode(mode: str, window: float, tmp: Path) -> dict:
             time.sleep(0.2)
         learners = [k for k in children(daemon.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
         pids = {"daemon": [daemon.pid], "learner": learners, "sim": [sim.pid]}
-        before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+        before = {k: sum(proc_cpu_s(p) or 0.0 for p in v) for k, v in pids.items()}
         s0, t0 = env_steps(logdir), time.monotonic()
         time.sleep(window)
-        after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+        after = {k: sum(proc_cpu_s(p) or 0.0 for p in v) for k, v in pids.items()}
         n, dt = env_steps(logdir) - s0, time.monotonic() - t0
         out = {"steps_per_s": round(n / dt, 1), "env_steps": n}
         for k in pids:
