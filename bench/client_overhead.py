@@ -62,9 +62,8 @@ def main(argv=None):
         n = args.slots
         space = gym.make("CartPole-v1").observation_space
         client = SlotClient(address, space, gym.spaces.Discrete(2), n, client_name="overhead")
-        os.environ[STREAM_ENV] = "iterator"
-        before = SlotClient(address, space, gym.spaces.Discrete(2), n, client_name="overhead-iterator")
-        del os.environ[STREAM_ENV]
+        with harness.environ(**{STREAM_ENV: "iterator"}):
+            before = SlotClient(address, space, gym.spaces.Discrete(2), n, client_name="overhead-iterator")
         assert type(before._conn._stream) is IteratorStream
         obs, ones, no = np.zeros((n, 4), np.float32), np.ones(n, np.float32), np.zeros(n, bool)
         client.step(obs)
