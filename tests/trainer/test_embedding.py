@@ -3,6 +3,7 @@ moved to a temporary directory), with a real simulator process between its halve
 run left: the effective config with the overrides, TensorBoard's hparams and the new scalars."""
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from simbridge.trainer.config.trainer_config import load_config
@@ -57,3 +58,27 @@ def test_the_readme_embedding_example_runs_as_written(tmp_path, monkeypatch):
     scalars = set(ea.Tags()["scalars"])
     assert {"env/return_mean_10/default_policy", "env/episode_length_mean_10/default_policy",
             "learner/default_policy/lr"} <= scalars, scalars
+
+
+def test_the_readme_embedding_example_saved_as_a_script_runs_once(tmp_path):
+    """Issue 27 #2: the block saved as a file and run with `python file.py`, as a user runs it: no
+    `if __name__ == "__main__":` guard. The learner processes (multiprocessing spawn) used to run
+    the script again: a second daemon, then multiprocessing's bootstrapping RuntimeError. Here a
+    simulator between the halves makes the learner process train, in a fresh interpreter."""
+    code = _example().replace('"runs/scripted"', repr(str(tmp_path / "scripted")))
+    code = code.replace('"trainer/configs/cartpole_dqn.toml"', repr(str(ROOT / "trainer/configs/cartpole_dqn.toml")))
+    sim = ("import subprocess, sys\n"
+           "subprocess.run([sys.executable, '-m', 'simbridge.sims.gym_sim', '--address', daemon.address, "
+           "'--episodes', '20', '--quiet', '--seed', '1'], check=True, timeout=180)\n"
+           "print('exit code', daemon.exit_code)\n")
+    code = code.replace("# ... simulators connect to daemon.address and learn ...\n", sim)
+    assert sim in code and "__main__" not in code
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env=child_env(), cwd=tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 0, both
+    assert both.count("listening on") == 1, both
+    assert "bootstrapping" not in both and "Traceback" not in both, both
+    assert "exit code 0" in out.stdout, both

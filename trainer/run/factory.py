@@ -16,6 +16,7 @@ from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config.trainer_config import TrainerConfig
 from simbridge.trainer.config.algorithms import resolve_algorithm
 from simbridge.trainer.learners.base import Learner, trains
+from simbridge.trainer.run.learner_process import refuse_in_learner_bootstrap
 from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
 
 log = logging.getLogger("simbridge.trainer")
@@ -32,6 +33,8 @@ class PolicyFactory:
     lock of the runtime's is assumed held). `build` is the same without the refusal's wording."""
 
     def __init__(self, cfg: TrainerConfig):
+        # The daemon's first act: in a learner process re-running an unguarded script, stop here.
+        refuse_in_learner_bootstrap()
         self.cfg = cfg
         self.classes = {pid: resolve_algorithm(spec, cfg.source) for pid, spec in cfg.policies.items()}
         # A learner seeds torch's global generator, then draws its initial weights from it:

@@ -25,10 +25,12 @@ Between the two: a pipe carrying bytes only. Rows go in the journal's record for
 and raw arrays, trainer/run/journal.py); states and weights as torch.save bytes, read back with
 torch's safe loader (weights_only=True). Experience is never pickled.
 """
+import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import signal
+import sys
 import time
 import traceback
 from typing import List, Optional, Tuple
@@ -78,7 +80,11 @@ class LearnerProcess:
         # the limiter reads it from RPC threads.
         self._report = (0, self._sent)
         self._dead: Optional[str] = None
-        self.proc, self.conn = child or spawn_child()
+        needs_main = type(learner).__module__ == "__main__"
+        if child is not None and needs_main:   # a spare started without the caller's script: no use here
+            child[1].close()
+            child = None
+        self.proc, self.conn = child or spawn_child(with_main=needs_main)
         init = {"cls": _class_path(type(learner)), "obs": space_bytes(learner.observation_space),
                 "act": space_bytes(learner.action_space), "config": dict(learner.config),
                 "device": str(learner.device), "torch_threads": int(torch_threads),
@@ -195,15 +201,49 @@ class LearnerProcess:
 Child = Tuple[mp.process.BaseProcess, mp.connection.Connection]
 
 
-def spawn_child() -> Child:
+def spawn_child(with_main: bool = False) -> Child:
     """A learner process, started: it imports torch and waits for its learner. Spawned ahead of
-    need, its seconds of imports do not hold up the loop when a policy's first rows come."""
+    need, its seconds of imports do not hold up the loop when a policy's first rows come.
+    with_main: the learner's class is defined in the caller's script, which the child must then
+    run again (as multiprocessing's spawn always does; the script needs its __main__ guard)."""
     ctx = mp.get_context("spawn")   # never fork: the parent runs gRPC threads
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=_child_main, args=(child_conn,), name="simbridge-learner", daemon=True)
-    proc.start()
+    with contextlib.nullcontext() if with_main else _callers_script_hidden():
+        proc.start()
     child_conn.close()
     return proc, conn
+
+
+@contextlib.contextmanager
+def _callers_script_hidden():
+    """spawn runs the parent's __main__ again in the child (by its __spec__ name, or its
+    __file__), so that pickled functions and classes of the script resolve there. The child's
+    target lives in this module: without this, a script that embeds the trainer without an
+    `if __name__ == "__main__":` guard started a second daemon in every learner process, which
+    then failed in multiprocessing's bootstrapping (README, "Run the trainer from a script").
+    The preparation data is read in start(); the two attributes are back right after."""
+    main = sys.modules.get("__main__")
+    hidden = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    for k in hidden:
+        if k == "__spec__":
+            main.__spec__ = None
+        else:
+            del main.__dict__[k]
+    try:
+        yield
+    finally:
+        main.__dict__.update(hidden)
+
+
+def refuse_in_learner_bootstrap() -> None:
+    """Raises when called while a learner process runs the caller's script again (a learner
+    class defined in the script): the script's daemon would start once more in every child."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError("a learner process is running your script again, because its learner class is "
+                           "defined there (multiprocessing spawn imports the script): put the code that starts "
+                           "the trainer under `if __name__ == \"__main__\":`, or move the learner class to a "
+                           "module of its own")
 
 
 def wait_any(processes: List[LearnerProcess], timeout: float) -> None:
