@@ -65,6 +65,10 @@ class RunSection:
     checkpoint_every_env_steps: int = 10_000
     keep_replay_in_checkpoint: bool = False
     device: str = "auto"
+    # Where the policies' acting copies run the simulators' forward passes: "auto" (the CPU for small
+    # networks on flat observations, the learner's device for large ones or images), "cpu", or
+    # "learner" (the learner's device). trainer/learners/placement.py
+    acting_device: str = "auto"
     total_env_steps: int = 0
     seed: Optional[int] = None
     print_every_s: float = 2.0
@@ -99,6 +103,9 @@ class RunSection:
         if self.max_updates_behind < 1:
             raise ConfigError(f"{where}: [run] max_updates_behind must be >= 1 (updates a learner process may "
                               f"owe before intake waits)")
+        if self.acting_device not in ("auto", "cpu", "learner"):
+            raise ConfigError(f"{where}: [run] acting_device = {self.acting_device!r}: use \"auto\" (the CPU for "
+                              f"small networks, the learner's device for large ones), \"cpu\" or \"learner\"")
         dev = self.device
         if not (dev in ("auto", "cpu", "mps") or dev == "cuda" or dev.startswith("cuda:")):
             raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
