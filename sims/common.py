@@ -6,11 +6,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
+from simbridge.client.stopping import Stopped, stop_waiting
 from simbridge.client.policy_client import SessionLost
 from simbridge.client.security import ClientSecurity, SecuritySettingError
 from simbridge.wire.errors import BridgeError, Reason
@@ -33,8 +34,10 @@ def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final JSON summary")
     p.add_argument("--print-every", type=int, default=print_every, metavar="N",
                    help="a progress line every N episodes (default: %(default)s)")
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds to wait for the server at startup (default: %(default)s)")
+    p.add_argument("--connect-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds to wait at startup for a server to listen (a trainer started beside the "
+                        "simulator binds its port within seconds, then holds its calls until it serves; "
+                        "default: %(default)s)")
     g = p.add_argument_group("security (docs/security.md)")
     g.add_argument("--tls-ca", metavar="PEM", default="",
                    help="connect with TLS, verifying the server with these root certificates")
@@ -54,6 +57,9 @@ def client_security(args) -> ClientSecurity:
 
 class StopFlag:
     """Set by SIGTERM / SIGINT: the loop ends its open episodes (truncated) and exits cleanly.
+    The clients stop waiting for the server at once (simbridge.client.connection.stop_waiting):
+    a simulator connecting, reconnecting or waiting for an answer that does not come stops within
+    a second, saying what it was waiting for.
 
     A second SIGINT raises KeyboardInterrupt for an impatient user.
     """
@@ -73,6 +79,7 @@ class StopFlag:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
         self._event.set()
+        stop_waiting()
 
     def set(self) -> None:
         self._event.set()
@@ -98,6 +105,7 @@ class Stats:
         self.recent = collections.deque(maxlen=window)
         self.agent_returns: Dict[str, list] = collections.defaultdict(list)
         self.connected = False
+        self.kept: Dict[str, object] = {}   # the body's clients, across its runs (keep_client)
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_steps = 0
@@ -148,12 +156,26 @@ def cast_to_space(space: gym.Space, value):
     return value
 
 
+Client = TypeVar("Client")
+
+
+def keep_client(stats: Stats, make: Callable[[], Client], key: str = "") -> Client:
+    """The body's client `key`, made on the body's first run. After SessionLost the client is
+    already on its new session and run_cli runs the body again: it gets the same client back,
+    so that one reconnect makes one session (a new client would open a second)."""
+    if key not in stats.kept:
+        stats.kept[key] = make()
+    return stats.kept[key]
+
+
 def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) -> int:
     """Run a simulator body; map BridgeError to exit 2 with its message (no traceback).
 
     When the server restarted (a trainer daemon resumed from its checkpoint),
     the client reconnects but the open episodes are gone: the body runs again
-    with new episodes, keeping the counts, instead of exiting."""
+    with new episodes, keeping the counts, instead of exiting (on the same client and its
+    new session where the body keeps it: keep_client). Stopped by a signal while waiting for
+    the server (connecting, reconnecting, or an answer that does not come): exit 0 at once."""
     stop = StopFlag().install()
     try:
         while True:
@@ -161,11 +183,18 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
                 extra = body(stop, stats) or {}
                 break
             except SessionLost as e:
-                e.close_connection()  # the body starts over with a client of its own
+                kept = e.new_session_id is not None and any(
+                    getattr(c, "session_id", None) == e.new_session_id for c in stats.kept.values())
+                if stop or not kept:
+                    e.close_connection()  # the body starts over with a client of its own
                 if stop:
                     extra = {}
                     break
                 print(f"{prog}: {e.message}; going on with new episodes", file=sys.stderr, flush=True)
+    except Stopped as e:
+        print(f"{prog}: {e.message} ({stop.signal_name or 'a signal'})", file=sys.stderr, flush=True)
+        print(json.dumps(stats.summary(stopped=e.message)), flush=True)
+        return 0
     except SecuritySettingError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -36,7 +36,9 @@ import numpy as np
 from simbridge.wire import tree
 from simbridge.client.policy_client import PolicyClient
 from simbridge.client.external_env import ExternalEnv
-from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, client_security, run_cli
+from simbridge.client.connection import SessionLost
+from simbridge.sims.common import (Stats, StopFlag, add_common_args, cast_to_space, client_security, keep_client,
+                                   run_cli)
 
 PROG = "simbridge-sim"
 
@@ -88,6 +90,9 @@ class GymExternalEnv(ExternalEnv):
         self.rng = np.random.default_rng(args.seed)
         if args.seed is not None:
             env.action_space.seed(args.seed)
+
+    def _make_client(self):
+        return keep_client(self.stats, super()._make_client)
 
     def run(self) -> None:
         env, args, stats = self.env, self.args, self.stats
@@ -147,7 +152,7 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
     """K envs stepped together; per-slot auto-reset."""
     k = len(envs)
     obs_space, act_space = envs[0].observation_space, envs[0].action_space
-    client = PolicyClient(args.address, obs_space, act_space, **_client_kwargs(args, k))
+    client = keep_client(stats, lambda: PolicyClient(args.address, obs_space, act_space, **_client_kwargs(args, k)))
     stats.connected = True
     budget = _Budget(args, stats, stop)
     rng = np.random.default_rng(args.seed)
@@ -292,8 +297,9 @@ def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
     from simbridge.client.slot_client import SlotClient
 
     k = len(batched.envs) if hasattr(batched, "envs") else batched.n
-    client = SlotClient(args.address, batched.observation_space, batched.action_space, k,
-                        training_enabled=not args.no_training, evaluation=args.eval, **_client_kwargs(args, k))
+    client = keep_client(stats, lambda: SlotClient(
+        args.address, batched.observation_space, batched.action_space, k, training_enabled=not args.no_training,
+        evaluation=args.eval, **_client_kwargs(args, k)))
     stats.connected = True
     returns = np.zeros(k)
     obs = batched.reset()
@@ -330,6 +336,8 @@ def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
             client.close(rewards, term, trunc, last)
         else:
             client.close()
+    except SessionLost:
+        raise   # the client goes on with its new session: run_cli runs this again on it
     except BaseException:
         client.close()
         raise

@@ -33,7 +33,8 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client.policy_client import MultiAgentPolicyClient
-from simbridge.sims.common import Stats, StopFlag, add_common_args, cast_to_space, client_security, run_cli
+from simbridge.sims.common import (Stats, StopFlag, add_common_args, cast_to_space, client_security, keep_client,
+                                   run_cli)
 
 PROG = "simbridge-multiagent-sim"
 
@@ -43,10 +44,10 @@ NIM_OBS_SPACE = gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
 NIM_ACT_SPACE = gym.spaces.Discrete(3)
 
 
-def _client(args, obs_space, act_space, name: str) -> MultiAgentPolicyClient:
-    return MultiAgentPolicyClient(args.address, obs_space, act_space, transport=args.transport,
-                                  connect_timeout_s=args.connect_timeout, client_name=f"{PROG}[{name}]",
-                                  security=client_security(args))
+def _client(args, stats: Stats, obs_space, act_space, name: str) -> MultiAgentPolicyClient:
+    return keep_client(stats, lambda: MultiAgentPolicyClient(
+        args.address, obs_space, act_space, transport=args.transport, connect_timeout_s=args.connect_timeout,
+        client_name=f"{PROG}[{name}]", security=client_security(args)))
 
 
 def _may_start(args, stop: StopFlag, started: int) -> bool:
@@ -61,7 +62,7 @@ def run_simultaneous(args, stats: Stats, stop: StopFlag) -> dict:
     for i, a in enumerate(aids):
         if args.seed is not None:
             envs[a].action_space.seed(args.seed + i)
-    client = _client(args, obs_space, act_space, f"multi-cartpole x{len(aids)}")
+    client = _client(args, stats, obs_space, act_space, f"multi-cartpole x{len(aids)}")
     stats.connected = True
     seed = args.seed
     started = 0
@@ -122,7 +123,7 @@ def nim_obs(stones: int, player: int) -> np.ndarray:
 
 def run_turn_based(args, stats: Stats, stop: StopFlag) -> dict:
     rng = np.random.default_rng(args.seed)
-    client = _client(args, NIM_OBS_SPACE, NIM_ACT_SPACE, "nim")
+    client = _client(args, stats, NIM_OBS_SPACE, NIM_ACT_SPACE, "nim")
     stats.connected = True
     started = 0
     first_mover_wins = 0

@@ -2,6 +2,7 @@
 no server module).
 
     connection.py     the connection engine: channel, session, seq, reconnect, resend, retry policy
+    stopping.py       a process that stops (Ctrl-C) waits for no server: stop_waiting, Stopped
     security.py       ClientSecurity: TLS, mutual TLS and the bearer token every client takes
     policy_client.py  PolicyClient, MultiAgentPolicyClient (remote inference), on row_calls.py
                       (their connection, queued rewards and open episodes)

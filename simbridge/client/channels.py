@@ -5,10 +5,13 @@ Several addresses come as a list or "h1:p1,h2:p2" (`parse_addresses`). A client 
 `start_index`: a hash of the host name and process id, plus one for each client this process made
 before, so simulator processes spread over the addresses and the clients of one process go round
 them. An address a client of this process moved away from (`mark_down`) is tried last for 30 s.
+
+A process that is stopping (simbridge.client.stopping) gives up waiting for a server at once.
 """
 import errno
 import itertools
 import logging
+import math
 import os
 import socket
 import stat
@@ -18,8 +21,10 @@ import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from simbridge.client.security import ClientSecurity
+from simbridge.client.stopping import Stopped, check_stopping
 from simbridge.wire.addresses import address_problem, grpc_address, is_unix, unix_path
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
@@ -115,11 +120,13 @@ def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[st
     try:
         while True:
             for a in list(pending):
+                check_stopping(f"waiting for a simbridge trainer at {', '.join(addresses)}")
                 if pending[a] is None:
                     pending[a] = _new_channel(a, security)
                     ready[a] = grpc.channel_ready_future(pending[a])
                 try:
                     ready[a].result(timeout=max(0.0, min(0.3, deadline - time.monotonic())))
+                    say_if_starting(pending[a], a)
                     return a, security.wrap(pending.pop(a))
                 except grpc.FutureTimeoutError:
                     pass
@@ -173,10 +180,19 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
     told, wait_s = False, 0.3   # a first look soon: an HTTP server there fails at once
     while True:
         try:
-            ready.result(timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
-            return security.wrap(channel)
-        except grpc.FutureTimeoutError:
-            pass
+            # In steps of at most 0.25 s: a process that stops gives up the wait within that.
+            for _ in range(max(1, math.ceil(wait_s / 0.25))):
+                check_stopping(f"waiting for the simbridge trainer at {address}")
+                try:
+                    ready.result(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+                    say_if_starting(channel, address)
+                    return security.wrap(channel)
+                except grpc.FutureTimeoutError:
+                    pass
+        except Stopped:
+            ready.cancel()
+            close_unwatched(channel)
+            raise
         what, hopeless = diagnose(address, security.uses_tls)
         if hopeless or time.monotonic() >= deadline:
             ready.cancel()
@@ -191,6 +207,18 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
             told = True
             log.warning("no simbridge trainer at %s yet: %s; waiting up to %.0f s for one: %s", address, what,
                         connect_timeout_s, fix)
+
+
+def say_if_starting(channel: grpc.Channel, address: str) -> None:
+    """A trainer still starting listens and answers health NOT_SERVING, holding calls until it
+    serves (trainer/run/listen.py): say so, since the client's first call will wait."""
+    try:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2.0).status
+    except grpc.RpcError:   # no health service, or an old server: nothing to say
+        return
+    if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+        log.warning("the simbridge trainer at %s is still starting (loading torch and its learners): this client "
+                    "waits until it serves", address)
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:

@@ -24,6 +24,9 @@ episodes. Exactly once across hosts: a request whose answer never came is NOT re
 new server (its seq belonged to the old session: the old server applied it or not, and counted
 it or not, alone); it is dropped with the old session's episodes.
 
+Stopping: once the process stops (simbridge.client.stopping: a simulator's Ctrl-C), a client
+gives up connecting, reconnecting and an answer that does not come, with `Stopped`.
+
 The engine knows nothing of what the requests carry: a client that wants to act when one of
 its requests fails (the policy client logs the rewards it carried on their own) passes
 `on_failed`, called with the failed request's kind and message before the error is raised.
@@ -39,6 +42,7 @@ import grpc
 from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
                                        close_unwatched, connect_any, connect_first, diagnose, mark_down,
                                        open_channel, parse_addresses)
+from simbridge.client.stopping import Stopped, check_stopping, pause, stop_waiting, watch  # noqa: F401
 from simbridge.client.direct_stream import open_stream
 from simbridge.client.security import ClientSecurity
 from simbridge.client.shm_channel import open_shm, split_address
@@ -59,12 +63,14 @@ _FRAMING_BYTES = 1024  # request header + stream envelope, generously
 class SessionLost(BridgeError):
     """The server no longer knows this client's session (it restarted or expired it).
 
-    The client goes on with a new session; `close_connection()` closes it instead."""
+    The client goes on with a new session (`new_session_id`; None: the client cannot, start over
+    with a new one); `close_connection()` closes it instead."""
 
     def __init__(self, code: grpc.StatusCode, message: str, reason: Optional[int] = None,
-                 close_connection: Optional[Callable[[], None]] = None):
+                 close_connection: Optional[Callable[[], None]] = None, new_session_id: Optional[str] = None):
         super().__init__(code, message, reason)
         self._close_connection = close_connection
+        self.new_session_id = new_session_id
 
     def close_connection(self) -> None:
         """Close the client whose session was lost (for callers that start over with a new one)."""
@@ -94,7 +100,8 @@ class Backoff:
             self._since = now
         if now - self._since >= (self.patience_s if patience_s is None else patience_s):
             return False
-        time.sleep(self._delay)
+        if not pause(self._delay):   # the process is stopping: no more attempts
+            return False
         self._delay = min(self._delay * 2, self._max_s)
         return True
 
@@ -152,12 +159,47 @@ class Connection:
         address, self._shm_path = split_address(address)   # shm+unix:PATH: the stream through shared memory
         if transport != "stream":
             self._shm_path = None    # unary calls go on gRPC over the Unix socket
+        self._waiting = None   # (since when, what to cancel) while a call waits for its answer
+        watch(self)
         self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
         self._stub = self._make_stub()
         self._stream = None    # direct_stream's DirectStream (or IteratorStream): serialized messages
-        self.session = self._open_session(resume=None)
+        try:
+            self.session = self._open_session(resume=None)
+        except BridgeError:
+            check_stopping(f"opening a session with the simbridge trainer at {self.address}")
+            raise
         self.session_id = self.session.session_id
         self.reconnects = 0
+
+    # -------------------------------------------------------------- waits
+
+    def _wait(self, answer, cancel):
+        """answer(): a call's answer; the stop watchdog may cancel() the wait (see the module doc)."""
+        self._waiting = (time.monotonic(), cancel)
+        try:
+            return answer()
+        except grpc.RpcError:
+            check_stopping(f"waiting for an answer from the simbridge trainer at {self.address}")
+            raise
+        finally:
+            self._waiting = None
+
+    def _recv(self) -> bytes:
+        return self._wait(self._stream.recv, self._stream.cancel_from_another_thread)
+
+    def _unary_call(self, method, request):
+        # A blocking call is cancelled by closing its channel: the client is done once stopped.
+        return self._wait(lambda: method(request), self._channel.close)
+
+    def give_up_wait(self, cutoff: float) -> None:
+        """The stop watchdog's (another thread's): cancel a wait that began before `cutoff`."""
+        waiting = self._waiting
+        if waiting is not None and waiting[0] < cutoff:
+            try:
+                waiting[1]()
+            except Exception:   # a call that ended meanwhile
+                pass
 
     # -------------------------------------------------------------- session
 
@@ -171,13 +213,16 @@ class Connection:
         if resume:
             req.resume_session_id = resume
         if self.transport == "unary":
-            return call_unary(self._stub.CreateSession, req)
+            try:
+                return self._unary_call(self._stub.CreateSession, req)
+            except grpc.RpcError as e:
+                raise BridgeError.from_rpc_error(e) from None
         service = "ExternalMultiAgentEnv" if self._service == "multi" else "ExternalEnv"
         try:
             self._stream = open_stream(self._channel, f"/{pb.DESCRIPTOR.package}.{service}/Stream",
                                        self._security.metadata())
             self._stream.send(pb.StreamRequest(create_session=req).SerializeToString())
-            resp = pb.StreamResponse.FromString(self._stream.recv())
+            resp = pb.StreamResponse.FromString(self._recv())
         except grpc.RpcError as e:
             raise BridgeError.from_rpc_error(e) from None
         if resp.HasField("error"):
@@ -191,6 +236,8 @@ class Connection:
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"connection to {self.address} lost while closing")
         others = len(self.addresses) > 1
         backoff = Backoff(min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s)
+        doing = f"reconnecting to the simbridge trainer at {self.address}"
+        check_stopping(doing)
         log.warning("connection to %s broke (%s); reconnecting", self.address, rpc_failure(cause))
         while True:
             if self._stream is not None:
@@ -199,6 +246,7 @@ class Connection:
                 resp = self._open_session(resume=self.session_id)
                 break
             except BridgeError as e:
+                check_stopping(doing)
                 if e.code in RETRYABLE and others:
                     # A closed port has lost the session for good (a restarted server would not know
                     # it either): move at once; anything else gets FAILOVER_AFTER_S to come back.
@@ -208,6 +256,7 @@ class Connection:
                     self._move(what)
                 if e.code in RETRYABLE and backoff.wait():
                     continue
+                check_stopping(doing)
                 why = e.message if e.code not in RETRYABLE else diagnose(self.address)[0]
                 raise BridgeError(grpc.StatusCode.UNAVAILABLE,
                                   f"lost the simbridge trainer at {self.address} and could not reconnect "
@@ -223,7 +272,7 @@ class Connection:
             raise SessionLost(grpc.StatusCode.UNAVAILABLE,
                               f"the server no longer had session {old} (restarted or expired): its open "
                               f"episodes are gone; start new episodes (new session {resp.session_id})",
-                              close_connection=self.close)
+                              close_connection=self.close, new_session_id=resp.session_id)
         log.warning("resumed session %s; resending %d requests", self.session_id, len(self._outstanding))
         if self.transport == "stream":
             try:
@@ -259,7 +308,8 @@ class Connection:
         raise SessionLost(grpc.StatusCode.UNAVAILABLE,
                           f"the bridge at {old} went away ({why}); moved to {self.address} (new session "
                           f"{self.session_id}); the {ended} open episode(s) of session {old_session} ended with "
-                          f"the old one: start new episodes", close_connection=self.close)
+                          f"the old one: start new episodes", close_connection=self.close,
+                          new_session_id=self.session_id)
 
     # -------------------------------------------------------------- calls
 
@@ -323,7 +373,7 @@ class Connection:
         method = getattr(self._stub, _UNARY_NAMES[kind])
         while True:
             try:
-                return method(msg)
+                return self._unary_call(method, msg)
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE:
                     self._raise_failed(BridgeError.from_rpc_error(e), kind, msg)
@@ -333,7 +383,7 @@ class Connection:
     def _read_until(self, seq: int):
         while True:
             try:
-                resp = pb.StreamResponse.FromString(self._stream.recv())
+                resp = pb.StreamResponse.FromString(self._recv())
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE:
                     # The server ended the stream on purpose: resending would fail again. Say

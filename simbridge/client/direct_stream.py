@@ -11,8 +11,8 @@ It uses grpcio's Cython layer (`grpc._cython.cygrpc`: `segregated_call`, the ope
 classes), which grpcio does not promise to keep: `open_stream` falls back to the public API (a
 queue-fed request iterator, `IteratorStream`) when that layer is not there, and
 SIMBRIDGE_GRPC_STREAM=iterator asks for the fallback (bench/throughput.py measures both).
-Both kinds have the same four methods: send(bytes), recv() -> bytes, close(), cancel(); a
-failed stream raises a grpc.RpcError with code(), details() and trailing_metadata().
+Both kinds have the same five methods: send(bytes), recv() -> bytes, close(), cancel(), and
+cancel_from_another_thread() (a recv waiting on the stream then fails, CANCELLED); a failed stream raises a grpc.RpcError with code(), details() and trailing_metadata().
 """
 import logging
 import os
@@ -129,6 +129,9 @@ class IteratorStream:
         self._responses.cancel()
         self._q.put(None)
 
+    def cancel_from_another_thread(self) -> None:
+        self._responses.cancel()
+
 
 class DirectStream:
     """One bidirectional call whose events the calling thread reads itself. Not thread-safe: a
@@ -217,6 +220,12 @@ class DirectStream:
         """End the call. The caller has read every answer it wanted (a Connection closes its
         session first), so the server hears a cancelled stream, as from a client gone away."""
         self.cancel()
+
+    def cancel_from_another_thread(self) -> None:
+        """Cancel the call only (gRPC's cancel is thread-safe): the reading thread gets its status
+        event and fails, as it would for a server's cancel, and drains the rest itself."""
+        self._call.cancel(_common.STATUS_CODE_TO_CYGRPC_STATUS_CODE[grpc.StatusCode.CANCELLED],
+                          "given up: the process is stopping")
 
     def cancel(self) -> None:
         if "status" in self._due:

@@ -6,8 +6,8 @@ and receives the region's fds (simbridge.wire.shm_ring). From then on its reques
 answers (the same serialized StreamRequest / StreamResponse bytes) go through the rings; the
 gRPC stream stays open beside them, idle, as the session's stream.
 
-`ShmStream` has the four methods of the client's gRPC streams (direct_stream.py): send(bytes),
-recv() -> bytes, close(), cancel(); a failed channel raises StreamFailed (a grpc.RpcError,
+`ShmStream` has the five methods of the client's gRPC streams (direct_stream.py): send(bytes),
+recv() -> bytes, close(), cancel(), cancel_from_another_thread(); a failed channel raises StreamFailed (a grpc.RpcError,
 UNAVAILABLE), so the Connection reconnects, resumes the session and resends what is unanswered,
 exactly as after a broken gRPC stream.
 """
@@ -123,6 +123,12 @@ class ShmStream:
 
     def close(self) -> None:
         self.cancel()
+
+    def cancel_from_another_thread(self) -> None:
+        """A recv waiting on the rings wakes (its poll watches the socket) and fails."""
+        sock = self._sock
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def cancel(self) -> None:
         if self._sock is None:

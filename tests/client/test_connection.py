@@ -75,7 +75,7 @@ def test_one_retry_policy_connection_failures_only():
 
 def test_backoff_doubles_up_to_its_cap_within_its_patience(monkeypatch):
     slept, now = [], [100.0]
-    monkeypatch.setattr(connection.time, "sleep", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    monkeypatch.setattr(connection, "pause", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s), True)[-1])
     monkeypatch.setattr(connection.time, "monotonic", lambda: now[0])
     b = Backoff(patience_s=2.0, first_s=0.25, max_s=1.0)
     while b.wait():
