@@ -9,12 +9,14 @@ PPO (8 envs, 32 steps, 20 epochs, minibatch 256, gamma 0.98, lambda 0.8, lr 1e-3
 
     python docs/examples/cleanrl_ppo_cartpole.py              # starts 2 simulators, 4 slots each
 
-Prints one JSON line: env steps, the last 100 episodes' mean return, whether --target was reached.
+Prints a progress line every --print-every seconds (env steps, episodes, mean return of the last
+100), then one JSON line: env steps, the last 100 episodes' mean return, whether --target was reached.
 """
 import argparse
 import collections
 import json
 import time
+from typing import Optional
 
 import gymnasium as gym
 import numpy as np
@@ -22,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
+from simbridge.trainer.adapters.progress import Progress
 from simbridge.trainer.run.launch import Proc, python_module
 from simbridge.trainer.adapters.vector_env import BridgeVectorEnv
 
@@ -51,7 +54,8 @@ class Agent(nn.Module):
 
 
 def train(envs, total_steps: int, target: float, seed: int, num_steps: int = 32, epochs: int = 20,
-          minibatch: int = 256, gamma: float = 0.98, lam: float = 0.8, lr: float = 1e-3, clip: float = 0.2) -> dict:
+          minibatch: int = 256, gamma: float = 0.98, lam: float = 0.8, lr: float = 1e-3, clip: float = 0.2,
+          progress: Optional[Progress] = None) -> dict:
     torch.manual_seed(seed)
     n = envs.num_envs
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.n)
@@ -62,7 +66,7 @@ def train(envs, total_steps: int, target: float, seed: int, num_steps: int = 32,
     ep_ret = np.zeros(n)
     obs, _ = envs.reset(seed=seed)
     obs = torch.as_tensor(obs)
-    steps, t0, reached = 0, time.monotonic(), None
+    steps, episodes, t0, reached = 0, 0, time.monotonic(), None
     iterations = total_steps // (num_steps * n)
     for it in range(iterations):
         frac = 1.0 - it / iterations
@@ -77,6 +81,7 @@ def train(envs, total_steps: int, target: float, seed: int, num_steps: int = 32,
             boot = np.zeros(n, np.float32)   # SAME_STEP: a truncated episode's value is its final obs's
             for i in np.flatnonzero(term | trunc):
                 returns.append(ep_ret[i])
+                episodes += 1
                 ep_ret[i] = 0.0
                 if trunc[i] and not term[i]:
                     with torch.no_grad():
@@ -86,6 +91,8 @@ def train(envs, total_steps: int, target: float, seed: int, num_steps: int = 32,
             rew_buf[s] = torch.as_tensor(reward + boot, dtype=torch.float32)
             done_buf[s] = torch.as_tensor(term | trunc, dtype=torch.float32)
             obs = torch.as_tensor(nxt)
+            if progress is not None:
+                progress.update(steps, episodes, returns)
         if len(returns) == returns.maxlen and np.mean(returns) >= target:
             reached = steps
             break
@@ -112,6 +119,8 @@ def train(envs, total_steps: int, target: float, seed: int, num_steps: int = 32,
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
                 opt.step()
+    if progress is not None:
+        progress.update(steps, episodes, returns, force=True)
     return {"reached": reached is not None, "env_steps": steps, "steps_to_target": reached,
             "mean_return_100": float(np.mean(returns)) if returns else None,
             "wall_s": round(time.monotonic() - t0, 2)}
@@ -125,6 +134,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--total-steps", type=int, default=150_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-every", type=float, default=5.0, metavar="S", help="seconds between progress lines")
     a = p.parse_args(argv)
     torch.set_num_threads(1)   # a 64x64 MLP: more threads only contend with the simulators
     single = gym.make("CartPole-v1")
@@ -133,10 +143,13 @@ def main(argv=None) -> int:
     sims = [Proc(f"sim{i}", python_module("simbridge.sims.gym_sim", "--address", envs.address, "--slots", a.slots,
                                           "--seed", a.seed + 100 * i, "--quiet"))
             for i in range(a.sims)]
+    progress = Progress("cleanrl_ppo_cartpole", a.print_every)
+    progress.say(f"listening on {envs.address}; waiting for simulators whose --slots add up to {num_envs}"
+                 + (f" (starting {a.sims} x --slots {a.slots} here)" if a.sims else ""))
     try:
-        out = train(envs, a.total_steps, a.target, a.seed)
+        out = train(envs, a.total_steps, a.target, a.seed, progress=progress)
     finally:
-        envs.close()
+        envs.close()   # the simulators hear that training is over: they stop (exit 0)
         for s in sims:
             s.stop()
     print(json.dumps({"sims": a.sims, "slots": a.slots, **out}))

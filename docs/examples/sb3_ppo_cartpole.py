@@ -9,22 +9,25 @@ separate `simbridge-sim` processes stepping their own CartPoles, 4 slots each:
     simbridge-sim --address 127.0.0.1:50051 --slots 4
 
 It stops when the mean return of the last 100 training episodes reaches --target (SB3's
-`ep_rew_mean`, from VecMonitor) or after --max-steps env steps, and prints one JSON line.
+`ep_rew_mean`, from VecMonitor) or after --max-steps env steps. A progress line every
+--print-every seconds (env steps, episodes, mean return of the last 100), then one JSON line.
 PPO's settings are rl-zoo's for CartPole-v1 (8 envs, n_steps 32, batch 256, 20 epochs,
 gamma 0.98, GAE lambda 0.8, lr and clip range linear from 1e-3 and 0.2). Needs the sb3 extra.
 """
 import argparse
 import json
 import time
+from typing import Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3 import PPO
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.vec_env import VecMonitor
 
 from simbridge.trainer.run.launch import Proc, python_module
+from simbridge.trainer.adapters.progress import Progress
 from simbridge.trainer.adapters.sb3 import SB3VecEnv
 from simbridge.trainer.adapters.vector_env import BridgeVectorEnv
 
@@ -60,12 +63,31 @@ class StopAtMeanReturn(BaseCallback):
         return True
 
 
-def learn(venv, target: float, max_steps: int, seed: int) -> dict:
+class PrintProgress(BaseCallback):
+    """The progress line, from VecMonitor's episodes."""
+
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self.progress, self.episodes = progress, 0
+
+    def _on_step(self) -> bool:
+        self.episodes += sum("episode" in info for info in self.locals["infos"])
+        self.progress.update(self.num_timesteps, self.episodes, self._recent())
+        return True
+
+    def _on_training_end(self) -> None:
+        self.progress.update(self.num_timesteps, self.episodes, self._recent(), force=True)
+
+    def _recent(self):
+        return [e["r"] for e in list(self.model.ep_info_buffer)[-100:]]
+
+
+def learn(venv, target: float, max_steps: int, seed: int, progress: Optional[Progress] = None) -> dict:
     """PPO on an SB3 VecEnv until the target or the step budget; the run's figures."""
     model = rl_zoo_ppo(VecMonitor(venv), seed)
     stop = StopAtMeanReturn(target)
     t0 = time.monotonic()
-    model.learn(max_steps, callback=stop)
+    model.learn(max_steps, callback=stop if progress is None else CallbackList([stop, PrintProgress(progress)]))
     return {"reached": stop.reached_at is not None, "env_steps": int(model.num_timesteps),
             "steps_to_target": stop.reached_at, "mean_return_100": stop.mean_return(),
             "wall_s": round(time.monotonic() - t0, 2)}
@@ -79,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--max-steps", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-every", type=float, default=5.0, metavar="S", help="seconds between progress lines")
     a = p.parse_args(argv)
     torch.set_num_threads(1)   # a 64x64 MLP: more threads only contend with the simulators
     space = gym.make("CartPole-v1")
@@ -87,10 +110,13 @@ def main(argv=None) -> int:
     sims = [Proc(f"sim{i}", python_module("simbridge.sims.gym_sim", "--address", env.address, "--slots", a.slots,
                                           "--seed", a.seed + 100 * i, "--quiet"))
             for i in range(a.sims)]
+    progress = Progress("sb3_ppo_cartpole", a.print_every)
+    progress.say(f"listening on {env.address}; waiting for simulators whose --slots add up to {num_envs}"
+                 + (f" (starting {a.sims} x --slots {a.slots} here)" if a.sims else ""))
     try:
-        out = learn(SB3VecEnv(env), a.target, a.max_steps, a.seed)
+        out = learn(SB3VecEnv(env), a.target, a.max_steps, a.seed, progress)
     finally:
-        env.close()   # the simulators' pending Steps are refused: they stop
+        env.close()   # the simulators hear that training is over: they stop (exit 0)
         for s in sims:
             s.stop()
     print(json.dumps({"sims": a.sims, "slots": a.slots, **out}))
