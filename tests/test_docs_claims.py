@@ -329,3 +329,30 @@ def test_architecture_error_table_names_every_error_reason():
     table = "\n".join(line for line in doc.splitlines() if line.startswith("| ") and "`" in line)
     missing = [r for r in pb.ErrorReason.keys() if r != "ERROR_REASON_UNSPECIFIED" and f"`{r}`" not in table]
     assert not missing, f"ErrorReasons docs/architecture.md's error table leaves out: {missing}"
+
+
+def test_trainer_doc_tables_hold_every_key_with_its_default():
+    """docs/trainer.md's `[server]` and `[run]` tables: a row per key of the section, its default
+    as a TOML value (or "unset" for None) equal to the dataclass's."""
+    import tomllib
+    text = (ROOT / "docs" / "trainer.md").read_text()
+    wrong = []
+    for section, cls in SECTIONS.items():
+        m = re.search(rf"^### `\[{section}\]`.*?\n(.*?)(?=^#)", text, re.S | re.M)
+        assert m, f"docs/trainer.md has no '### `[{section}]`' table"
+        rows = {}
+        for line in m.group(1).splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| `") and len(cells) >= 2:
+                for key in re.findall(r"`(\w+)`", cells[0]):
+                    rows[key] = cells[1]
+        for f in dataclasses.fields(cls):
+            if f.name not in rows:
+                wrong.append(f"[{section}] {f.name}: no row")
+                continue
+            cell = rows.pop(f.name)
+            stated = None if cell == "unset" else tomllib.loads(f"v = {cell.strip('`')}")["v"]
+            if stated != f.default:
+                wrong.append(f"[{section}] {f.name}: documented {cell}, the default is {f.default!r}")
+        wrong += [f"[{section}] {key}: a row for no key of the section" for key in rows]
+    assert not wrong, "docs/trainer.md's config tables disagree with trainer/config/sections.py:\n" + "\n".join(wrong)

@@ -1,6 +1,6 @@
 """The trainer: learners (DQN, SAC, PPO) behind the bridge, and the daemon that runs them.
 
-Embedding (README, "Run the trainer from a script"): build and run the daemon from Python.
+Embedding (docs/trainer.md, "Run the trainer from a script"): build and run the daemon from Python.
 
     from simbridge.trainer import TrainerDaemon, load_config
     daemon = TrainerDaemon(load_config(None, overrides=[("run.seed", 3)]))

@@ -1,4 +1,4 @@
-"""The README's "Run the trainer from a script" example, run as written there (only its logdir
+"""docs/trainer.md's "Run the trainer from a script" example, run as written there (only its logdir
 moved to a temporary directory), with a real simulator process between its halves; then what the
 run left: the effective config with the overrides, TensorBoard's hparams and the new scalars."""
 import re
@@ -9,17 +9,17 @@ from pathlib import Path
 from simbridge.trainer.config.trainer_config import load_config
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
 
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "trainer.md"
 MARKER = "<!-- embedding example: tests/trainer/test_embedding.py"
 
 
 def _example() -> str:
-    text = README.read_text()
+    text = DOC.read_text()
     start = text.index(MARKER)
     return re.search(r"```python\n(.*?)```", text[start:], re.S).group(1)
 
 
-def test_the_readme_embedding_example_runs_as_written(tmp_path, monkeypatch):
+def test_the_documented_embedding_example_runs_as_written(tmp_path, monkeypatch):
     code = _example()
     assert "from simbridge.trainer import TrainerDaemon, load_config" in code
     logdir = tmp_path / "scripted"
@@ -30,7 +30,7 @@ def test_the_readme_embedding_example_runs_as_written(tmp_path, monkeypatch):
     first, second = "".join(lines[:cut[0]]), "".join(lines[cut[0] + 1:])
     monkeypatch.chdir(ROOT)   # the example's config path is relative to the checkout
     scope: dict = {}
-    exec(compile(first, "README.md", "exec"), scope)
+    exec(compile(first, "docs/trainer.md", "exec"), scope)
     daemon = scope["daemon"]
     try:
         assert daemon.serving.is_set() and not daemon.address.endswith(":0")
@@ -39,7 +39,7 @@ def test_the_readme_embedding_example_runs_as_written(tmp_path, monkeypatch):
                              capture_output=True, text=True, timeout=120, env=child_env())
         assert sim.returncode == 0, sim.stderr
     finally:
-        exec(compile(second, "README.md", "exec"), scope)
+        exec(compile(second, "docs/trainer.md", "exec"), scope)
     assert not scope["thread"].is_alive()
 
     saved = load_config(logdir / "config.toml")
