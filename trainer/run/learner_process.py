@@ -221,7 +221,7 @@ def _callers_script_hidden():
     __file__), so that pickled functions and classes of the script resolve there. The child's
     target lives in this module: without this, a script that embeds the trainer without an
     `if __name__ == "__main__":` guard started a second daemon in every learner process, which
-    then failed in multiprocessing's bootstrapping (README, "Run the trainer from a script").
+    then failed in multiprocessing's bootstrapping (docs/trainer.md, "Run the trainer from a script").
     The preparation data is read in start(); the two attributes are back right after."""
     main = sys.modules.get("__main__")
     hidden = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
