@@ -356,3 +356,22 @@ def test_trainer_doc_tables_hold_every_key_with_its_default():
                 wrong.append(f"[{section}] {f.name}: documented {cell}, the default is {f.default!r}")
         wrong += [f"[{section}] {key}: a row for no key of the section" for key in rows]
     assert not wrong, "docs/trainer.md's config tables disagree with trainer/config/sections.py:\n" + "\n".join(wrong)
+
+
+# ---------------------------------------------------------------- the README stays a five-minute read
+
+README_MAX_BYTES = 10_000   # ~1,400 words; details go to docs/ (trainer.md, python-sdk.md, ...)
+
+
+def test_readme_is_a_short_path_to_every_doc():
+    """What it is, the two commands, the simulator loop, `simbridge-trainer run`, in that order and
+    near the top; then a link to every docs/ page, so a page moved out of the README stays found."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= README_MAX_BYTES, \
+        f"README.md is {len(text.encode())} bytes (at most {README_MAX_BYTES}): move the details into docs/"
+    marks = ["make demo", "from simbridge.client import PolicyClient", "simbridge-trainer run"]
+    at = [text.find(m) for m in marks]
+    assert -1 not in at and at == sorted(at) and at[-1] < len(text) // 2, \
+        f"README.md should show {marks} in that order, in its first half: found at {at}"
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"(docs/{p.name})" not in text]
+    assert not unlinked, f"docs/ pages README.md does not link to: {unlinked}"
