@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[trainer,dev,unity,mujoco,datasets,sb3]'
 	touch $(STAMP)
 
+# DEMO_ARGS: the demo's options (python -m simbridge.trainer.demo --help), e.g. DEMO_ARGS="--seconds 60".
 demo: $(STAMP)
-	$(PY) -m simbridge.trainer.demo
+	$(PY) -m simbridge.trainer.demo $(DEMO_ARGS)
 
 # Installs CPP_DEBS where they are missing and this is root (CI is); elsewhere the C++ tests
 # skip and say which packages to install.

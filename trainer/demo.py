@@ -12,6 +12,7 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -64,7 +65,56 @@ def last_metrics(logdir: Path) -> Optional[dict]:
     return None
 
 
+def take_the_terminal():
+    """Ctrl-C at a terminal signals its foreground process group: under `make demo` that is make's
+    too, and make dies of it (status 130) whatever the demo returns. As a shell's job control
+    does for a job, the demo becomes the terminal's foreground group while it runs: Ctrl-C
+    reaches it alone, it stops in order, and make reports its exit status. Nothing to do without
+    a terminal, in the background, or when already a group of its own (run from a shell).
+    Returns the function that gives the terminal back."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR)
+    except OSError:
+        return lambda: None
+    try:
+        before = os.tcgetpgrp(fd)
+        if before != os.getpgrp() or os.getpgrp() == os.getpid():
+            os.close(fd)
+            return lambda: None
+        os.setpgid(0, 0)
+        _as_foreground(fd, os.getpgrp())
+    except OSError:
+        os.close(fd)
+        return lambda: None
+
+    def give_back() -> None:
+        try:
+            _as_foreground(fd, before)
+        except OSError:
+            pass   # make is gone: the shell takes its terminal back itself
+        finally:
+            os.close(fd)
+    return give_back
+
+
+def _as_foreground(fd: int, pgrp: int) -> None:
+    # Not the foreground group (after setpgid), tcsetpgrp sends us SIGTTOU, which would stop us.
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgrp)
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
 def main(argv=None) -> int:
+    give_back = take_the_terminal()
+    try:
+        return _main(argv)
+    finally:
+        give_back()
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m simbridge.trainer.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=600.0, help="stop after this long at most (default: %(default)s)")
     p.add_argument("--target", type=float, default=475.0,

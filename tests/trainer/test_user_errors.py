@@ -141,6 +141,61 @@ def test_an_idle_trainer_waits_aloud_once_and_a_reconnecting_simulator_reads_pla
                 p.stop(timeout=10)
 
 
+def _read_pty(master: int, until: str, timeout: float) -> str:
+    """What the terminal shows until `until` appears (or the other side closes, or `timeout`)."""
+    import select
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and until.encode() not in out:
+        if select.select([master], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: every process holding the terminal is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out.decode(errors="replace")
+
+
+@pytest.mark.skipif(not hasattr(os, "tcsetpgrp") or subprocess.run(["which", "make"], capture_output=True).returncode,
+                    reason="needs make and POSIX terminals")
+def test_ctrl_c_of_make_demo_at_a_terminal_exits_0(tmp_path):
+    """Issue 27 #4: at a terminal, Ctrl-C signals the foreground process group: make as well as the
+    demo, and make died of it (status 130) though the demo stopped in order and returned 0. Here
+    `make demo` runs on a pseudo-terminal it controls, and Ctrl-C is typed there."""
+    import pty
+    logdir = tmp_path / "demo"
+    pid, master = pty.fork()
+    if pid == 0:   # the child: a session of its own on the terminal, as a login shell's job would be
+        try:
+            os.chdir(ROOT)
+            # -o: never reinstall the venv here, however new pyproject.toml is
+            os.execvpe("make", ["make", "-s", "-o", ".venv/.installed", "demo",
+                                f"DEMO_ARGS=--seconds 120 --logdir {logdir}"], child_env())
+        finally:
+            os._exit(127)
+    done, status = 0, 0
+    try:
+        text = _read_pty(master, "Ctrl-C stops early", 180)
+        assert "Ctrl-C stops early" in text, text
+        time.sleep(1.0)
+        os.write(master, b"\x03")   # Ctrl-C, typed: the terminal signals its foreground group
+        text += _read_pty(master, "\x00never", 120)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not done:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.2)
+    finally:
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 0, f"make exited {os.waitstatus_to_exitcode(status)}:\n{text}"
+    assert "demo: interrupted (Ctrl-C)" in text and "Interrupt" not in text.replace("interrupted", ""), text
+    assert (logdir / "checkpoint.pt").exists()
+
+
 def test_ctrl_c_of_the_demo_stops_it_in_order_and_exits_0(tmp_path):
     logdir = tmp_path / "demo"
     demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", str(logdir)),
