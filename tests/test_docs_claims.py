@@ -50,6 +50,10 @@ STALE = [
      re.compile(r"no simbridge server answered")),
     ("the progress line shows return(10), the demo's stop metric, not only return(100)",
      re.compile(r"progress line[^.]*return\(100\)")),
+    ("the server's thread pool follows max_concurrent_calls (service.py), no fixed number of workers",
+     re.compile(r"\(\d+ worker threads")),
+    ("the server serves TLS and authentication beyond loopback (server/security.py)",
+     re.compile(r"loopback unless told otherwise, no TLS")),
 ]
 
 
