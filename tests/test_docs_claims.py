@@ -194,6 +194,20 @@ def _ring_bytes():
     return DEFAULT_RING_BYTES
 
 
+def _wire(name):
+    def value():
+        from simbridge.wire import spaces, tensors
+        return getattr(tensors, name, None) or getattr(spaces, name)
+    return value
+
+
+def _sessions(name):
+    def value():
+        from simbridge.server import sessions
+        return getattr(sessions, name)
+    return value
+
+
 def _grpc_workers():
     return (ROOT / "simbridge" / "server" / "service.py").read_text()
 
@@ -210,6 +224,9 @@ PROSE = [
     ("docs/limits.md", r"`max_sessions_per_client` went from 1,024 to (\d[\d,]*)", _bridge("max_sessions_per_client")),
     ("docs/limits.md", r"the default DQN \((\d[\d,]*) transitions\)", _dqn_buffer),
     ("docs/limits.md", r"\| shared-memory ring[^\n]*?\| (\d+ MiB) \|", _ring_bytes),
+    ("docs/limits.md", r"a tensor: (\d+) \(numpy", _wire("MAX_DIMS")),
+    ("docs/limits.md", r"a space leaf: (\d+) \(", _wire("MAX_LEAF_DIMS")),
+    ("docs/limits.md", r"action elements\)\s+\+ (\d+ KiB)`", _sessions("EPISODE_OVERHEAD_BYTES")),
     ("docs/architecture.md", r"remembered as finished \(the last `finished_ids_kept` \((\d[\d,]*)\)", _bridge("finished_ids_kept")),
     ("docs/architecture.md", r"finished ids remembered up to (\d[\d,]*) per session", _bridge("finished_ids_kept")),
     ("trainer/configs/unity_3dball.toml", r"SAC's own default is (\d+(?:\.\d+)?)", _sac_initial_alpha),
