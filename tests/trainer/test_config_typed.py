@@ -17,7 +17,7 @@ from simbridge.trainer.run.launch import child_env
 def _resolved(text: str, overrides=()):
     cfg = parse_config(text, "t.toml", overrides)
     for spec in cfg.policies.values():
-        resolve_algorithm(spec, cfg.source)
+        resolve_algorithm(spec, cfg.source, cfg.overrides)
     return cfg
 
 
@@ -37,7 +37,11 @@ BAD = [
     ("[server]\ninsecure = \"yes\"\n" + DQN, (), ["server.insecure", "true or false"]),
     ("[rn]\nseed = 1\n" + DQN, (), ["unknown key(s) ['rn']", "did you mean 'run'?"]),
     (DQN, [("run.sed", 1)], ["(overridden: run.sed)", "did you mean 'seed'?"]),
-    (DQN, [("policies.default_policy.config.lr", "fast")], ["config.lr", "expected a float", "got a string"]),
+    (DQN, [("policies.default_policy.config.lr", "fast")],
+     ["--set policies.default_policy.config.lr (over t.toml)", "expected a float", "got a string"]),
+    # Issue 27 #7: a learner's unknown key that --set brought was blamed on the file
+    (DQN, [("policies.default_policy.config.lrr", 3e-4)],
+     ["--set policies.default_policy.config.lrr (over t.toml)", "unknown key(s) ['lrr']", "did you mean 'lr'?"]),
     (DQN, [("run.print_every_s", -1)], ["print_every_s must be > 0"]),
 ]
 
@@ -47,7 +51,8 @@ def test_bad_values_fail_naming_key_type_and_fix(text, overrides, pieces):
     with pytest.raises(ConfigError) as e:
         _resolved(text, overrides)
     msg = str(e.value)
-    assert msg.startswith("t.toml"), msg
+    by_set = any(k.startswith("policies.") for k, _ in overrides)
+    assert msg.startswith("--set " if by_set else "t.toml"), msg
     for piece in pieces:
         assert piece in msg, f"{piece!r} not in {msg!r}"
 

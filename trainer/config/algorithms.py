@@ -26,10 +26,11 @@ def is_import_path(s: str) -> bool:
                 and all(p.isidentifier() for p in name.split(".")))
 
 
-def resolve_algorithm(spec, source: str = ""):
+def resolve_algorithm(spec, source: str = "", overrides=()):
     """The class behind spec.algorithm (None for "random"), with its config keys and their types
     checked against the learner's defaults (ints accepted for floats, which become floats).
-    `spec`: a config.PolicySpec (not imported: config imports this module)."""
+    `spec`: a config.PolicySpec (not imported: config imports this module). `overrides`: the
+    config's (dotted key, value) pairs: a bad key one of them set is blamed on `--set`, not the file."""
     # Here, not atop: parsing a config needs no torch (the CLI imports this module without it).
     from simbridge.server.policies import Policy
     from simbridge.trainer.learners.base import Learner
@@ -55,12 +56,20 @@ def resolve_algorithm(spec, source: str = ""):
                           f"subclass")
     if issubclass(obj, Learner):
         defaults, declared = obj.config_defaults(), obj.config_types()
-        check_table_keys(spec.config, defaults, f"{where}[policies.{spec.policy_id}] config ({obj.__name__})")
+        set_keys = {k for k, _ in overrides}
+
+        def blame(keys) -> str:
+            dotted = [f"policies.{spec.policy_id}.config.{k}" for k in sorted(keys)]
+            by_set = [k for k in dotted if k in set_keys]
+            return f"--set {', '.join(by_set)} (over {source or 'the config'}): " if by_set else where
+
+        check_table_keys(spec.config, defaults, f"{blame(set(spec.config) - set(defaults))}"
+                                                f"[policies.{spec.policy_id}] config ({obj.__name__})")
         for key, value in spec.config.items():
             try:
                 spec.config[key] = check_type(f"policies.{spec.policy_id}.config.{key}", value,
                                               hint_of_default(defaults[key], declared.get(key)))
             except ConfigError as e:
-                raise ConfigError(f"{where}{e} (the {obj.__name__} default is "
+                raise ConfigError(f"{blame([key])}{e} (the {obj.__name__} default is "
                                   f"{defaults[key]!r})") from None
     return obj

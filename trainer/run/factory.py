@@ -36,7 +36,7 @@ class PolicyFactory:
         # The daemon's first act: in a learner process re-running an unguarded script, stop here.
         refuse_in_learner_bootstrap()
         self.cfg = cfg
-        self.classes = {pid: resolve_algorithm(spec, cfg.source) for pid, spec in cfg.policies.items()}
+        self.classes = {pid: resolve_algorithm(spec, cfg.source, cfg.overrides) for pid, spec in cfg.policies.items()}
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
