@@ -54,6 +54,7 @@ class TrainerDaemon:
         self.out = out or sys.stdout
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
+        self.started_as = "fresh run"   # the listening line's words for a start that is not a resume (serve: its own)
         self.stop_event = threading.Event()
         self.serving = threading.Event()   # set once bound and serving on self.address
         self.address = ""
@@ -315,7 +316,7 @@ class TrainerDaemon:
         server.start()
         self.address = self.reporter.address = server.address
         self.serving.set()
-        what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else "fresh run"
+        what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else self.started_as
         if self.resume and not self.writes:
             what = "resuming: the weights come from rank 0's checkpoint"
         if self.resume and self.resume_info:

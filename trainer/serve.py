@@ -92,7 +92,10 @@ def serving_daemon(ckpt_dir: Path, cfg: TrainerConfig, explore: bool, logdir: Op
     cfg.run.checkpoint_every_env_steps = 0
     cfg.run.total_env_steps = 0
     served = {pid: p if explore else Greedy(p) for pid, p in policies.items()}
-    return TrainerDaemon(cfg, preloaded=served)
+    daemon = TrainerDaemon(cfg, preloaded=served)
+    daemon.started_as = (f"serving {ckpt_dir / CHECKPOINT}, {'exploring' if explore else 'greedy'}, no training; "
+                         f"metrics in {cfg.run.logdir}")
+    return daemon
 
 
 def export_onnx(ckpt_dir: Path, out: Path, policy_id: Optional[str], samples: int = 256,
