@@ -33,6 +33,8 @@ def type_name(hint) -> str:
     if origin is Union:
         names = [type_name(a) for a in args if a is not type(None)]
         return " or ".join(names)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(toml_value(a) for a in args)
     if origin in (list, List):
         inner = type_name(args[0]) if args else "values"
         return f"a list of {_plural(inner)}"
@@ -59,6 +61,10 @@ def check_type(path: str, value, hint):
     if hint is Any or hint is None:
         return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:   # a choice among named values
+        if value not in args:
+            _mismatch(path, value, hint)
+        return value
     if origin is Union:
         for a in args:
             if a is type(None):

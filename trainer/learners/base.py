@@ -22,6 +22,7 @@ import torch
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import export
+from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
@@ -39,6 +40,7 @@ COMMON_DEFAULTS = {
     "updates_per_step": 1.0,   # gradient updates per agent step (replay ratio)
     "hidden": [256, 256],
     "seed": None,
+    "vis_encode_type": "auto",  # image observations' encoder: trainer/learners/encoders.py
 }
 
 
@@ -71,7 +73,7 @@ class Learner(Policy):
     ON_POLICY = False   # True: trains in iterations over its own rows, no replay ratio (PPO)
     # The type of each config key whose default (None) does not say it; the others take their
     # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
-    CONFIG_TYPES: Dict[str, Any] = {"seed": int}
+    CONFIG_TYPES: Dict[str, Any] = {"seed": int, "vis_encode_type": encoders.VIS_ENCODE_TYPE}
 
     @classmethod
     def config_defaults(cls) -> Dict[str, Any]:
@@ -96,10 +98,10 @@ class Learner(Policy):
         copies}. An estimate (float32 observations, twice per transition), to refuse a space the
         memory cannot hold instead of failing to allocate it mid-run."""
         cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
-        obs, act = flat_dim(observation_space), flat_dim(action_space)
-        transition = 4 * (2 * obs + act) + 64   # obs, new_obs, the action, its scalars
+        obs, act = encoders.feature_count(observation_space, cfg), flat_dim(action_space)
+        transition = 2 * encoders.row_bytes(observation_space) + 4 * act + 64   # obs, new_obs, the action, its scalars
         sizes = [obs + act, *cfg["hidden"], act + 1]
-        params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+        params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:])) + encoders.encoder_params(observation_space, cfg)
         return {"replay": int(cfg["buffer_size"]) * transition, "transition": transition,
                 "networks": cls.NETWORKS * cls.PARAM_COPIES * 4 * params}
 
@@ -128,6 +130,8 @@ class Learner(Policy):
         self._act_lock = threading.Lock()
         self._exports = export.PortableCache()
         self.build()
+        if trainable:
+            encoders.say_cost(type(self), observation_space, action_space, cfg)
         self.acting = copy.deepcopy(self.modules_for_acting())
         self.last_metrics: Dict[str, float] = {}
         # A LearnerProcess (trainer/run/learner_process.py) when another process trains this learner:
@@ -165,7 +169,7 @@ class Learner(Policy):
 
     def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
         # The bridge's observations are read-only views of the request: torch gets a copy.
-        return torch.tensor(flatten(self.observation_space, obs_batch), device=self.device)
+        return torch.tensor(encoders.obs_rows(self.observation_space, obs_batch), device=self.device)
 
     def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
         pin_torch_threads()
@@ -186,11 +190,12 @@ class Learner(Policy):
         return self._exports.get(self.version, self._export_snapshot, include_onnx)
 
     def _export_snapshot(self) -> Optional[pb.PortablePolicy]:
-        version, exported = self.acting_snapshot(self.export_layers)
+        version, (exported, encoder) = self.acting_snapshot(
+            lambda acting: (self.export_layers(acting), export.encoder_of(acting)))
         if exported is None:
             return None
         layers, head = exported
-        return export.message(version, self.observation_space, self.action_space, layers, head)
+        return export.message(version, self.observation_space, self.action_space, layers, head, encoder)
 
     # ------------------------------------------------------------ learning
 
@@ -204,8 +209,8 @@ class Learner(Policy):
         self.count_rows(batch)
         cols = self.nstep.add(batch)
         if cols:
-            cols[OBS] = flatten(self.observation_space, cols[OBS])
-            cols[NEW_OBS] = flatten(self.observation_space, cols[NEW_OBS])
+            cols[OBS] = encoders.obs_rows(self.observation_space, cols[OBS])
+            cols[NEW_OBS] = encoders.obs_rows(self.observation_space, cols[NEW_OBS])
             cols[ACTIONS] = self.store_actions(np.asarray(cols[ACTIONS]))
             self.replay.add(cols)
         self.agent_steps += batch.count

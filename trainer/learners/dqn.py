@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import export
+from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import action_branches, action_start
 from simbridge.trainer.learners.nstep import DISCOUNTS
@@ -156,9 +157,9 @@ class DQNLearner(Learner):
         cfg = self.config
         self.nvec = action_branches(self.action_space)
         self.start = action_start(self.action_space)
-        obs_dim = flat_dim(self.observation_space)
-        self.q = QNetwork(obs_dim, self.nvec, cfg["hidden"], cfg["dueling"]).to(self.device)
-        self.q_target = QNetwork(obs_dim, self.nvec, cfg["hidden"], cfg["dueling"]).to(self.device)
+        q_net = lambda features: QNetwork(features, self.nvec, cfg["hidden"], cfg["dueling"])   # noqa: E731
+        self.q = encoders.network(self.observation_space, cfg, q_net).to(self.device)   # images: a CNN first
+        self.q_target = encoders.network(self.observation_space, cfg, q_net).to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}  # one kernel per step

@@ -13,7 +13,13 @@ only knows layers and messages, never a learner:
   most once, and GetPolicy calls in between cost a dictionary lookup;
 * `onnx_bytes`: an ONNX model from the flattened observation "obs" (batch, features) to
   the head input "out", built from the very weights of the portable message.
+
+A policy with a convolutional encoder (trainer/learners/encoders.py) has no portable form as dense
+layers: its message carries no layers, the same head, and the ONNX model of the encoder and the
+layers together (`message(..., encoder)`), whether include_onnx was asked for or not. Clients run
+it through onnxruntime (simbridge/client/local_policy.py) or an engine's ONNX runtime.
 """
+import copy
 import io
 import threading
 import warnings
@@ -23,7 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from simbridge.trainer.learners.encoders import Encoded, ObsEncoder
 from simbridge.wire import spaces as sb_spaces
+from simbridge.wire.preprocess import flat_dim
 from simbridge.wire import tensors
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -54,11 +62,20 @@ def mlp_layers(modules) -> Layers:
 
 # ---------------------------------------------------------------- layers -> message
 
+def encoder_of(acting: nn.Module) -> Optional[ObsEncoder]:
+    """A copy of the acting network's encoder (None without one), taken while it cannot change."""
+    return copy.deepcopy(acting.encoder).cpu().eval() if isinstance(acting, Encoded) else None
+
+
 def message(version: int, observation_space, action_space, layers: Layers,
-            head: pb.ActionHead) -> pb.PortablePolicy:
+            head: pb.ActionHead, encoder: Optional[ObsEncoder] = None) -> pb.PortablePolicy:
+    """The portable message; with an encoder, the layers go into its ONNX model instead (see above)."""
     msg = pb.PortablePolicy(version=int(version), preprocessor="flatten",
                             observation_space=sb_spaces.space_to_proto(observation_space),
                             action_space=sb_spaces.space_to_proto(action_space))
+    if encoder is not None and layers:
+        msg.onnx_model = onnx_bytes(layers, flat_dim(observation_space), encoder)
+        layers = []
     for op, w, b in layers:
         layer = msg.layers.add(op=op)
         if op == "linear":
@@ -120,9 +137,10 @@ def torch_module(layers: Layers) -> nn.Sequential:
     return nn.Sequential(*mods).eval()
 
 
-def onnx_bytes(layers: Layers, in_dim: int) -> bytes:
-    """ONNX model "obs" (batch, in_dim) float32 -> "out" (batch, out)."""
-    module = torch_module(layers)
+def onnx_bytes(layers: Layers, in_dim: int, encoder: Optional[ObsEncoder] = None) -> bytes:
+    """ONNX model "obs" (batch, in_dim) float32 -> "out" (batch, out); with an encoder, the
+    flattened observation goes through it before the layers."""
+    module = torch_module(layers) if encoder is None else nn.Sequential(encoder, torch_module(layers)).eval()
     buf = io.BytesIO()
     with warnings.catch_warnings():  # the TorchScript exporter is deprecated, and exactly what a plain MLP needs
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -73,6 +73,7 @@ from torch import nn
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import export
 from simbridge.trainer.learners.advantages import compute_advantages, segments
+from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import COMMON_DEFAULTS, Learner
 from simbridge.trainer.learners.ppo_policy import MASK_KEY, ActionLayout, PolicyNet, tanh_mlp
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -135,9 +136,11 @@ class PPOLearner(Learner):
         # The daemon sizes journal replays by replay.capacity: PPO keeps no old rows to refill.
         self.replay = ReplayBuffer(0, self.device)
         self.layout = ActionLayout(self.action_space)
-        obs_dim = flat_dim(self.observation_space)
-        self.policy = PolicyNet(obs_dim, self.layout, cfg["hidden"], cfg["log_std_init"]).to(self.device)
-        self.value = tanh_mlp([obs_dim, *cfg["hidden"], 1], 1.0).to(self.device)
+        # images: a CNN before each network (separate, as ML-Agents' PPO without shared_critic)
+        space = self.observation_space
+        self.policy = encoders.network(space, cfg, lambda f: PolicyNet(f, self.layout, cfg["hidden"], cfg["log_std_init"]))
+        self.policy = self.policy.to(self.device)
+        self.value = encoders.network(space, cfg, lambda f: tanh_mlp([f, *cfg["hidden"], 1], 1.0)).to(self.device)
         params = list(self.policy.parameters()) + list(self.value.parameters())
         fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
         self.optimizer = torch.optim.Adam(params, lr=cfg["lr"], eps=cfg["adam_eps"], **fused)
@@ -217,8 +220,9 @@ class PPOLearner(Learner):
         chunk = None
         if keep.any():
             idx, a = self.layout.from_env(batch[ACTIONS])
-            rows = {OBS: flatten(self.observation_space, batch[OBS]), "idx": idx, "a": a,
-                    NEW_OBS: flatten(self.observation_space, batch[NEW_OBS]), POLICY_VERSION: version, ACTION_LOGP: logp}
+            rows = {OBS: encoders.obs_rows(self.observation_space, batch[OBS]), "idx": idx, "a": a,
+                    NEW_OBS: encoders.obs_rows(self.observation_space, batch[NEW_OBS]), POLICY_VERSION: version,
+                    ACTION_LOGP: logp}
             for k in (REWARDS, TERMINATEDS, TRUNCATEDS, EPS_ID, AGENT_INDEX, T):
                 rows[k] = np.asarray(batch[k])
             chunk = {k: v[keep] for k, v in rows.items()}

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from simbridge.trainer.learners import export
+from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import LOG_STD_MAX, LOG_STD_MIN, STORE_CLIP, squashed_sample
 from simbridge.trainer.learners.nstep import DISCOUNTS
@@ -138,9 +139,11 @@ class SACLearner(Learner):
         hidden = list(cfg["hidden"])
         dev = self.device
 
-        self.actor = Actor(self.obs_dim, self.act_dim, hidden).to(dev)
-        self.critic = TwinQ(self.obs_dim + self.act_dim, hidden).to(dev)
-        self.critic_target = TwinQ(self.obs_dim + self.act_dim, hidden).to(dev)
+        # images: a CNN before each network (the actor's own, one for both critics, as SB3's SAC)
+        space = self.observation_space
+        self.actor = encoders.network(space, cfg, lambda f: Actor(f, self.act_dim, hidden)).to(dev)
+        self.critic = encoders.network(space, cfg, lambda f: TwinQ(f + self.act_dim, hidden)).to(dev)
+        self.critic_target = encoders.network(space, cfg, lambda f: TwinQ(f + self.act_dim, hidden)).to(dev)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg["initial_alpha"]), device=dev, requires_grad=True)
