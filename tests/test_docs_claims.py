@@ -174,14 +174,24 @@ def test_figures_next_to_a_key_are_its_default():
     assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
-def _dqn_buffer():
-    from simbridge.trainer.learners.dqn import DQNLearner
-    return DQNLearner.config_defaults()["buffer_size"]
+def _learner_default(key, *tables):
+    """A learner's default as `config_defaults()` merges it ({**COMMON_DEFAULTS, **DEFAULTS}), read
+    from the modules' literal dicts: importing a learner costs torch (seconds on a loaded machine)."""
+    import ast
+
+    def value():
+        merged = {}
+        for module, name in tables:
+            tree = ast.parse((ROOT / "trainer" / "learners" / module).read_text())
+            node = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                        and [getattr(target, "id", None) for target in n.targets] == [name])
+            merged.update(ast.literal_eval(node))
+        return merged[key]
+    return value
 
 
-def _sac_initial_alpha():
-    from simbridge.trainer.learners.sac import SACLearner
-    return SACLearner.config_defaults()["initial_alpha"]
+_dqn_buffer = _learner_default("buffer_size", ("base.py", "COMMON_DEFAULTS"), ("dqn.py", "DQN_DEFAULTS"))
+_sac_initial_alpha = _learner_default("initial_alpha", ("base.py", "COMMON_DEFAULTS"), ("sac.py", "SAC_DEFAULTS"))
 
 
 def _bridge(key):
