@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
 # The C++ SDK, the Gazebo layer and the MuJoCo simulator build with Debian's packages.
-CPP_DEBS := cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+# ccache: the tests' C++ build (tests/conftest.py) compiles only what changed since the last run on this machine.
+CPP_DEBS := cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev ccache
 
 .PHONY: venv demo test proto bench clean cpp-deps
 

@@ -93,8 +93,15 @@ def kill_simulator():
     return _kill
 
 
+# Every CMake build the tests start (the SDK, MuJoCo, the Gazebo layer and plugin, a consumer of the
+# installed SDK) compiles through ccache where it is installed (`make test` installs it): a run
+# recompiles only what changed since the last run on this machine. CMake reads this variable.
+if shutil.which("ccache"):
+    os.environ.setdefault("CMAKE_CXX_COMPILER_LAUNCHER", "ccache")
+
 CPP_SOURCE = os.path.join(ROOT, "sims", "cpp")
 CPP_BUILD = os.path.join(ROOT, "build", "cpp")
+_cpp_built = {}   # the one build of a test run: {"error": message or None}
 
 
 def _missing_cpp_tools():
@@ -104,21 +111,55 @@ def _missing_cpp_tools():
     return missing
 
 
+def _build_cpp_once():
+    """build/cpp: configured once per run (seconds; picks up a newly installed MuJoCo), then an
+    incremental build; a cold one takes minutes on 2 cores."""
+    if _cpp_built or _missing_cpp_tools():
+        return
+    _cpp_built["error"] = None
+    for step, timeout in ((["-S", CPP_SOURCE, "-B", CPP_BUILD, "-DCMAKE_BUILD_TYPE=Release"], 300),
+                          (["--build", CPP_BUILD, "-j2"], 900)):
+        try:
+            out = subprocess.run(["cmake", *step], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _cpp_built["error"] = f"cmake {' '.join(step)} ran past {timeout} s"
+            return
+        if out.returncode != 0:
+            _cpp_built["error"] = out.stdout[-4000:] + out.stderr[-4000:]
+            return
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The C++ build runs before the first test that needs it starts its clock: a cold build does not
+    fit in one test's timeout, and a build cut short by one would fail every C++ test of the run."""
+    if "cpp_build" in getattr(item, "fixturenames", ()):
+        _build_cpp_once()
+    yield
+
+
 @pytest.fixture(scope="session")
 def cpp_build():
-    """The C++ SDK, its examples and (with mujoco-core installed) the MuJoCo simulator, built into
-    build/cpp: configured each session (seconds; picks up a newly installed MuJoCo), then an
-    incremental build. Skips naming the Debian packages only where the build tools are absent."""
+    """The C++ SDK, its examples and (with mujoco-core installed) the MuJoCo simulator, built once per
+    run into build/cpp. Skips naming the Debian packages only where the build tools are absent."""
     missing = _missing_cpp_tools()
     if missing:
         pytest.skip(f"C++ SDK build tools absent ({', '.join(missing)}): "
                     f"apt-get install cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev")
-    configure = subprocess.run(["cmake", "-S", CPP_SOURCE, "-B", CPP_BUILD, "-DCMAKE_BUILD_TYPE=Release"],
-                               capture_output=True, text=True, timeout=300)
-    assert configure.returncode == 0, configure.stdout[-4000:] + configure.stderr[-4000:]
-    out = subprocess.run(["cmake", "--build", CPP_BUILD, "-j2"], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    _build_cpp_once()
+    assert _cpp_built["error"] is None, _cpp_built["error"]
     return CPP_BUILD
+
+
+@pytest.fixture(scope="session")
+def cpp_install(cpp_build, tmp_path_factory):
+    """The SDK installed as a package from the run's one build (`cmake --install`, seconds): the
+    prefix to put in CMAKE_PREFIX_PATH."""
+    prefix = tmp_path_factory.mktemp("simbridge-prefix")
+    out = subprocess.run(["cmake", "--install", cpp_build, "--prefix", str(prefix)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return prefix
 
 
 def pytest_sessionfinish(session, exitstatus):
