@@ -43,3 +43,10 @@ def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
     assert set(last["eval_return_mean"]) == {"default_policy"} and set(last["return_mean"]) == {"default_policy"}
     out = "\n".join(daemon.lines)
     assert "eval(100) default_policy" in out, out
+
+    # Issue 27 #13: `plot` drew the training returns only; the evaluation returns are a curve of their own.
+    from simbridge.trainer.run.reporting import figure
+    fig = figure(logdir)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert any(label.startswith("eval(100)") for label in labels), labels
+    assert "last eval(100)" in fig.axes[0].get_title()

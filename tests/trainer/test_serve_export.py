@@ -126,6 +126,8 @@ def test_serve_answers_greedily_with_the_checkpoints_weights_and_never_updates(t
         assert daemon.stop(timeout=30) == 0, "\n".join(daemon.lines)
     finally:
         _kill(*([sim] if sim else []), daemon)
+    said = next(line for line in daemon.lines if "listening on" in line)
+    assert f"(serving {run / 'checkpoint.pt'}, greedy, no training" in said, said   # issue 27 #13: not "fresh run"
     recs = _metrics(logdir)
     assert recs[-1]["env_steps"] >= 2000
     assert {r["versions"]["default_policy"] for r in recs if r["versions"]} == {50}

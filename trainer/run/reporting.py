@@ -209,10 +209,22 @@ def read_metrics(path: Path) -> List[dict]:
 
 
 def plot(run_dir: Path, out: Optional[Path] = None, target: Optional[float] = None) -> Path:
-    """Learning curves to PNG: per policy, the mean return of the last 10 episodes (what `make demo`
-    stops on) and of the last 100, with `target` as a dashed line and where it was first reached,
-    and the mean episode length; below, the learners' losses and learning rates. The record a stop
-    writes is left out of the curves: it counts the episodes the stop cut short."""
+    """Learning curves to PNG (figure's); returns the PNG's path."""
+    fig = figure(run_dir, target)
+    out = out or run_dir / "learning_curves.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return out
+
+
+def figure(run_dir: Path, target: Optional[float] = None):
+    """The learning curves: per policy, the mean return of the last 10 episodes (what `make demo`
+    stops on) and of the last 100, the evaluation episodes' mean return (greedy, never trained),
+    with `target` as a dashed line and where it was first reached, and the mean episode length;
+    below, the learners' losses and learning rates. The record a stop writes is left out of the
+    curves: it counts the episodes the stop cut short."""
     path = run_dir / METRICS
     if not path.exists():
         raise ConfigError(f"no {METRICS} in {run_dir}: pass a trainer run's logdir ([run] logdir)")
@@ -221,11 +233,10 @@ def plot(run_dir: Path, out: Optional[Path] = None, target: Optional[float] = No
     import matplotlib.pyplot as plt
 
     recs = read_metrics(path)
-    out = out or run_dir / "learning_curves.png"
     curves = [r for r in recs if r.get("event") != "stop"]
     series: Dict[str, Dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for r in curves:
-        for key in ("return_mean_10", "return_mean", "episode_length_mean_10"):
+        for key in ("return_mean_10", "return_mean", "eval_return_mean", "episode_length_mean_10"):
             for pid, v in r.get(key, {}).items():
                 series[pid][key].append((r["env_steps"], v))
     losses: Dict[str, list] = collections.defaultdict(list)
@@ -249,6 +260,9 @@ def plot(run_dir: Path, out: Optional[Path] = None, target: Optional[float] = No
             ax_r.plot(*zip(*s["return_mean_10"]), label="return(10): mean of the last 10 episodes", lw=1.8)
         if s.get("return_mean"):
             ax_r.plot(*zip(*s["return_mean"]), label="return(100)", lw=1.0, alpha=0.7)
+        if s.get("eval_return_mean"):
+            ax_r.plot(*zip(*s["eval_return_mean"]), label="eval(100): evaluation episodes, greedy", lw=1.4,
+                      color="tab:purple", marker=".", ms=3)
         head, hit = f"{pid}: episode return", None
         if target is not None:
             ax_r.axhline(target, ls="--", color="tab:red", lw=1, label=f"target {target:g}")
@@ -260,6 +274,8 @@ def plot(run_dir: Path, out: Optional[Path] = None, target: Optional[float] = No
             notes.append(f"return(10) reached {target:g} at {hit[0]:,} env steps")
         if s.get("return_mean_10"):
             notes.append(f"last return(10) {s['return_mean_10'][-1][1]:.1f}")
+        if s.get("eval_return_mean"):
+            notes.append(f"last eval(100) {s['eval_return_mean'][-1][1]:.1f}")
         if notes:
             head += "\n" + "; ".join(notes)
         ax_r.set_title(head, fontsize="medium")
@@ -282,10 +298,7 @@ def plot(run_dir: Path, out: Optional[Path] = None, target: Optional[float] = No
     for ax in axes[-1]:
         ax.set_xlabel("env steps")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _finish(ax, has_data: bool, empty: str) -> None:
