@@ -6,14 +6,24 @@ its own copy of the networks, refreshed after each train() call under a lock,
 so a forward pass never sees half-updated weights; `version` counts the
 gradient updates in the weights that act.
 
+Updates run on the path `update_path` picks (trainer/learners/capture.py: eager, one CUDA graph
+per update, or torch.compile), with their metrics kept on the device and read back once per
+train() call. A learner implements `update_step(inputs)` (the update as tensor ops, no host sync)
+and lists its metrics in METRICS; `update(batch)` is the same step, eager, for callers that bring
+their own batch (a data-parallel group). A learner without METRICS implements `update(batch)`
+alone and trains eagerly through it.
+
+Where the acting copy lives: `acting_device` (trainer/learners/placement.py).
+
 Replay ratio: `train()` performs the updates that are due, `updates_per_step`
 per agent step added once `learning_starts` steps were seen. The daemon calls
 it before taking more experience, so a slow learner slows the simulators
 (the bridge's queue fills and blocks) instead of falling behind.
 """
 import copy
+import logging
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +31,7 @@ import torch
 
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import export
+from simbridge.trainer.learners import capture, export, placement
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -30,6 +40,7 @@ from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 Read = TypeVar("Read")
+log = logging.getLogger("simbridge.trainer")
 
 COMMON_DEFAULTS = {
     "gamma": 0.99,
@@ -41,6 +52,7 @@ COMMON_DEFAULTS = {
     "hidden": [256, 256],
     "seed": None,
     "vis_encode_type": "auto",  # image observations' encoder: trainer/learners/encoders.py
+    "update_path": "auto",     # "auto" | "eager" | "graph" | "compile": trainer/learners/capture.py
 }
 
 
@@ -106,7 +118,10 @@ class Learner(Policy):
                 "networks": cls.NETWORKS * cls.PARAM_COPIES * 4 * params}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True):
+                 config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True,
+                 acting_device: Optional[str] = None):
+        """device: where it trains ("auto": cuda when there is one); acting_device: where its acting
+        copy lives ("auto", "cpu", "learner": trainer/learners/placement.py; None: "auto")."""
         super().__init__(observation_space, action_space)
         cfg = {**COMMON_DEFAULTS, **self.DEFAULTS}
         unknown = set(config or {}) - set(cfg)
@@ -117,6 +132,7 @@ class Learner(Policy):
         self.config = cfg
         self.device = pick_device(device)
         self.trainable = trainable
+        self.update_path, path_reason = capture.resolve(cfg["update_path"], self.device)
         self.generator = torch.Generator(device=self.device)
         self.rng = np.random.default_rng(cfg["seed"])
         if cfg["seed"] is not None:
@@ -132,8 +148,25 @@ class Learner(Policy):
         self.build()
         if trainable:
             encoders.say_cost(type(self), observation_space, action_space, cfg)
-        self.acting = copy.deepcopy(self.modules_for_acting())
+        self.acting_device, acting_reason = placement.acting_device(
+            acting_device, self.device, self.modules_for_acting(), flat_dim(observation_space))
+        self.acting = copy.deepcopy(self.modules_for_acting()).to(self.acting_device)
+        # acting draws its noise from its own generator, on the acting copy's device: it runs on the
+        # bridge's threads, apart from the updates' draws
+        self.act_generator = torch.Generator(device=self.acting_device)
+        if cfg["seed"] is not None:
+            self.act_generator.manual_seed(cfg["seed"] + 1)
         self.last_metrics: Dict[str, float] = {}
+        self._metrics_read_at: Optional[int] = None   # self.updates when the metrics were last read back
+        self.updater: Optional[capture.Updates] = None
+        if self.METRICS:
+            self.updater = capture.Updates(type(self).__name__, self.update_step, self.METRICS,
+                                           self.update_path, path_reason, self.device, self.optimizers(),
+                                           quiet=not trainable)
+        if trainable and self.device.type != "cpu":
+            log.info("%s learns on %s, acts on %s (%s)", type(self).__name__, self.device,
+                     self.acting_device, acting_reason)
+            placement.say_gpu_neighbours(self.device, type(self).__name__)
         # A LearnerProcess (trainer/run/learner_process.py) when another process trains this learner:
         # this object then only acts, and its state is that process's.
         self.trained_by = None
@@ -152,9 +185,47 @@ class Learner(Policy):
         """Actions (np, env space) and logp (np or None) for flat obs, with the acting copy."""
         raise NotImplementedError
 
-    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """One gradient update from a replay sample; returns scalar metrics."""
+    # The names of update_step's metrics vector, in order; () for a learner that implements
+    # update() alone (it then trains eagerly, one update() per step).
+    METRICS: Tuple[str, ...] = ()
+
+    def update_step(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One gradient update as tensor ops with no host synchronisation (capture.py captures it):
+        `inputs` holds a replay sample's columns, or "idx" (rows of the replay to gather, inside the
+        step), plus the learner's own random draws (draw_inputs); returns the METRICS vector
+        (capture.stack). Python values it reads are set by prepare_update."""
         raise NotImplementedError
+
+    def draw_inputs(self, batch_size: int) -> Dict[str, torch.Tensor]:
+        """The random draws of one update from self.generator, eagerly (the same stream on every
+        path): the replay rows, and whatever else update_step draws (SAC: its noise)."""
+        return {"idx": self.replay.draw(batch_size, self.generator), **self.extra_draws(batch_size)}
+
+    def extra_draws(self, batch_size: int) -> Dict[str, torch.Tensor]:
+        return {}
+
+    def prepare_update(self) -> Hashable:
+        """Sets what changes between updates outside the captured step (learning rates as tensors,
+        schedules); returns a key for the python choices the step makes (a graph per key)."""
+        return ()
+
+    def host_metrics(self) -> Dict[str, float]:
+        """Metrics known on the host (schedules), reported beside the step's."""
+        return {}
+
+    def rows(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The batch an update_step trains on: the replay rows at inputs["idx"], or the columns given."""
+        return self.replay.gather(inputs["idx"]) if "idx" in inputs else inputs
+
+    def optimizers(self) -> list:
+        return [obj for name, obj in vars(self).items() if isinstance(obj, torch.optim.Optimizer)]
+
+    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """One eager gradient update from a replay sample; returns scalar metrics (a host read-back:
+        train() runs the same step without one per update)."""
+        self.prepare_update()
+        m = self.update_step({**batch, **self.extra_draws(len(next(iter(batch.values()))))})
+        return {**dict(zip(self.METRICS, m.tolist())), **self.host_metrics()}
 
     def store_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions as the replay keeps them (e.g. scaled to [-1, 1]); identity by default."""
@@ -169,7 +240,7 @@ class Learner(Policy):
 
     def obs_tensor(self, obs_batch: Any) -> torch.Tensor:
         # The bridge's observations are read-only views of the request: torch gets a copy.
-        return torch.tensor(encoders.obs_rows(self.observation_space, obs_batch), device=self.device)
+        return torch.tensor(encoders.obs_rows(self.observation_space, obs_batch), device=self.acting_device)
 
     def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
         pin_torch_threads()
@@ -248,13 +319,29 @@ class Learner(Policy):
             due = min(due, max_updates)
         if due == 0:
             return {}
-        metrics: Dict[str, float] = {}
-        for _ in range(due):
-            metrics = self.update(self.replay.sample(self.config["batch_size"], self.generator))
-            self.updates += 1
+        if self.updater is None:
+            metrics: Dict[str, float] = {}
+            for _ in range(due):
+                metrics = self.update(self.replay.sample(self.config["batch_size"], self.generator))
+                self.updates += 1
+            self.sync_acting()
+            self.last_metrics = metrics
+            return metrics
+        self.run_update_steps(due)
         self.sync_acting()
-        self.last_metrics = metrics
-        return metrics
+        read_at = self._metrics_read_at
+        if read_at is None or self.updates - read_at >= self.config.get("metrics_every", 1):
+            self.last_metrics = {**self.updater.read(), **self.host_metrics()}
+            self._metrics_read_at = self.updates
+        return self.last_metrics
+
+    def run_update_steps(self, n: int) -> None:
+        """n updates from the replay on the update path: no host sync, no hand-over to acting."""
+        batch_size = self.config["batch_size"]
+        for _ in range(n):
+            key = self.prepare_update()
+            self.updater.run(self.draw_inputs(batch_size), (key, self.replay.storage_version))
+            self.updates += 1
 
     def sync_acting(self) -> None:
         state = self.modules_for_acting().state_dict()
@@ -288,10 +375,18 @@ class Learner(Policy):
         self.sync_acting()
 
     def nets_state(self) -> dict:
-        """Networks, target networks and optimizers (override to add more)."""
-        return {name: obj.state_dict() for name, obj in vars(self).items()
+        """Networks, target networks and optimizers (override to add more); the same on every
+        update path (capture.optimizer_state: learning rates as floats)."""
+        return {name: capture.optimizer_state(obj) if isinstance(obj, torch.optim.Optimizer) else obj.state_dict()
+                for name, obj in vars(self).items()
                 if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)) and name != "acting"}
 
     def load_nets_state(self, state: dict) -> None:
         for name, sd in state.items():
-            getattr(self, name).load_state_dict(sd)
+            obj = getattr(self, name)
+            if isinstance(obj, torch.optim.Optimizer):
+                capture.load_optimizer(obj, sd)
+            else:
+                obj.load_state_dict(sd)
+        if self.updater is not None:
+            self.updater.reset()

@@ -55,7 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import export
+from simbridge.trainer.learners import capture, export
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import action_branches, action_start
@@ -162,8 +162,10 @@ class DQNLearner(Learner):
         self.q_target = encoders.network(self.observation_space, cfg, q_net).to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
-        fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}  # one kernel per step
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg["lr"], eps=cfg["adam_eps"], **fused)
+        self.optimizer = capture.adam(self.q.parameters(), cfg["lr"], self.update_path, self.device, eps=cfg["adam_eps"])
+        # (1 - p, p) for p = logged_share(), on the device for the target's mix (kept current by
+        # count_rows: a captured update reads them there); 1 - p computed on the host, as a float
+        self.share = torch.tensor([1.0, 0.0], device=self.device)
         if cfg["loss"] not in ("huber", "mse"):
             raise ValueError(f"DQN loss must be 'huber' or 'mse', got {cfg['loss']!r}")
         if cfg["logged_actions"] not in LOGGED_ACTIONS:
@@ -269,6 +271,8 @@ class DQNLearner(Learner):
         if ACTION_LOGP in batch:
             logged |= np.isnan(np.asarray(batch[ACTION_LOGP], np.float64))
         self.row_counts += torch.tensor([batch.count, int(logged.sum())], dtype=torch.float64)
+        if self.config["logged_actions"] == "environment" and self.row_counts[1] > 0:
+            self.set_share()
 
     def logged_share(self) -> float:
         """p: the fraction of rows whose action the simulator chose (0 with logged_actions "ignore")."""
@@ -287,16 +291,28 @@ class DQNLearner(Learner):
             chooser = chooser.masked_fill(~allowed, float("-inf"))
         next_actions = chooser.argmax(-1)
         next_q = next_q_target.gather(-1, next_actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
-        p = self.logged_share()
-        if p > 0.0:
+        if self.config["logged_actions"] == "environment":
+            # (1 - p, p) as device tensors (self.share), so a captured update reads the current ones
             ok = self.slot_valid if allowed is None else allowed   # (branches, max) or (B, branches, max)
             ok = ok.expand_as(next_q_target)
             uniform = next_q_target.masked_fill(~ok, 0.0).sum(-1) / ok.sum(-1)
-            next_q = (1.0 - p) * next_q + p * uniform
+            next_q = self.share[0] * next_q + self.share[1] * uniform
         return batch[REWARDS] + batch[DISCOUNTS] * next_q.mean(-1)
 
-    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    METRICS = ("loss", "q_mean", "grad_norm")
+
+    def prepare_update(self):
+        """The learning rate and logged share of this update; the key: whether it updates the target."""
+        capture.set_lr(self.optimizer, self.learning_rate())
+        self._target_turn = (self.updates + 1) % self.config["target_update_interval"] == 0
+        return self._target_turn
+
+    def host_metrics(self) -> Dict[str, float]:
+        return {"epsilon": self.epsilon()}
+
+    def update_step(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
         cfg = self.config
+        batch = self.rows(inputs)
         y = self.td_target(batch)                                  # (B,)
         actions = batch[ACTIONS].long().view(len(y), -1)           # (B, branches)
         q = self.q(batch[OBS]).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (B, branches)
@@ -306,8 +322,6 @@ class DQNLearner(Learner):
         else:
             loss = F.mse_loss(q, y)
 
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["grad_clip"] is not None:
@@ -316,11 +330,9 @@ class DQNLearner(Learner):
             grad_norm = torch.zeros((), device=self.device)
         self.optimizer.step()
 
-        if (self.updates + 1) % cfg["target_update_interval"] == 0:
+        if self._target_turn:
             self.update_target(cfg["tau"])
-
-        loss_v, q_v, grad_v = torch.stack([loss.detach(), q.detach().mean(), grad_norm.detach()]).tolist()
-        return {"loss": loss_v, "q_mean": q_v, "grad_norm": grad_v, "epsilon": self.epsilon()}
+        return capture.stack([loss, q.mean(), grad_norm])
 
     # ------------------------------------------------------------ checkpoints
 
@@ -334,10 +346,16 @@ class DQNLearner(Learner):
         if "row_counts" in state:        # checkpoints from before logged_actions have none
             self.row_counts = state.pop("row_counts").clone()
         super().load_nets_state(state)
+        self.set_share()
+
+    def set_share(self) -> None:
+        p = self.logged_share()
+        self.share[0].fill_(1.0 - p)   # two fills, not a copy from the host: no synchronisation
+        self.share[1].fill_(p)
 
     @torch.no_grad()
     def update_target(self, tau: float) -> None:
-        if tau >= 1.0:
-            self.q_target.load_state_dict(self.q.state_dict())
+        if tau >= 1.0:   # a hard copy, in place (a captured update replays it)
+            torch._foreach_copy_(list(self.q_target.parameters()), list(self.q.parameters()))
             return
         torch._foreach_lerp_(list(self.q_target.parameters()), list(self.q.parameters()), tau)

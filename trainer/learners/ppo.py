@@ -71,7 +71,7 @@ import torch
 from torch import nn
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import export
+from simbridge.trainer.learners import capture, export
 from simbridge.trainer.learners.advantages import compute_advantages, segments
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import COMMON_DEFAULTS, Learner
@@ -104,6 +104,7 @@ PPO_DEFAULTS = {
 # act() reports categorical logp of at most this, so that exactly 0 means a deterministic behaviour
 # (the exported greedy head); the ratio error it makes is 1e-7.
 MAX_CATEGORICAL_LOGP = -1e-7
+MINIBATCH_KEYS = ("obs", "idx", "a", "logp", "adv", "targets")   # an update_step's inputs
 REPLAY_KEYS = ("n_step", "buffer_size", "batch_size", "learning_starts", "updates_per_step")
 
 
@@ -142,16 +143,12 @@ class PPOLearner(Learner):
         self.policy = self.policy.to(self.device)
         self.value = encoders.network(space, cfg, lambda f: tanh_mlp([f, *cfg["hidden"], 1], 1.0)).to(self.device)
         params = list(self.policy.parameters()) + list(self.value.parameters())
-        fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
-        self.optimizer = torch.optim.Adam(params, lr=cfg["lr"], eps=cfg["adam_eps"], **fused)
+        self.optimizer = capture.adam(params, cfg["lr"], self.update_path, self.device, eps=cfg["adam_eps"])
         self.mask_columns = dict_key_columns(self.observation_space, MASK_KEY)
         if self.mask_columns is not None and self.mask_columns.stop - self.mask_columns.start != self.layout.n_logits:
             raise ValueError(f"observation key {MASK_KEY!r} has {self.mask_columns.stop - self.mask_columns.start} "
                              f"entries; the action space {self.action_space} needs one per discrete action, "
                              f"{self.layout.n_logits}")
-        self.act_generator = torch.Generator(device=self.device)   # acting runs on the bridge's threads
-        if cfg["seed"] is not None:
-            self.act_generator.manual_seed(cfg["seed"] + 1)
         # rows waiting for the next iteration; the lock lets add() run beside train() (a learner thread)
         self._incoming_lock = threading.Lock()
         self.incoming: List[Dict[str, np.ndarray]] = []
@@ -297,11 +294,11 @@ class PPOLearner(Learner):
         k = per_epoch or self.minibatches(n)
         steps = [mb for _ in range(cfg["num_epochs"])
                  for mb in torch.randperm(n, device=dev, generator=self.generator).tensor_split(k)]
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate()
+        capture.set_lr(self.optimizer, self.learning_rate())
+        self.updater.clear()   # the iteration's metrics: averaged over its minibatches at its end
         return {"obs": obs, "idx": torch.as_tensor(rows["idx"], device=dev), "a": torch.as_tensor(rows["a"], device=dev),
                 "logp": torch.as_tensor(rows[ACTION_LOGP], device=dev), "adv": torch.as_tensor(adv, device=dev),
-                "targets": torch.as_tensor(targets, device=dev), "steps": steps, "done": 0, "sums": {},
+                "targets": torch.as_tensor(targets, device=dev), "steps": steps, "done": 0, "kept": False,
                 "rows": n, "lagged": lagged, "values": values}
 
     def train(self, max_updates: Optional[int] = None) -> Dict[str, float]:
@@ -318,11 +315,10 @@ class PPOLearner(Learner):
     def run_updates(self, n: int, keep_metrics: bool = True) -> None:
         """The iteration's next n minibatch updates (ending it after its last)."""
         it = self.iteration
+        it["kept"] |= keep_metrics
         for _ in range(n):
-            metrics = self.update({k: it[k][it["steps"][it["done"]]] for k in ("obs", "idx", "a", "logp", "adv", "targets")})
-            if keep_metrics:
-                for name, v in metrics.items():
-                    it["sums"][name] = it["sums"].get(name, 0.0) + v
+            mb = it["steps"][it["done"]]
+            self.updater.run({k: it[k][mb] for k in MINIBATCH_KEYS})
             it["done"] += 1
             self.updates += 1
         if it["done"] == len(it["steps"]):
@@ -343,7 +339,7 @@ class PPOLearner(Learner):
     def finish_iteration(self, it: dict) -> None:
         self.iteration = None
         self.counters["iterations"] += 1
-        m = {name: float(total) / it["done"] for name, total in it["sums"].items()}
+        m = self.updater.mean() if it["kept"] else {}   # the iteration's one read-back of the step's metrics
         m.update({k: float(v) for k, v in self.counters.items()})
         m.update({"lr": self.learning_rate(), "iteration_rows": float(it["rows"]),
                   "iteration_lagged": float(it["lagged"]), "value_mean": float(it["values"].mean())})
@@ -352,9 +348,11 @@ class PPOLearner(Learner):
         self.sync_acting()
         self.drop_stale()
 
-    def update(self, mb: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """One clipped-surrogate gradient update on a minibatch; metrics stay tensors (summed over the
-        iteration, read back once at its end)."""
+    METRICS = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
+
+    def update_step(self, mb: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One clipped-surrogate gradient update on a minibatch (MINIBATCH_KEYS); its metrics stay on
+        the device (averaged over the iteration, read back once at its end)."""
         cfg = self.config
         obs = mb["obs"]
         logp, entropy = self.layout.log_prob(self.policy(obs), self.policy.log_std, self.allowed(obs), mb["idx"], mb["a"])
@@ -373,9 +371,9 @@ class PPOLearner(Learner):
             nn.utils.clip_grad_norm_(list(self.policy.parameters()) + list(self.value.parameters()), cfg["grad_clip"])
         self.optimizer.step()
         with torch.no_grad():
-            return {"policy_loss": policy_loss.detach(), "vf_loss": vf_loss.detach(), "entropy": entropy.mean().detach(),
-                    # (ratio - 1) - log ratio: the low-variance KL estimator (Schulman's blog, CleanRL)
-                    "approx_kl": ((ratio - 1) - log_ratio).mean(), "clip_frac": ((ratio - 1).abs() > clip).float().mean()}
+            # (ratio - 1) - log ratio: the low-variance KL estimator (Schulman's blog, CleanRL)
+            return capture.stack([policy_loss, vf_loss, entropy.mean(), ((ratio - 1) - log_ratio).mean(),
+                                  ((ratio - 1).abs() > clip).float().mean()])
 
     # ------------------------------------------------------------ checkpoints
 

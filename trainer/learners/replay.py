@@ -3,7 +3,9 @@
 Storage is allocated on the first write from the columns' shapes and dtypes,
 written circularly with one slice assignment per column (two when wrapping),
 and sampled with torch.randint on the same device, so on a GPU the sampled
-batch never leaves it.
+batch never leaves it. `sample` is `gather(draw(...))`: a captured update (trainer/learners/
+capture.py) draws the indices eagerly and gathers inside its CUDA graph, from storage whose
+reallocation `storage_version` counts.
 """
 from typing import Dict, Optional
 
@@ -19,6 +21,7 @@ class ReplayBuffer:
         self._pos = 0
         self._size = 0
         self.added = 0
+        self.storage_version = 0   # bumped whenever the storage tensors are replaced
 
     def __len__(self) -> int:
         return self._size
@@ -34,6 +37,7 @@ class ReplayBuffer:
                 v = np.asarray(v)
                 self._data[k] = torch.zeros((self.capacity,) + v.shape[1:],
                                             dtype=torch.from_numpy(v[:1].copy()).dtype, device=self.device)
+            self.storage_version += 1
         if n > self.capacity:  # keep the newest
             columns = {k: np.asarray(v)[-self.capacity:] for k, v in columns.items()}
             n = self.capacity
@@ -50,7 +54,13 @@ class ReplayBuffer:
         self.added += n
 
     def sample(self, batch_size: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-        idx = torch.randint(0, self._size, (batch_size,), device=self.device, generator=generator)
+        return self.gather(self.draw(batch_size, generator))
+
+    def draw(self, batch_size: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Uniform row indices (on the device, no host sync)."""
+        return torch.randint(0, self._size, (batch_size,), device=self.device, generator=generator)
+
+    def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
         return {k: v[idx] for k, v in self._data.items()}
 
     def state_dict(self) -> dict:
@@ -61,6 +71,7 @@ class ReplayBuffer:
         self.capacity = state["capacity"]
         self._pos, self._size, self.added = state["pos"], state["size"], state["added"]
         self._data = {}
+        self.storage_version += 1
         for k, v in state["data"].items():
             store = torch.zeros((self.capacity,) + tuple(v.shape[1:]), dtype=v.dtype, device=self.device)
             store[:len(v)] = v.to(self.device)

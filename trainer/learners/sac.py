@@ -14,12 +14,14 @@ One update (Haarnoja et al. 2018, with twin critics and automatic entropy tuning
   alpha:  minimise -log_alpha * (log pi(a|s) + target_entropy), target_entropy = -A
   target: Q' <- Q' + tau * (Q - Q')
 
-Speed (CPU, eager): both critics are one module whose layers are batched
-matmuls (one `baddbmm` per layer for the pair, and one Adam over both), Adam is
-the fused kernel, the temperature's gradient is written directly (no autograd
-for one scalar), the target update is one `_foreach_lerp_`, and scalar metrics
-are read back (a device sync on CUDA) only every `metrics_every` updates: the
-metrics a train() call returns can be up to that many updates old.
+Speed: both critics are one module whose layers are batched matmuls (one
+`baddbmm` per layer for the pair, and one Adam over both), Adam is the fused
+kernel, the temperature's gradient is written directly (no autograd for one
+scalar), the target update is one `_foreach_lerp_`, the update's noise is drawn
+with the replay indices (draw_inputs), and the whole update is one step without
+host synchronisation, captured as a CUDA graph on a GPU (trainer/learners/capture.py).
+Scalar metrics are read back at the end of a train() call once `metrics_every`
+updates ran since the last read: the metrics reported can be that many updates old.
 """
 import math
 from typing import Dict, List, Tuple, Union
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge.trainer.learners import export
+from simbridge.trainer.learners import capture, export
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import LOG_STD_MAX, LOG_STD_MIN, STORE_CLIP, squashed_sample
@@ -47,7 +49,7 @@ SAC_DEFAULTS = {
     "initial_alpha": 0.01,           # small against any reward scale; tuning raises it (see below)
     "target_entropy": "auto",        # "auto": -A (size of the flattened action); or a number
     "random_warmup": True,           # uniform random actions for the first learning_starts agent steps
-    "metrics_every": 100,            # read scalar metrics back every K updates (the others reuse them)
+    "metrics_every": 100,            # read scalar metrics back after K updates at most once (a host sync)
 }
 
 # Why initial_alpha = 0.01 and not the usual 1.0: the temperature is tuned towards the target
@@ -150,16 +152,10 @@ class SACLearner(Learner):
         te = cfg["target_entropy"]
         self.target_entropy = -float(self.act_dim) if te == "auto" else float(te)
 
-        fused = dev.type in ("cpu", "cuda")            # the fused Adam kernel exists there
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg["actor_lr"], fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg["critic_lr"], fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg["alpha_lr"], fused=fused)
-
-        # acting draws its noise from its own generator: it runs on the bridge's threads
-        self.act_generator = torch.Generator(device=dev)
-        if cfg["seed"] is not None:
-            self.act_generator.manual_seed(cfg["seed"] + 1)
-        self._metrics: Dict[str, float] = {}
+        path = self.update_path
+        self.actor_opt = capture.adam(self.actor.parameters(), cfg["actor_lr"], path, dev)
+        self.critic_opt = capture.adam(self.critic.parameters(), cfg["critic_lr"], path, dev)
+        self.alpha_opt = capture.adam([self.log_alpha], cfg["alpha_lr"], path, dev)
 
     def modules_for_acting(self) -> nn.Module:
         return self.actor
@@ -219,13 +215,17 @@ class SACLearner(Learner):
             q_next = self.critic_target(new_obs, next_a).min(dim=0).values
             return rewards + discounts * (q_next - alpha * next_logp)
 
-    def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy")
+
+    def extra_draws(self, batch_size: int) -> Dict[str, torch.Tensor]:
+        return {"noise": torch.randn((2, batch_size, self.act_dim), device=self.device, generator=self.generator)}
+
+    def update_step(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = self.rows(inputs)
         obs, new_obs = batch[OBS], batch[NEW_OBS]
         actions, rewards, discounts = batch[ACTIONS], batch[REWARDS], batch[DISCOUNTS]
-        b = obs.shape[0]
         alpha = self.log_alpha.detach().exp()
-
-        noise = torch.randn((2, b, self.act_dim), device=obs.device, generator=self.generator)
+        noise = inputs["noise"]
 
         # critic
         with torch.no_grad():
@@ -248,7 +248,9 @@ class SACLearner(Learner):
         # temperature: alpha_loss = -log_alpha * mean(log pi + target_entropy); its gradient is set
         # directly (no autograd graph for one scalar)
         entropy_gap = logp_pi.detach().mean() + self.target_entropy
-        self.log_alpha.grad = -entropy_gap
+        if self.log_alpha.grad is None:
+            self.log_alpha.grad = torch.zeros_like(self.log_alpha)
+        self.log_alpha.grad.copy_(-entropy_gap)   # in place: a captured step writes where the graph reads
         self.alpha_opt.step()
 
         # Polyak-averaged target critics
@@ -256,13 +258,8 @@ class SACLearner(Learner):
             torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()),
                                  self.config["tau"])
 
-        if self.updates % self.config["metrics_every"] == 0 or not self._metrics:
-            self._metrics = {
-                "critic_loss": critic_loss.item(), "actor_loss": actor_loss.item(),
-                "alpha": alpha.item(), "alpha_loss": -(alpha.log() * entropy_gap).item(),
-                "q_mean": q.mean().item(), "entropy": -logp_pi.mean().item(),
-            }
-        return self._metrics
+        return capture.stack([critic_loss, actor_loss, alpha, -(alpha.log() * entropy_gap), q.mean(),
+                              -logp_pi.mean()])
 
     # ------------------------------------------------------------ checkpoints
 

@@ -1,0 +1,231 @@
+"""Learner update speed: updates/s per learner, device, batch size and update path, in one run.
+
+    python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
+                                  [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--out FILE]
+
+For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
+with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
+the learner's own update loop (`run_update_steps`: replay draws on the device, the update on its
+path, metrics left on the device) over a replay of 5,000 synthetic transitions, timed in `--repeats`
+windows of at least `--window` seconds, the device synchronised at both ends of each. Paths: eager
+everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile) with --compile only:
+compiling takes minutes on a small CPU. Prints one JSON object:
+  results: {learner, device, batch, path, updates_per_s (median), spread [min, max], cpu_ms_per_update
+           (process CPU time per update, median), updates timed, warmup_s (building, filling, first
+           updates and any capture or compile)}
+  ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`), and per
+           learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`)
+  acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds, at
+           1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
+  targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
+           the fastest path, batch 4,096 at >= 0.8x batch 256) and whether each was met
+On the CPU the default run takes well under a minute.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from simbridge.trainer.learners.dqn import DQNLearner  # noqa: E402
+from simbridge.trainer.learners.nstep import DISCOUNTS  # noqa: E402
+from simbridge.trainer.learners.ppo import MINIBATCH_KEYS, PPOLearner  # noqa: E402
+from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE, SAC_PENDULUM  # noqa: E402
+from simbridge.trainer.learners.sac import SACLearner  # noqa: E402
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS  # noqa: E402
+
+LEARNERS = {
+    "dqn": (DQNLearner, DQN_CARTPOLE, "CartPole-v1"),
+    "sac": (SACLearner, SAC_PENDULUM, "Pendulum-v1"),
+    "ppo": (PPOLearner, PPO_CARTPOLE, "CartPole-v1"),
+}
+REPLAY_ROWS = 5_000
+TARGETS = {"sac": 1_000.0, "dqn": 2_500.0}   # updates/s at batch 256 on cuda (the GPU issue)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(name: str, device: str, batch: int, path: str):
+    cls, preset, env_id = LEARNERS[name]
+    env = gym.make(env_id)
+    cfg = {**preset, "seed": 0, "update_path": path}
+    if name != "ppo":
+        cfg["batch_size"] = batch
+    learner = cls(env.observation_space, env.action_space, cfg, device=device, acting_device="learner")
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((REPLAY_ROWS, env.observation_space.shape[0])).astype(np.float32)
+    if name == "ppo":
+        lay, dev = learner.layout, learner.device
+        mb = {"obs": torch.as_tensor(obs[:batch], device=dev),
+              "idx": torch.as_tensor(rng.integers(0, 2, (batch, len(lay.nvec))), device=dev),
+              "a": torch.zeros((batch, 0), device=dev),
+              "logp": torch.full((batch,), -0.69, device=dev),
+              "adv": torch.as_tensor(rng.standard_normal(batch).astype(np.float32), device=dev),
+              "targets": torch.as_tensor(rng.standard_normal(batch).astype(np.float32), device=dev)}
+        assert set(mb) == set(MINIBATCH_KEYS)
+        learner.updater.clear()
+
+        def steps(n: int) -> None:
+            for _ in range(n):
+                learner.updater.run(mb)
+        return learner, steps
+    actions = learner.store_actions(np.stack([env.action_space.sample() for _ in range(REPLAY_ROWS)]))
+    learner.replay.add({OBS: obs, NEW_OBS: obs + 0.01, ACTIONS: actions,
+                        REWARDS: rng.standard_normal(REPLAY_ROWS).astype(np.float32),
+                        DISCOUNTS: np.full(REPLAY_ROWS, 0.99, np.float32)})
+    return learner, learner.run_update_steps
+
+
+def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int) -> dict:
+    t0 = time.perf_counter()
+    learner, steps = build(name, device, batch, path)
+    dev = learner.device
+    steps(6)                       # warm-up: a graph's capture, a compile, lazy allocations
+    learner.updater.read()
+    sync(dev)
+    warmup_s = time.perf_counter() - t0
+    rates, cpu = [], []
+    chunk = 4
+    timed = 0
+    for _ in range(repeats):
+        n = 0
+        sync(dev)
+        c0, t = time.process_time(), time.perf_counter()
+        while True:
+            steps(chunk)
+            n += chunk
+            sync(dev)
+            elapsed = time.perf_counter() - t
+            if elapsed >= window:
+                break
+            if elapsed < window / 8:
+                chunk *= 2
+        learner.updater.read()      # the loop's read-back: once per window, as train() once per call
+        rates.append(n / elapsed)
+        cpu.append(1e3 * (time.process_time() - c0) / n)
+        timed += n
+    return {"learner": name, "device": str(dev), "batch": batch, "path": learner.updater.path,
+            "path_asked": path, "updates_per_s": round(statistics.median(rates), 1),
+            "spread": [round(min(rates), 1), round(max(rates), 1)],
+            "cpu_ms_per_update": round(statistics.median(cpu), 3), "updates": timed,
+            "warmup_s": round(warmup_s, 2)}
+
+
+def acting_latency(device: str, window: float = 0.15) -> list:
+    out = []
+    nets = [("dqn", DQNLearner, DQN_CARTPOLE, "CartPole-v1", None), ("sac", SACLearner, SAC_PENDULUM, "Pendulum-v1", None),
+            ("sac-1024x1024", SACLearner, SAC_PENDULUM, "Pendulum-v1", [1024, 1024])]
+    for label, cls, preset, env_id, hidden in nets:
+        env = gym.make(env_id)
+        cfg = {**preset, "seed": 0, "random_warmup": False} if cls is SACLearner else {**preset, "seed": 0}
+        if hidden:
+            cfg["hidden"] = hidden
+        learner = cls(env.observation_space, env.action_space, cfg, device=device, acting_device="learner",
+                      trainable=False)
+        params = sum(p.numel() for p in learner.acting.parameters())
+        for rows in (1, 256):
+            obs = np.random.default_rng(0).standard_normal((rows, env.observation_space.shape[0])).astype(np.float32)
+            for _ in range(3):
+                learner.compute_actions(obs)
+            calls, t = 0, time.perf_counter()
+            while calls < 3 or time.perf_counter() - t < window:
+                learner.compute_actions(obs)     # returns numpy: the device synchronises every call
+                calls += 1
+            out.append({"network": label, "parameters": params, "device": device, "rows": rows,
+                        "us_per_call": round(1e6 * (time.perf_counter() - t) / calls, 1)})
+    return out
+
+
+def ratios(results: list) -> dict:
+    out = {}
+    by = {(r["learner"], r["device"], r["batch"], r["path_asked"]): r["updates_per_s"] for r in results}
+    for (learner, device, batch, path), rate in by.items():
+        eager = by.get((learner, device, batch, "eager"))
+        if path != "eager" and eager:
+            out[f"{learner}/{device}/b{batch}/{path}_vs_eager"] = round(rate / eager, 3)
+        small = by.get((learner, device, 256, path))
+        if batch == 4096 and small:
+            out[f"{learner}/{device}/{path}/b4096_vs_b256"] = round(rate / small, 3)
+    return out
+
+
+def targets(results: list) -> dict:
+    out = {}
+    for learner, bar in TARGETS.items():
+        cuda = [r for r in results if r["learner"] == learner and r["device"].startswith("cuda")]
+        b256 = [r for r in cuda if r["batch"] == 256]
+        if not b256:
+            continue
+        best = max(b256, key=lambda r: r["updates_per_s"])
+        big = [r for r in cuda if r["batch"] == 4096 and r["path_asked"] == best["path_asked"]]
+        out[learner] = {"bar_b256": bar, "best_b256": best["updates_per_s"], "path": best["path_asked"],
+                        "b256_met": best["updates_per_s"] >= bar}
+        if big:
+            out[learner].update(b4096=big[0]["updates_per_s"], b4096_met=big[0]["updates_per_s"] >= 0.8 * best["updates_per_s"])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    have_cuda = torch.cuda.is_available()
+    ap.add_argument("--devices", default="cpu,cuda" if have_cuda else "cpu")
+    ap.add_argument("--batches", default="256,4096")
+    ap.add_argument("--learners", default="dqn,sac,ppo")
+    ap.add_argument("--paths", default=None, help="default: eager, and graph on cuda")
+    ap.add_argument("--compile", action="store_true", help="also the torch.compile path (minutes on a small CPU)")
+    ap.add_argument("--window", type=float, default=0.3, help="seconds per timed window")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the trainer's default: 1)")
+    ap.add_argument("--no-acting", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    results = []
+    for device in args.devices.split(","):
+        if device.startswith("cuda") and not have_cuda:
+            print(f"skipping {device}: torch sees no CUDA device", file=sys.stderr)
+            continue
+        paths = args.paths.split(",") if args.paths else (["eager", "graph"] if device.startswith("cuda") else ["eager"])
+        if args.compile and "compile" not in paths:
+            paths.append("compile")
+        for learner in args.learners.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                for path in paths:
+                    r = measure(learner, device, batch, path, args.window, args.repeats)
+                    print(json.dumps(r), file=sys.stderr, flush=True)
+                    results.append(r)
+    acting = []
+    if not args.no_acting:
+        for device in args.devices.split(","):
+            if not device.startswith("cuda") or have_cuda:
+                acting += acting_latency(device)
+    report = {"bench": "learner_speed", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                          "threads": args.threads, "load_1min": round(os.getloadavg()[0], 2),
+                          "gpu": torch.cuda.get_device_name(0) if have_cuda else None},
+              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "results": results, "ratios": ratios(results), "acting": acting, "targets": targets(results),
+              "wall_s": round(time.perf_counter() - started, 1)}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

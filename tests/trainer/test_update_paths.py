@@ -1,0 +1,324 @@
+"""Update paths (trainer/learners/capture.py) and acting placement (trainer/learners/placement.py).
+
+On the CPU: "auto" and "graph" fall back to eager and say why; the step's metrics reach the learner
+with one read-back per train() call; a checkpoint written with one optimizer form (a tensor
+learning rate, as the graph and compile paths keep it) loads into the other; the compile path's
+machinery (a stand-in compiler: torch.compile itself takes minutes on this CPU) equals eager, and
+falls back when compiling fails. The CUDA graph path itself runs only where torch sees a GPU
+(the tests marked `cuda`): equal to eager within float tolerance, checkpoints across paths.
+"""
+import io
+import logging
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from simbridge.trainer.config.sections import RunSection
+from simbridge.trainer.config.values import ConfigError
+from simbridge.trainer.learners import capture, placement
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.learners.nstep import DISCOUNTS
+from simbridge.trainer.learners.ppo import PPOLearner
+from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE, SAC_PENDULUM
+from simbridge.trainer.learners.sac import SACLearner
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
+from test_ppo import rows   # a fragment with the bridge's columns, acted by the learner
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+CARTPOLE, PENDULUM = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
+
+
+def learner(kind: str, device: str = "cpu", **cfg):
+    env, cls, preset = {"dqn": (CARTPOLE, DQNLearner, DQN_CARTPOLE), "sac": (PENDULUM, SACLearner, SAC_PENDULUM),
+                        "ppo": (CARTPOLE, PPOLearner, PPO_CARTPOLE)}[kind]
+    small = {"hidden": [32, 32]}
+    if kind != "ppo":
+        small.update(batch_size=64, learning_starts=100, buffer_size=1000)
+    return cls(env.observation_space, env.action_space, {**preset, **small, "seed": 0, **cfg}, device=device)
+
+
+def fill(learner, rows: int = 300, seed: int = 0) -> None:
+    """Transitions with the bridge's columns, enough to make updates due."""
+    rng = np.random.default_rng(seed)
+    space = learner.observation_space
+    obs = rng.uniform(-1, 1, (rows,) + space.shape).astype(np.float32)
+    learner.action_space.seed(seed)
+    actions = np.stack([learner.action_space.sample() for _ in range(rows)])
+    learner.replay.add({OBS: obs, NEW_OBS: obs * 0.9, ACTIONS: learner.store_actions(actions),
+                        REWARDS: rng.standard_normal(rows).astype(np.float32),
+                        DISCOUNTS: np.where(rng.random(rows) < 0.1, 0.0, 0.99).astype(np.float32)})
+    learner.agent_steps += rows
+
+
+def weights(learner) -> list:
+    return [t.detach().cpu().clone() for m in (learner.modules_for_acting(),) for t in m.state_dict().values()]
+
+
+def through_bytes(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+# ------------------------------------------------------------------ choosing the path
+
+@pytest.mark.parametrize("setting, why", [("auto", "auto on cpu"), ("graph", "needs a cuda device")])
+def test_capture_falls_back_to_eager_on_the_cpu_and_the_log_says_why(caplog, setting, why):
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
+    dqn = learner("dqn", update_path=setting)
+    assert dqn.update_path == "eager" and dqn.updater.path == "eager"
+    lines = [r.getMessage() for r in caplog.records if "updates run" in r.getMessage()]
+    assert len(lines) == 1 and "DQNLearner: updates run eagerly" in lines[0] and why in lines[0], lines
+
+
+def test_a_bad_update_path_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"update_path = 'cudagraph'.*'auto', 'eager', 'graph', 'compile'"):
+        learner("sac", update_path="cudagraph")
+
+
+def test_a_learner_that_only_acts_says_nothing_about_updates(caplog):
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
+    DQNLearner(CARTPOLE.observation_space, CARTPOLE.action_space, {"seed": 0}, device="cpu", trainable=False)
+    assert not [r for r in caplog.records if "updates run" in r.getMessage()]
+
+
+# ------------------------------------------------------------------ metrics, read back once per train()
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_metrics_reach_the_learner_with_one_read_back_per_train_call(kind, monkeypatch):
+    trained, by_hand = learner(kind), learner(kind)
+    fill(trained)
+    fill(by_hand)
+    reads = []
+    real_read = capture.Updates.read
+    monkeypatch.setattr(capture.Updates, "read", lambda self: reads.append(1) or real_read(self))
+    metrics = trained.train(max_updates=20)
+    assert trained.updates == 20 and len(reads) == 1
+    assert set(metrics) >= set(trained.METRICS) and np.all(np.isfinite(list(metrics.values())))
+    assert trained.last_metrics is metrics
+    # the same 20 updates as update() on the same draws: the reported metrics are the 20th's
+    for _ in range(20):
+        expected = by_hand.update(by_hand.replay.sample(by_hand.config["batch_size"], by_hand.generator))
+        by_hand.updates += 1
+    for name in trained.METRICS:
+        assert metrics[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+    for a, b in zip(weights(trained), weights(by_hand)):
+        assert torch.equal(a, b)
+
+
+def test_sac_reads_metrics_back_after_metrics_every_updates_at_most_once_per_call(monkeypatch):
+    sac = learner("sac", metrics_every=50)
+    fill(sac)
+    reads = []
+    real_read = capture.Updates.read
+    monkeypatch.setattr(capture.Updates, "read", lambda self: reads.append(sac.updates) or real_read(self))
+    for _ in range(4):
+        sac.train(max_updates=20)
+    assert reads == [20, 80]   # the first call reads (none yet), then once 50 more ran
+
+
+def test_ppo_reports_the_iterations_mean_metrics_read_back_once():
+    ppo = learner("ppo", train_batch_size=64, minibatch_size=16, num_epochs=2)
+    ppo.add(rows(ppo, 64))
+    m = ppo.train()
+    assert ppo.iteration is None and ppo.updates == 8
+    assert set(ppo.METRICS) <= set(m) and all(np.isfinite(m[k]) for k in ppo.METRICS)
+    assert ppo.updater.count == 8
+
+
+# ------------------------------------------------------------------ checkpoints across paths
+
+def tensor_lr_learner(kind: str, **cfg):
+    """A learner whose optimizers keep a tensor learning rate, as on the graph and compile paths
+    (capture.adam), with a compile step that is the eager step itself."""
+    lr = learner(kind, update_path="compile", **cfg)
+    lr.updater._compiler = lambda fn: fn
+    for opt in lr.optimizers():
+        assert all(isinstance(g["lr"], torch.Tensor) for g in opt.param_groups)
+    return lr
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_checkpoint_from_one_optimizer_form_loads_into_the_other_and_training_goes_on_the_same(kind):
+    eager, tensor_lr = learner(kind), tensor_lr_learner(kind)
+    fill(eager)
+    fill(tensor_lr)
+    eager.train(max_updates=15)
+    tensor_lr.train(max_updates=15)
+    for a, b in zip(weights(eager), weights(tensor_lr)):
+        torch.testing.assert_close(a, b)
+    # each one's checkpoint into a fresh learner of the other form
+    into_tensor, into_eager = tensor_lr_learner(kind, seed=5), learner(kind, seed=5)
+    into_tensor.load_state_dict(through_bytes(eager.state_dict(include_replay=True)))
+    into_eager.load_state_dict(through_bytes(tensor_lr.state_dict(include_replay=True)))
+    for opt in into_eager.optimizers():
+        assert all(isinstance(g["lr"], float) for g in opt.param_groups)
+    for opt in into_tensor.optimizers():
+        assert all(isinstance(g["lr"], torch.Tensor) for g in opt.param_groups)
+    for lrn in (eager, tensor_lr, into_tensor, into_eager):
+        lrn.generator.manual_seed(9)
+        lrn.train(max_updates=10)
+    reference = weights(eager)
+    for other in (tensor_lr, into_tensor, into_eager):
+        assert other.updates == 25
+        for a, b in zip(reference, weights(other)):
+            torch.testing.assert_close(a, b)
+
+
+def test_a_decaying_learning_rate_reaches_a_tensor_lr_optimizer():
+    dqn = tensor_lr_learner("dqn", lr=1e-3, lr_final=1e-4, lr_timesteps=1000)
+    fill(dqn, 500)
+    dqn.train(max_updates=1)
+    assert dqn.optimizer.param_groups[0]["lr"].item() == pytest.approx(dqn.learning_rate(), rel=1e-6)
+    assert dqn.learning_rate() < 1e-3
+
+
+# ------------------------------------------------------------------ the compile path's machinery
+
+def test_compile_path_runs_the_compiled_step_and_equals_eager():
+    compiled = []
+    eager, comp = learner("sac"), learner("sac", update_path="compile")
+
+    def compiler(fn):
+        compiled.append(fn)
+        return fn
+    comp.updater._compiler = compiler
+    assert comp.updater.path == "compile"
+    for lrn in (eager, comp):
+        fill(lrn)
+        lrn.train(max_updates=12)
+    assert len(compiled) == 1 and comp.updater.path == "compile"
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b)
+    assert comp.last_metrics["critic_loss"] == pytest.approx(eager.last_metrics["critic_loss"], rel=1e-5)
+
+
+def test_a_failing_compile_falls_back_to_eager_says_so_and_loses_no_update(caplog):
+    def broken(fn):
+        def run(inputs):
+            raise RuntimeError("inductor: no C compiler")
+        return run
+    eager, comp = learner("dqn"), learner("dqn", update_path="compile")
+    comp.updater._compiler = broken
+    for lrn in (eager, comp):
+        fill(lrn)
+        lrn.train(max_updates=10)
+    assert comp.updater.path == "eager" and comp.updates == 10
+    assert any("updates run eagerly from now on (torch.compile failed: RuntimeError: inductor: no C compiler"
+               in r.getMessage() for r in caplog.records)
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b)
+
+
+def test_graph_path_refuses_optimizer_hooks_and_runs_eagerly(caplog):
+    """A data-parallel group's gradient exchange is an optimizer hook; a graph would replay it
+    without running it. Exercised on the CPU by calling the graph runner directly."""
+    dqn = learner("dqn")
+    fill(dqn)
+    dqn.optimizer.register_step_pre_hook(lambda opt, args, kwargs: None)
+    dqn.updater.path = "graph"
+    dqn.train(max_updates=3)
+    assert dqn.updater.path == "eager" and dqn.updates == 3
+    assert any("step hook" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------ acting placement
+
+def test_acting_device_auto_keeps_small_networks_on_the_cpu_and_sends_large_ones_to_the_learner():
+    gpu = torch.device("cuda")   # only compared, never used
+    small = torch.nn.Linear(4, 2)
+    large = torch.nn.Linear(1024, 1024)
+    assert placement.acting_device("auto", gpu, small, 4)[0] == torch.device("cpu")
+    assert placement.acting_device("auto", gpu, large, 4)[0] == gpu
+    assert placement.acting_device("auto", gpu, small, 84 * 84 * 3)[0] == gpu     # images
+    assert placement.acting_device("learner", gpu, small, 4)[0] == gpu
+    assert placement.acting_device("cpu", gpu, large, 4)[0] == torch.device("cpu")
+    assert placement.acting_device("auto", torch.device("cpu"), large, 4)[0] == torch.device("cpu")
+    with pytest.raises(ValueError, match="acting_device = 'gpu'.*'auto', 'cpu', 'learner'"):
+        placement.acting_device("gpu", gpu, small, 4)
+
+
+def test_acting_copy_lives_on_the_acting_device_and_follows_training():
+    sac = SACLearner(PENDULUM.observation_space, PENDULUM.action_space,
+                     {**SAC_PENDULUM, "hidden": [16], "batch_size": 32, "learning_starts": 50, "seed": 0},
+                     device="cpu", acting_device="cpu")
+    fill(sac, 100)
+    sac.train(max_updates=5)
+    assert all(p.device.type == "cpu" for p in sac.acting.parameters())
+    assert sac.act_generator.device.type == "cpu"
+    for a, b in zip(sac.acting.parameters(), sac.actor.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_no_gpu_neighbours_line_without_a_gpu(caplog):
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
+    assert placement.gpu_neighbours(torch.device("cpu")) == []
+    placement.say_gpu_neighbours(torch.device("cpu"), "DQNLearner")
+    assert not caplog.records
+
+
+def test_run_acting_device_is_a_checked_config_key():
+    assert RunSection().acting_device == "auto"
+    with pytest.raises(ConfigError, match=r"\[run\] acting_device = 'gpu'.*\"auto\".*\"cpu\".*\"learner\""):
+        RunSection(acting_device="gpu").check("trainer.toml")
+
+
+# ------------------------------------------------------------------ on a GPU: the CUDA graph path
+
+@cuda
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_graph_path_equals_eager_on_cuda(kind):
+    eager, graph = learner(kind, "cuda", update_path="eager"), learner(kind, "cuda", update_path="graph")
+    assert graph.updater.path == "graph"
+    for lrn in (eager, graph):
+        fill(lrn)
+        lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture, replays
+    assert graph.updater.path == "graph" and len(graph.updater._graphs) >= 1
+    for a, b in zip(weights(eager), weights(graph)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for name in graph.METRICS:
+        assert graph.last_metrics[name] == pytest.approx(eager.last_metrics[name], rel=1e-3, abs=1e-4), name
+
+
+@cuda
+def test_graph_path_with_a_hard_target_every_third_update_equals_eager_on_cuda():
+    cfg = {"target_update_interval": 3, "tau": 1.0, "lr_final": 1e-5, "lr_timesteps": 400}
+    eager, graph = learner("dqn", "cuda", update_path="eager", **cfg), learner("dqn", "cuda", update_path="graph", **cfg)
+    for lrn in (eager, graph):
+        fill(lrn)
+        lrn.train(max_updates=30)
+    assert len(graph.updater._graphs) == 2   # one per target turn
+    for a, b in zip(weights(eager), weights(graph)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_ppo_minibatch_graph_equals_eager_on_cuda():
+    runs = []
+    for path in ("eager", "graph"):
+        ppo = learner("ppo", "cuda", update_path=path, train_batch_size=64, minibatch_size=16, num_epochs=4)
+        ppo.add(rows(ppo, 64))
+        ppo.train()
+        runs.append(ppo)
+    assert runs[1].updater.path == "graph"
+    for a, b in zip(weights(runs[0]), weights(runs[1])):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_graph_checkpoint_loads_on_the_cpu_and_a_cpu_one_on_the_graph_path(kind):
+    graph, cpu = learner(kind, "cuda", update_path="graph"), learner(kind)
+    for lrn in (graph, cpu):
+        fill(lrn)
+        lrn.train(max_updates=10)
+    on_cpu, on_graph = learner(kind, seed=3), learner(kind, "cuda", update_path="graph", seed=3)
+    on_cpu.load_state_dict(through_bytes(graph.state_dict(include_replay=True)))
+    on_graph.load_state_dict(through_bytes(cpu.state_dict(include_replay=True)))
+    for lrn in (on_cpu, on_graph):
+        lrn.train(max_updates=10)          # the graph is captured again on the loaded state
+        assert lrn.updates == 20 and np.all(np.isfinite(list(lrn.last_metrics.values())))
+    assert on_graph.updater.path == "graph"

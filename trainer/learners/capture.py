@@ -1,0 +1,266 @@
+"""How a learner's gradient updates run: eagerly, as one CUDA graph, or through torch.compile.
+
+The config key `update_path` (every learner, COMMON_DEFAULTS):
+  "auto"     graph on cuda, eager elsewhere
+  "eager"    plain PyTorch, one kernel launch per op
+  "graph"    the whole update (replay gather, losses, backward, optimizer steps, target update,
+             metrics) captured once as a torch.cuda.CUDAGraph and replayed: one launch per update.
+             cuda only; elsewhere, or when capture fails, eager (the log says why)
+  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. Compiling
+             takes minutes on a small CPU (284 s for SAC's update on 2 loaded cores, then 0.4x eager
+             there: docs/benchmarks.md), so "auto" never picks it on the CPU.
+
+Why a graph: on a GPU a small-network update is bound by its ~100 kernel launches and by host
+synchronisation, not by arithmetic (an H200 ran SAC's eager update at ~200/s, at batch 256 as at
+4,096; LeanRL's SAC went from 127 to 526 updates/s with CUDA graphs alone). Capturing the update
+needs what a graph can replay:
+  - no host synchronisation inside it: the metrics are a device vector the graph writes into
+    `latest` and adds into `total`, read back when the learner asks (once per train() call, or
+    fewer: `Updates.read`), never per update;
+  - static inputs: the learner's random draws for the update (replay indices, SAC's noise) are made
+    eagerly with its generator, the same stream as eager's, and copied into the graph's buffers;
+    the replay storage is read inside the graph, so a reallocated storage (its `storage_version`)
+    selects a new graph;
+  - per-update scalars as device tensors: a learning rate that changes lives in the optimizer as a
+    tensor (`set_lr` fills it); Adam is fused (its step count on the device, capturable);
+  - python choices (DQN's target-update turn) pick one of a few graphs (`key`).
+The first WARMUP updates of each graph run eagerly on a side stream (Adam's state and cuBLAS's
+workspaces exist before capture, as CUDA graphs need); capture records without executing, so the
+replay right after it is the update itself. Graph and eager compute the same function with the
+same draws: results agree to float rounding (tests/trainer/test_update_paths.py).
+"""
+import logging
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import torch
+
+log = logging.getLogger("simbridge.trainer")
+
+PATHS = ("auto", "eager", "graph", "compile")
+WARMUP = 3   # eager updates on a side stream before a graph is captured (PyTorch's whole-network recipe)
+
+Inputs = Dict[str, torch.Tensor]
+
+
+def resolve(setting: str, device: torch.device) -> Tuple[str, str]:
+    """(path, why) for the `update_path` setting on this device."""
+    if setting not in PATHS:
+        raise ValueError(f"update_path = {setting!r}: use one of {list(PATHS)} (\"auto\": a CUDA graph on cuda, "
+                         f"eager on the CPU)")
+    if setting == "auto":
+        if device.type == "cuda":
+            return "graph", "auto on cuda"
+        return "eager", f"auto on {device.type}: CUDA graphs need cuda, and torch.compile lost to eager on the CPU"
+    if setting == "graph" and device.type != "cuda":
+        return "eager", f"update_path \"graph\" needs a cuda device, the learner is on {device.type}"
+    if setting == "compile" and not hasattr(torch, "compile"):
+        return "eager", "this torch has no torch.compile"
+    return setting, "as configured"
+
+
+def adam(params, lr: float, path: str, device: torch.device, **kw) -> torch.optim.Adam:
+    """Adam as the path needs it: the fused kernel where it exists (one launch per step; its step
+    count lives on the device, so it is capturable), and on the graph and compile paths a tensor
+    learning rate, which set_lr changes without recapturing."""
+    fused = device.type in ("cpu", "cuda")
+    if path in ("graph", "compile") and fused:
+        # a tensor lr: a schedule changes it in place, and neither a graph nor a compiled step
+        # bakes in (or recompiles for) each new value
+        return torch.optim.Adam(params, lr=torch.tensor(float(lr), device=device), fused=True,
+                                capturable=device.type == "cuda", **kw)
+    return torch.optim.Adam(params, lr=lr, fused=fused or None, **kw)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Sets every group's learning rate; a tensor one is filled in place (a graph reads it there).
+    Unchanged values cost nothing (most updates: a schedule moves it once per agent step)."""
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            if group.get("_lr_value") != value:
+                lr.fill_(value)
+                group["_lr_value"] = value
+        else:
+            group["lr"] = value
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """state_dict with the learning rates as plain floats, so that a checkpoint written on one path
+    loads on the other (a tensor lr on cuda in a CPU learner, or the reverse)."""
+    state = optimizer.state_dict()
+    groups = []
+    for g in state["param_groups"]:
+        g = {k: v for k, v in g.items() if k != "_lr_value"}
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"] = float(g["lr"].item())
+        groups.append(g)
+    return {**state, "param_groups": groups}
+
+
+# The options that belong to how this process runs the optimizer, not to the run being resumed.
+_OWN_OPTIONS = ("capturable", "fused", "foreach", "differentiable")
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """load_state_dict keeping this optimizer's own kernel options and lr type: a graph path's
+    checkpoint (capturable, tensor lr) loads into an eager CPU learner and the reverse."""
+    own = [{k: g.get(k) for k in _OWN_OPTIONS} for g in optimizer.param_groups]
+    tensor_lr = [g["lr"] if isinstance(g["lr"], torch.Tensor) else None for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, options, lr in zip(optimizer.param_groups, own, tensor_lr):
+        group.update(options)
+        saved = group["lr"]
+        value = float(saved.item()) if isinstance(saved, torch.Tensor) else float(saved)
+        group.pop("_lr_value", None)
+        if lr is not None:
+            group["lr"] = lr
+            set_lr_group(group, value)
+        else:
+            group["lr"] = value
+        # Adam keeps its step count on the device when fused or capturable, on the CPU otherwise
+        device_step = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            st = optimizer.state.get(p, {})
+            step = st.get("step")
+            if isinstance(step, torch.Tensor):
+                st["step"] = step.to(p.device if device_step else "cpu", torch.float32)
+
+
+def set_lr_group(group: dict, value: float) -> None:
+    group["lr"].fill_(value)
+    group["_lr_value"] = value
+
+
+class Updates:
+    """Runs one learner's update step on its path and keeps the step's metrics on the device.
+
+    step(inputs) -> a 1-d float tensor of len(names) metrics; it may read the learner's networks,
+    optimizers and replay storage, and must not synchronise with the host. `run(inputs, key)`
+    performs one update; `read()` returns the latest update's metrics as floats (one host sync),
+    `mean()` their average since `clear()`."""
+
+    def __init__(self, owner: str, step: Callable[[Inputs], torch.Tensor], names: Sequence[str], path: str,
+                 reason: str, device: torch.device, optimizers: Sequence[torch.optim.Optimizer] = (),
+                 compiler: Optional[Callable] = None, quiet: bool = False):
+        """compiler: what the compile path wraps the step with (default torch.compile; tests pass
+        their own); quiet: no start-up line (a learner that only acts)."""
+        self.owner, self.step, self.names = owner, step, tuple(names)
+        self.device = device
+        self.optimizers = list(optimizers)
+        self.path, self.reason = path, reason
+        self._compiler = compiler
+        self.latest = torch.zeros(len(self.names), device=device)
+        self.total = torch.zeros(len(self.names), device=device)
+        self.count = 0            # updates summed into total since clear()
+        self.ran = 0              # updates run
+        self._graphs: Dict[Hashable, list] = {}   # key -> [eager runs so far, graph, static inputs]
+        self._compiled = None
+        self._side: Optional[torch.cuda.Stream] = None
+        if not quiet:
+            log.info("%s: updates run %s (%s)", owner, self.describe(), reason)
+
+    def describe(self) -> str:
+        return {"graph": "as one CUDA graph", "compile": "through torch.compile", "eager": "eagerly"}[self.path]
+
+    # ---------------------------------------------------------------- running
+
+    def _body(self, inputs: Inputs) -> None:
+        m = self.step(inputs)
+        self.latest.copy_(m)
+        self.total.add_(m)
+
+    def run(self, inputs: Inputs, key: Hashable = ()) -> None:
+        if self.path == "graph":
+            self._run_graph(inputs, key)
+        elif self.path == "compile":
+            self._run_compiled(inputs)
+        else:
+            self._body(inputs)
+        self.count += 1
+        self.ran += 1
+
+    def _fall_back(self, why: str) -> None:
+        log.warning("%s: updates run eagerly from now on (%s)", self.owner, why)
+        self.path, self.reason = "eager", why
+        self._graphs.clear()
+        self._compiled = None
+
+    def _run_compiled(self, inputs: Inputs) -> None:
+        if self._compiled is None:
+            compiler = self._compiler or (lambda fn: torch.compile(
+                fn, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False))
+            self._compiled = compiler(self._body)
+        try:
+            self._compiled(inputs)
+        except Exception as e:   # noqa: BLE001 - an op inductor cannot build: eager still can
+            self._fall_back(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
+            self._body(inputs)
+
+    def _hooked(self) -> Optional[str]:
+        for opt in self.optimizers:
+            if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks:
+                return "an optimizer step hook (a data-parallel group's gradient exchange) cannot be captured"
+        return None
+
+    def _run_graph(self, inputs: Inputs, key: Hashable) -> None:
+        full_key = (key, tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items()))
+        entry = self._graphs.get(full_key)
+        if entry is None:
+            why = self._hooked()
+            if why is not None:
+                self._fall_back(why)
+                self._body(inputs)
+                return
+            entry = self._graphs[full_key] = [0, None, None]
+        if entry[1] is not None:
+            for k, v in entry[2].items():
+                v.copy_(inputs[k])
+            entry[1].replay()
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        if entry[0] < WARMUP:
+            with torch.cuda.stream(self._side):
+                self._body(inputs)
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+            entry[0] += 1
+            return
+        static = {k: v.clone() for k, v in inputs.items()}
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self._side):
+                self._body(static)
+        except Exception as e:   # noqa: BLE001 - an op that cannot be captured: eager still runs it
+            torch.cuda.synchronize(self.device)
+            self._fall_back(f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}")
+            self._body(inputs)
+            return
+        entry[1], entry[2] = graph, static
+        graph.replay()   # capture recorded the update without running it
+
+    def reset(self) -> None:
+        """Forgets the captured graphs (the optimizers' state or the replay storage was replaced):
+        the next updates warm up and capture again."""
+        self._graphs.clear()
+
+    # ---------------------------------------------------------------- metrics
+
+    def read(self) -> Dict[str, float]:
+        """The latest update's metrics (one host read-back)."""
+        return dict(zip(self.names, self.latest.tolist()))
+
+    def mean(self) -> Dict[str, float]:
+        """The metrics averaged over the updates since clear() (one host read-back)."""
+        if self.count == 0:
+            return {}
+        return {n: v / self.count for n, v in zip(self.names, self.total.tolist())}
+
+    def clear(self) -> None:
+        self.total.zero_()
+        self.count = 0
+
+
+def stack(values: List[torch.Tensor]) -> torch.Tensor:
+    """Scalar tensors -> the float32 metrics vector a step returns."""
+    return torch.stack([v.detach().float().reshape(()) for v in values])
