@@ -61,6 +61,7 @@ from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use, in_use_message
 from simbridge.trainer.run import rundir
+from simbridge.trainer.run.listen import listen_early
 from simbridge.trainer.config.trainer_config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
 from simbridge.trainer.config.values import parse_overrides
 from simbridge.trainer.config.dataset import dataset_overrides
@@ -143,6 +144,7 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
 
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = None
     try:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         if "WORLD_SIZE" in os.environ and restart not in ("", "0") and not args.resume:
@@ -160,9 +162,18 @@ def cmd_run(args) -> int:
             refuse_used(Path(cfg.run.logdir))
         if address_in_use(cfg.server.address):   # at once, before torch and the learners load
             raise ConfigError(f"{in_use_message(cfg.server.address)} (nothing was written to {cfg.run.logdir})")
+        if rank is None:   # listening before torch loads: simulators started beside it wait, not fail
+            server = listen_early(cfg)
+            print(f"simbridge-trainer: bound {server.address}, not serving yet: loading torch and the "
+                  f"{'checkpoint' if args.resume else 'learners'}; simulators that connect meanwhile wait",
+                  flush=True)
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
-        daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank)
-    except ConfigError as e:
+        daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank, server=server)
+    except BaseException as e:
+        if server is not None:   # its held calls are refused (UNAVAILABLE), and the process can exit
+            server.stop(grace=0)
+        if not isinstance(e, ConfigError):
+            raise
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2
     return run_daemon(daemon)

@@ -25,16 +25,14 @@ from pathlib import Path
 
 import torch
 
-from simbridge.server.runtime import BridgeConfig, BridgeRuntime
-from simbridge.server.security import SecurityConfigError, ServerSecurity
+from simbridge.server.runtime import BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.server.service import BridgeServer
 from simbridge.trainer.config.dataset import DatasetConfigError
 from simbridge.trainer.config.trainer_config import ConfigError, TrainerConfig
 from simbridge.trainer.config.writer import flat_config
 from simbridge.trainer.data import datasets
 from simbridge.trainer.learners.base import Learner, trains
-from simbridge.trainer.run import checkpoint, journal, recovery
+from simbridge.trainer.run import checkpoint, journal, listen, recovery
 from simbridge.trainer.run.factory import PolicyFactory
 from simbridge.trainer.run.learner_process import LearnerProcessDied
 from simbridge.trainer.run.loop import LearningLoop
@@ -45,9 +43,12 @@ from simbridge.trainer.run.rundir import SAVED_CONFIG
 class TrainerDaemon:
     """Runtime + server + learners + logging for one run. `run()` blocks until stopped."""
 
-    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None, rank=None):
+    def __init__(self, cfg: TrainerConfig, resume: bool = False, out=None, preloaded=None, rank=None,
+                 server=None):
         """preloaded: {policy id: Policy} served as they are (`simbridge-trainer serve`). rank: this
-        process's place in a data-parallel group (trainer/distributed/group.py); only rank 0 writes files."""
+        process's place in a data-parallel group (trainer/distributed/group.py); only rank 0 writes files.
+        server: the run's server, already listening with its calls held (trainer/run/listen.py:
+        the CLI binds it before torch loads); None: run() binds one."""
         self.cfg = cfg
         self.rank = rank
         self.writes = rank is None or rank.writes
@@ -71,14 +72,14 @@ class TrainerDaemon:
         self._t0 = time.monotonic()
 
         s = cfg.server
-        # With a journal (and journal_before_answer), a streamed call is applied and journaled
-        # before it is answered: every answer a simulator got is then on record.
-        bridge_cfg = BridgeConfig(rollout_fragment_length=s.rollout_fragment_length, batch_mode=s.batch_mode,
-                                  count_steps_by=s.count_steps_by, max_wait_ms=s.max_wait_ms,
-                                  experience_queue_size=s.experience_queue_size, step_timeout_s=s.step_timeout_s,
-                                  answer_before_commit=not (cfg.run.journal and cfg.run.journal_before_answer))
-        self.runtime = BridgeRuntime(bridge_cfg, policy_mapping_fn=self.factory.mapping_fn(),
-                                     policy_factory=self.factory)
+        self._server = server
+        if server is None:
+            self.runtime = BridgeRuntime(listen.bridge_config(cfg), policy_mapping_fn=self.factory.mapping_fn(),
+                                         policy_factory=self.factory)
+        else:   # its calls wait until run() serves: nothing reaches the runtime before that
+            self.runtime = server.runtime
+            self.runtime.policy_mapping_fn = self.factory.mapping_fn()
+            self.runtime.policy_factory = self.factory
         self.runtime.episode_end_callbacks.append(self._on_episode_end)
         self.journal = None
         self.resume_info: dict = {}
@@ -297,23 +298,22 @@ class TrainerDaemon:
     def run(self) -> int:
         """Serves and trains until stopped; the exit code. The port is bound before anything is
         written: a start that fails (a busy port, bad TLS files) leaves the logdir as it was."""
-        s = self.cfg.server
-        try:   # binds now, serves once started
-            server = BridgeServer(self.runtime, s.address, security=ServerSecurity(
-                tls_cert=s.tls_cert, tls_key=s.tls_key, tls_client_ca=s.tls_client_ca,
-                auth_token_file=s.auth_token_file, insecure=s.insecure))
-        except SecurityConfigError as e:
-            print(f"simbridge-trainer: error: {e}", file=sys.stderr)
-            return 2
-        except RuntimeError as e:
-            print(f"simbridge-trainer: error: {e} (nothing was written to {self.logdir})", file=sys.stderr)
-            return 2
+        server = self._server
+        if server is None:
+            try:   # binds now, serves once started
+                server = listen.bind_server(self.cfg, self.runtime)
+            except ConfigError as e:
+                print(f"simbridge-trainer: error: {e}", file=sys.stderr)
+                return 2
         try:
             self._prepare()
         except BaseException:
             server.stop(grace=0)
             raise
-        server.start()
+        if self._server is None:
+            server.start()
+        else:   # listening since the CLI's start: the calls held meanwhile go now
+            server.serve()
         self.address = self.reporter.address = server.address
         self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else self.started_as

@@ -1,0 +1,69 @@
+"""`simbridge-trainer run` listens before it loads torch, and a simulator started beside it waits.
+
+The trainer binds its port and answers health NOT_SERVING before it imports torch and builds its
+learners (trainer/run/listen.py), holding the calls that come meanwhile; a simulator started
+first waits for the port (its --connect-timeout), then for the trainer to serve, saying so at
+each step, and runs its episodes. Real processes: the trainer CLI and simbridge-sim.
+"""
+import subprocess
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module
+
+# Seconds from `simbridge-trainer run` to its port answering. About 1 s on a quiet 2-core VM
+# (the CLI's own imports); the bound is for a machine at load 10+. Serving takes the torch import
+# and the learners on top (20 s at load 16 before: the port opened only then).
+BIND_BOUND_S = 12.0
+
+
+def first_health(address: str, proc: Proc, timeout_s: float = 60.0):
+    """(seconds until the port first answered health, the status it answered then)."""
+    t0 = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() - t0 < timeout_s:
+            assert proc.poll() is None, "\n".join(proc.lines)
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status
+                return time.monotonic() - t0, status
+            except grpc.RpcError:
+                time.sleep(0.02)
+    raise AssertionError(f"the trainer's port did not answer within {timeout_s}s:\n" + "\n".join(proc.lines))
+
+
+def test_the_trainer_listens_before_torch_and_a_simulator_started_first_waits_for_it(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    sim = subprocess.Popen(python_module("simbridge.sims.gym_sim", "--address", address, "--episodes", "3",
+                                         "--quiet"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT))
+    trainer = None
+    try:
+        # The simulator's default --connect-timeout covers a trainer started after it.
+        time.sleep(1.0)
+        trainer = Proc("trainer", python_module("simbridge.trainer.cli", "run", "--logdir", tmp_path / "run",
+                                                "--address", address))
+        bound_s, status = first_health(address, trainer)
+        # The port answered before the daemon was ready: torch and the learners load behind it.
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING, status
+        assert bound_s < BIND_BOUND_S, f"bound after {bound_s:.1f}s"
+        out, err = sim.communicate(timeout=240)
+        assert sim.returncode == 0, err
+        assert '"episodes": 3' in out, out
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+        if trainer is not None:
+            trainer.stop(timeout=60)
+    lines = list(trainer.lines)
+    said = "\n".join(lines)
+    bound = next(i for i, line in enumerate(lines) if f"bound {address}, not serving yet" in line)
+    serving = next(i for i, line in enumerate(lines) if f"simbridge-trainer listening on {address}" in line)
+    assert bound < serving, said
+    assert "a simulator connected before the trainer is ready: its calls wait until it serves" in said, said
+    # The simulator said what it waited for: the port, then the trainer to serve.
+    assert f"no simbridge trainer at {address} yet" in err and "waiting up to 30 s" in err, err
+    assert f"the simbridge trainer at {address} is still starting" in err, err
