@@ -24,6 +24,7 @@ class Metrics:
         self.recent_eval = collections.deque(maxlen=100)   # evaluation episodes' summaries, apart
         self.errors = collections.Counter()           # status code name -> count
         self.refused = collections.Counter()          # ErrorReason name -> count
+        self.refusal_said: Dict[str, str] = {}        # ErrorReason name -> its last message (one per reason)
         # UploadExperience (clients acting locally): accepted steps, and chunks refused because
         # the experience queue stayed full (the client keeps and resends them: no drop).
         self.uploaded_steps = 0
@@ -35,6 +36,7 @@ class Metrics:
         self.errors[err.code.name] += 1
         if err.reason:
             self.refused[err.reason_name] += 1
+            self.refusal_said[err.reason_name] = str(err.message)
 
     def policy_return_means(self, last: int = 100, evaluation: bool = False) -> Dict[str, float]:
         """Mean return of one agent's episode, per policy, over its last `last` agent-episodes

@@ -179,7 +179,10 @@ class PolicyRegistry(Mapping):
             raise invalid_argument(
                 f"agent {agent_id!r} maps to policy {policy_id!r}, whose spaces are "
                 f"observation {p.observation_space}, action {p.action_space}; this session declared "
-                f"observation {spec.obs_space}, action {spec.act_space} for it", Reason.SPACE_MISMATCH)
+                f"observation {spec.obs_space}, action {spec.act_space} for it. To serve it: map its agents to "
+                f"another policy id, created with these spaces on first use (the trainer's [mapping] rules = "
+                f"[\"{agent_id}=<policy id>\"] beside a [policies.<policy id>] table), or give this simulator a "
+                f"trainer of its own", Reason.SPACE_MISMATCH)
 
     def batcher(self, policy_id: str, greedy: bool = False):
         """The policy's DynamicBatcher; greedy: the one of evaluation episodes."""

@@ -141,6 +141,38 @@ def test_an_idle_trainer_waits_aloud_once_and_a_reconnecting_simulator_reads_pla
                 p.stop(timeout=10)
 
 
+def test_a_simulator_refused_for_its_spaces_is_said_on_both_consoles_with_the_fix(tmp_path):
+    """Issue 27 #6: the refusal was only in metrics.jsonl, and the simulator's message named both
+    spaces but no fix. Now the trainer's console says it (once per kind; a retrying simulator
+    does not flood it), and both name the fix: a [mapping] rule to another policy id, or a
+    trainer of their own for those spaces."""
+    address = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[server]\naddress = "{address}"\n[run]\nlogdir = "{tmp_path / "run"}"\nprint_every_s = 0.2\n'
+                   f'[policies.default_policy]\nalgorithm = "dqn"\n'
+                   f'observation_space = {{ type = "Box", low = -1.0, high = 1.0, shape = [4] }}\n'
+                   f'action_space = {{ type = "Discrete", n = 2 }}\n')
+    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
+                                                    "--log-level", "WARNING"), address, timeout=60, env=child_env())
+    try:
+        outs = [_sim(address, "--env", "MountainCar-v0", "--connect-timeout", "30")[0] for _ in range(2)]
+        deadline = time.monotonic() + 30
+        while not any("refused a simulator" in x for x in trainer.lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)   # more report intervals: the line must not repeat
+    finally:
+        trainer.stop(timeout=30)
+    for out in outs:
+        assert out.returncode != 0 and "whose spaces are" in out.stderr, out.stderr
+        assert '[mapping] rules = ["agent0=<policy id>"]' in out.stderr and "Box(-1.0, 1.0, (4,)" in out.stderr, \
+            out.stderr
+        _clean(out.stderr)
+    said = [x for x in trainer.lines if "refused a simulator" in x]
+    assert len(said) == 1, list(trainer.lines)
+    assert said[0].startswith("[trainer] refused a simulator (SPACE_MISMATCH): agent "), said
+    assert "Discrete(3)" in said[0] and "Discrete(2)" in said[0] and "[mapping] rules" in said[0], said
+
+
 def _read_pty(master: int, until: str, timeout: float) -> str:
     """What the terminal shows until `until` appears (or the other side closes, or `timeout`)."""
     import select

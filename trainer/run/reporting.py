@@ -20,6 +20,10 @@ from simbridge.trainer.run.rundir import METRICS
 log = logging.getLogger("simbridge.trainer")
 
 WAITING_EVERY_S = 30.0   # an idle trainer repeats "waiting for simulators" this often, not every line
+# Refusals only the user can fix, which otherwise show only in metrics.jsonl: said on the console
+# at once, then at most this often per kind (a simulator that retries must not flood it).
+SAID_REFUSALS = ("SPACE_MISMATCH", "SPACE_TOO_LARGE")
+REFUSAL_EVERY_S = 30.0
 
 
 class Reporter:
@@ -36,6 +40,7 @@ class Reporter:
         self._writer = None
         self.address = "?"   # the server's, once bound (the "waiting for simulators" line)
         self._waiting_said: Optional[float] = None
+        self._refusals_said: Dict[str, tuple] = {}   # reason -> (its count when said, when)
 
     def open(self, purge_step: Optional[int] = None) -> None:
         """purge_step: on resume, TensorBoard hides what an earlier process logged past the checkpoint."""
@@ -43,6 +48,8 @@ class Reporter:
         self._writer = self._open_tensorboard(purge_step)
         self._last_t = time.monotonic()
         self._last_steps = self.runtime.metrics.env_steps
+        refused = self.runtime.metrics.refused   # a resume's restored counts were said by the run before
+        self._refusals_said = {r: (refused.get(r, 0), -math.inf) for r in SAID_REFUSALS}
 
     def _open_tensorboard(self, purge_step: Optional[int]):
         try:
@@ -76,6 +83,7 @@ class Reporter:
         nothing moves, "waiting for simulators" once and then every WAITING_EVERY_S."""
         rec = self.record(event, extra)
         now = time.monotonic()
+        self._say_refusals(now)
         if rec["sessions"] == 0 and rec["steps_per_s"] == 0 and event != "stop":
             if self._waiting_said is None or now - self._waiting_said >= WAITING_EVERY_S:
                 self._waiting_said = now
@@ -85,6 +93,17 @@ class Reporter:
         self._waiting_said = None
         print(progress_line(rec, self.queue_max), file=self.out, flush=True)
         return rec
+
+    def _say_refusals(self, now: float) -> None:
+        m = self.runtime.metrics
+        for reason in SAID_REFUSALS:
+            n = m.refused.get(reason, 0)
+            said_n, said_t = self._refusals_said.get(reason, (0, -math.inf))
+            if n > said_n and now - said_t >= REFUSAL_EVERY_S:
+                self._refusals_said[reason] = (n, now)
+                times = f", {n - said_n} times since it was last said" if n - said_n > 1 else ""
+                print(f"[trainer] refused a simulator ({reason}{times}): {m.refusal_said.get(reason, '?')}",
+                      file=self.out, flush=True)
 
     def record(self, event: Optional[str] = None, extra: Optional[dict] = None) -> dict:
         """extra: fields of this one record (the resume's losses)."""
