@@ -145,6 +145,15 @@ def test_the_memory_estimate_counts_a_camera_in_bytes_and_the_cnn_not_an_mlp_on_
     assert est["networks"] < 6 * 4 * 84 * 84 * 4 * 256 / 4                  # far below an MLP on the pixels
 
 
+def test_a_learner_says_at_start_what_its_camera_costs(caplog):
+    caplog.set_level("INFO", logger="simbridge.trainer")
+    DQNLearner(CAMERA, gym.spaces.Discrete(3), {**OFF, "buffer_size": 10_000})
+    est = DQNLearner.memory_estimate(CAMERA, gym.spaces.Discrete(3), {**OFF, "buffer_size": 10_000})
+    said = caplog.text
+    assert "20x20x1 uint8 image through simple" in said and "one observation is 400 bytes (uint8 rows)" in said
+    assert f"replay {est['replay'] / 2**20:.1f} MiB" in said, said
+
+
 def test_uint8_pixels_cross_the_wire_as_bytes_and_reach_the_replay_as_uint8(make_server):
     """A real server on loopback whose policy is a DQN learner; a client sends uint8 frames."""
     made = {}
