@@ -418,7 +418,7 @@ class LogReturnsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
-    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards", "start_episode_ids", "start_training_enabled", "start_evaluation")
+    __slots__ = ("header", "episode_ids", "final_observations", "truncated", "rewards", "start_episode_ids", "start_training_enabled", "start_evaluation", "stopping")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +427,7 @@ class EndEpisodeRequest(_message.Message):
     START_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     START_TRAINING_ENABLED_FIELD_NUMBER: _ClassVar[int]
     START_EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     episode_ids: _containers.RepeatedScalarFieldContainer[str]
     final_observations: _containers.RepeatedCompositeFieldContainer[AgentRows]
@@ -435,7 +436,8 @@ class EndEpisodeRequest(_message.Message):
     start_episode_ids: _containers.RepeatedScalarFieldContainer[str]
     start_training_enabled: bool
     start_evaluation: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ..., start_episode_ids: _Optional[_Iterable[str]] = ..., start_training_enabled: _Optional[bool] = ..., start_evaluation: _Optional[bool] = ...) -> None: ...
+    stopping: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., final_observations: _Optional[_Iterable[_Union[AgentRows, _Mapping]]] = ..., truncated: _Optional[_Iterable[bool]] = ..., rewards: _Optional[_Iterable[_Union[RewardRows, _Mapping]]] = ..., start_episode_ids: _Optional[_Iterable[str]] = ..., start_training_enabled: _Optional[bool] = ..., start_evaluation: _Optional[bool] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class EndEpisodeResponse(_message.Message):
     __slots__ = ()
