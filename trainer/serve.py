@@ -123,9 +123,8 @@ def export_onnx(ckpt_dir: Path, out: Path, policy_id: Optional[str], samples: in
     space.seed(seed)
     obs = tree.stack([space.sample() for _ in range(samples)])
     flat = flatten(space, obs).astype(np.float32)
-    layers = export.layers_of(msg)
     with torch.no_grad():
-        expected = export.torch_module(layers)(torch.as_tensor(flat)).numpy()
+        expected = export.torch_twin(policy, msg)(torch.as_tensor(flat)).numpy()
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(["out"], {"obs": flat})[0]
     diff = float(np.max(np.abs(got - expected))) if expected.size else 0.0
     same = _greedy_agreement(msg, policy, obs)

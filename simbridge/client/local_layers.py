@@ -127,6 +127,35 @@ class Dense:
 _ZERO = np.float32(0.0)
 
 
+class OnnxNet:
+    """Dense's interface over a PortablePolicy's ONNX model, for policies whose network is no dense
+    stack (a convolutional encoder): run through onnxruntime, which must be installed."""
+
+    def __init__(self, model: bytes, in_dim: int, what: str):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise PolicyFormatError(f"{what} has a convolutional encoder: it acts locally only through its ONNX "
+                                    f"model, and onnxruntime is not installed (pip install onnxruntime), or act "
+                                    f"through the server instead of locally") from None
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1   # one simulator step at a time: threads would only spin
+        try:
+            self._session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        except Exception as e:   # onnxruntime raises its own types for a model it cannot load
+            raise PolicyFormatError(f"{what}: its ONNX model does not load ({e})") from None
+        self.ops = [("onnx", None, None)]
+        self._x1 = np.zeros((1, in_dim), np.float32)
+        self.out_dim = int(self.forward(self._x1).shape[1])
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self._session.run(["out"], {"obs": np.asarray(x, np.float32)})[0]
+
+    def forward1(self, x: np.ndarray) -> np.ndarray:
+        np.copyto(self._x1[0], x, casting="unsafe")
+        return self.forward(self._x1)[0]
+
+
 def _tensor(t: pb.Tensor, what: str) -> np.ndarray:
     try:
         return tensors.from_tensor(t)

@@ -33,7 +33,9 @@ Heads (ActionHead.params in parentheses):
   MultiDiscrete and finite Boxes, else NaN).
 
 No torch, no pickle: the weights are raw tensors; onnx_model is kept as bytes
-for engines and never executed here.
+for engines. A policy with a convolutional encoder (trainer/learners/encoders.py)
+has no dense layers, only its ONNX model: it runs through onnxruntime when that
+is installed, and is refused with a PolicyFormatError saying so when it is not.
 """
 import math
 from typing import Any, Optional, Tuple
@@ -41,7 +43,7 @@ from typing import Any, Optional, Tuple
 import gymnasium as gym
 import numpy as np
 
-from simbridge.client.local_layers import LAYER_OPS, Dense, PolicyFormatError, Pool, has_nan, single_flattener
+from simbridge.client.local_layers import LAYER_OPS, Dense, OnnxNet, PolicyFormatError, Pool, has_nan, single_flattener
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -71,7 +73,10 @@ class LocalPolicy:
             self.in_dim = flat_dim(self.observation_space)
         except ValueError as e:
             raise PolicyFormatError(str(e)) from None
-        self.dense = Dense(msg.layers, self.in_dim)
+        if not msg.layers and self.onnx_model and self.kind != "random":   # a CNN policy: ONNX only
+            self.dense = OnnxNet(self.onnx_model, self.in_dim, f"policy {msg.policy_id!r} ({self.kind})")
+        else:
+            self.dense = Dense(msg.layers, self.in_dim)
         self._flat1 = single_flattener(self.observation_space)
         self._uniform = Pool(self.rng.random)
         getattr(self, "_init_" + self.kind)(msg.head)

@@ -183,3 +183,88 @@ def test_uint8_pixels_cross_the_wire_as_bytes_and_reach_the_replay_as_uint8(make
     learner = made["default_policy"]
     learner.add(rows)
     assert learner.replay._data[OBS].dtype == torch.uint8 and learner.replay._data[OBS].shape[1] == 400
+
+
+# ---------------------------------------------------------------- export
+
+def _acting_outputs(algo, learner, rows):
+    """The torch network's output that the exported head reads, from the learner's acting copy."""
+    net = learner.acting
+    with torch.no_grad():
+        if algo == "dqn":
+            return net(rows).reshape(len(rows), -1).numpy()
+        if algo == "ppo":
+            return net(rows).numpy()
+        return net.mlp.net(net.encoder(rows)).numpy()   # SAC: [mean, raw log_std], before the squash
+
+
+MIXED = gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 12, 12), np.uint8),
+                         "speed": gym.spaces.Box(-1, 1, (2,), np.float32)})
+
+
+@pytest.mark.parametrize("algo, space", [("dqn", CAMERA), ("dqn", MIXED), ("ppo", CAMERA), ("sac", CAMERA)])
+def test_a_cnn_policy_exports_onnx_equal_to_torch_and_acts_locally_through_onnxruntime(algo, space):
+    import onnxruntime as ort
+    from simbridge.client.local_policy import LocalPolicy
+    from simbridge.wire.preprocess import flatten
+    if algo == "dqn":
+        learner = DQNLearner(space, gym.spaces.Discrete(3), OFF)
+    elif algo == "ppo":
+        learner = PPOLearner(space, gym.spaces.Discrete(3), ON)
+    else:
+        learner = SACLearner(space, gym.spaces.Box(-2, 2, (2,), np.float32), {**OFF, "random_warmup": False})
+    msg = learner.portable()
+    assert not msg.layers and msg.onnx_model, "a CNN policy's portable form is its ONNX model"
+    obs = sb_spaces.sample_batch_of(space, 16, np.random.default_rng(3))
+    flat = flatten(space, obs)                      # what a local client feeds: float32, 0-255 pixels
+    got = ort.InferenceSession(msg.onnx_model, providers=["CPUExecutionProvider"]).run(["out"], {"obs": flat})[0]
+    expected = _acting_outputs(algo, learner, torch.as_tensor(encoders.obs_rows(space, obs)))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    greedy = pb.PortablePolicy()
+    greedy.CopyFrom(msg)
+    greedy.head.params["epsilon"] = 0.0
+    greedy.head.params["deterministic"] = 1.0
+    local = LocalPolicy(greedy, seed=0)
+    mine, _ = local.compute_actions(obs)
+    theirs = learner.compute_actions(obs, explore=False).actions
+    np.testing.assert_allclose(np.asarray(mine, np.float64), np.asarray(theirs, np.float64), atol=1e-4)
+    one, _ = local.act(sb_spaces.unbatch_row0(space, sb_spaces.sample_batch_of(space, 1, np.random.default_rng(4))))
+    assert np.asarray(one).shape == space_shape(learner.action_space)
+
+
+def space_shape(space):
+    return () if isinstance(space, gym.spaces.Discrete) else space.shape
+
+
+def test_local_inference_without_onnxruntime_says_which_policy_needs_it(monkeypatch):
+    import sys
+    from simbridge.client.local_policy import LocalPolicy, PolicyFormatError
+    msg = DQNLearner(CAMERA, gym.spaces.Discrete(3), OFF).portable()
+    msg.policy_id = "camera_policy"
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)    # as if not installed
+    with pytest.raises(PolicyFormatError, match=r"policy 'camera_policy'.*convolutional encoder.*pip install onnxruntime"):
+        LocalPolicy(msg)
+    vector = DQNLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3), OFF).portable()
+    assert vector.layers and LocalPolicy(vector).compute_actions(np.zeros((2, 4), np.float32))[0].shape == (2,)
+
+
+def test_the_export_command_writes_a_cnn_policys_onnx_and_checks_it(tmp_path, capsys):
+    from simbridge.trainer import cli
+    from simbridge.trainer.run import checkpoint
+    from simbridge.trainer.run.launch import free_port
+    run = tmp_path / "trained"
+    run.mkdir()
+    learner = DQNLearner(CAMERA, gym.spaces.Discrete(3), OFF, device="cpu")
+    learner.add(_rows(CAMERA, 32, np.random.default_rng(0)))
+    learner.train(max_updates=3)
+    (run / "config.toml").write_text(f'[server]\naddress = "127.0.0.1:{free_port()}"\n[run]\nlogdir = "{run}"\n'
+                                     f'[policies.default_policy]\nalgorithm = "dqn"\n'
+                                     f'config = {{ hidden = [16, 16], learning_starts = 0, batch_size = 8 }}\n')
+    checkpoint.Checkpoints(run, keep_replay=False).save(
+        {"default_policy": checkpoint.policy_entry("dqn", learner, True, False)},
+        {"env_steps": 32, "agent_steps": 32, "episodes": 0, "wall_s": 1.0, "recent": [], "eps_next": 1})
+    out = tmp_path / "policy.onnx"
+    assert cli.main(["export", "--checkpoint", str(run), "--onnx", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert '"ok": true' in report and '"greedy_actions_equal": 1.0' in report, report
+    assert out.read_bytes() == learner.portable().onnx_model

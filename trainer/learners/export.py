@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge.trainer.learners.encoders import Encoded, ObsEncoder
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.preprocess import flat_dim
 from simbridge.wire import tensors
@@ -62,13 +61,15 @@ def mlp_layers(modules) -> Layers:
 
 # ---------------------------------------------------------------- layers -> message
 
-def encoder_of(acting: nn.Module) -> Optional[ObsEncoder]:
-    """A copy of the acting network's encoder (None without one), taken while it cannot change."""
-    return copy.deepcopy(acting.encoder).cpu().eval() if isinstance(acting, Encoded) else None
+def encoder_of(acting: nn.Module) -> Optional[nn.Module]:
+    """A copy of the acting network's encoder (encoders.Encoded's; None without one), taken while
+    it cannot change."""
+    encoder = getattr(acting, "encoder", None)
+    return copy.deepcopy(encoder).cpu().eval() if isinstance(encoder, nn.Module) else None
 
 
 def message(version: int, observation_space, action_space, layers: Layers,
-            head: pb.ActionHead, encoder: Optional[ObsEncoder] = None) -> pb.PortablePolicy:
+            head: pb.ActionHead, encoder: Optional[nn.Module] = None) -> pb.PortablePolicy:
     """The portable message; with an encoder, the layers go into its ONNX model instead (see above)."""
     msg = pb.PortablePolicy(version=int(version), preprocessor="flatten",
                             observation_space=sb_spaces.space_to_proto(observation_space),
@@ -122,6 +123,15 @@ def layers_of(msg: pb.PortablePolicy) -> Layers:
              tensors.from_tensor(l.bias) if l.op == "linear" else None) for l in msg.layers]
 
 
+def torch_twin(policy, msg: pb.PortablePolicy) -> nn.Module:
+    """The torch module `msg`'s ONNX model was exported from: its dense layers, or for a CNN policy
+    (no layers in the message) the policy's acting encoder and layers as they are now."""
+    if msg.layers:
+        return torch_module(layers_of(msg))
+    _, (exported, encoder) = policy.acting_snapshot(lambda acting: (policy.export_layers(acting), encoder_of(acting)))
+    return nn.Sequential(encoder, torch_module(exported[0])).eval()
+
+
 def torch_module(layers: Layers) -> nn.Sequential:
     """The dense stack as a torch module (float32), same weights."""
     mods: List[nn.Module] = []
@@ -137,7 +147,7 @@ def torch_module(layers: Layers) -> nn.Sequential:
     return nn.Sequential(*mods).eval()
 
 
-def onnx_bytes(layers: Layers, in_dim: int, encoder: Optional[ObsEncoder] = None) -> bytes:
+def onnx_bytes(layers: Layers, in_dim: int, encoder: Optional[nn.Module] = None) -> bytes:
     """ONNX model "obs" (batch, in_dim) float32 -> "out" (batch, out); with an encoder, the
     flattened observation goes through it before the layers."""
     module = torch_module(layers) if encoder is None else nn.Sequential(encoder, torch_module(layers)).eval()
