@@ -9,12 +9,18 @@ from simbridge.server.episodes import EpisodeSummary
 
 log = logging.getLogger("simbridge")
 
+# End reasons of episodes cut short because their simulator stopped or went away, not ended by
+# the environment: truncated for the learners, but not returns of the policy (a CartPole policy
+# that always scores 500 would read far less): counted apart, out of the mean returns.
+CUT_REASONS = frozenset({"simulator_stopped", "session_closed", "client_lost", "step_timeout"})
+
 
 class Metrics:
     def __init__(self):
         self.env_steps = 0
         self.agent_steps = 0
         self.episodes = 0
+        self.episodes_cut = 0   # of `episodes`, those cut short (CUT_REASONS): out of the returns
         # Episodes that ended without a single step (no observation ever given): no return to
         # speak of, so they stay out of `episodes`, the returns and the episode-end hooks.
         self.empty_episodes = 0
@@ -43,7 +49,7 @@ class Metrics:
         (of the last 100 episodes), as RLlib's policy_reward_mean; evaluation: of the
         evaluation episodes (kept apart)."""
         sums: Dict[str, List[float]] = collections.defaultdict(list)
-        for s in (self.recent_eval if evaluation else self.recent):
+        for s in self.returns(evaluation):
             for aid, pid in s["agent_policies"].items():
                 sums[pid].append(s["agent_rewards"][aid])
         return {pid: float(np.mean(v[-last:])) for pid, v in sums.items()}
@@ -51,15 +57,19 @@ class Metrics:
     def policy_length_means(self, last: int = 100) -> Dict[str, float]:
         """Mean episode length (env steps) per policy, over the last `last` episodes it acted in."""
         lengths: Dict[str, List[int]] = collections.defaultdict(list)
-        for s in self.recent:
+        for s in self.returns():
             for pid in set(s["agent_policies"].values()):
                 lengths[pid].append(s["length"])
         return {pid: float(np.mean(v[-last:])) for pid, v in lengths.items()}
 
     def file_recent(self, summaries: Iterable[EpisodeSummary]) -> None:
-        """Into the recent returns: training's, or the evaluation ones apart."""
+        """Into the recent episodes: training's, or the evaluation ones apart."""
         for s in summaries:
             (self.recent_eval if s.get("evaluation") else self.recent).append(s)
+
+    def returns(self, evaluation: bool = False) -> List[EpisodeSummary]:
+        """The recent episodes whose return is the policy's: not those cut short (CUT_REASONS)."""
+        return [s for s in (self.recent_eval if evaluation else self.recent) if s["end_reason"] not in CUT_REASONS]
 
     def file_summaries(self, summaries: Iterable[EpisodeSummary],
                        callbacks: List[Callable[[dict], None]]) -> None:
@@ -71,6 +81,7 @@ class Metrics:
         self.empty_episodes += len(summaries) - len(stepped)
         summaries = stepped
         self.episodes += len(summaries)
+        self.episodes_cut += sum(x["end_reason"] in CUT_REASONS for x in summaries)
         self.file_recent(summaries)
         for cb in callbacks:
             for summary in summaries:

@@ -178,8 +178,8 @@ class RowCalls:
             checks.check_end_finals(s, eps, truncated, finals, plans)
             self.transitions.apply_returns(s, plans)
             for ep, tr in zip(eps, truncated):
-                self.transitions.finish_episode(s, ep, finals[ep.episode_id], truncated=tr,
-                                                reason="truncated" if tr else "terminated")
+                reason = ("simulator_stopped" if req.stopping else "truncated") if tr else "terminated"
+                self.transitions.finish_episode(s, ep, finals[ep.episode_id], truncated=tr, reason=reason)
             if starts:
                 training = req.start_training_enabled if req.HasField("start_training_enabled") else True
                 self.transitions.open_episodes(s, starts, training, req.start_evaluation)

@@ -283,11 +283,12 @@ class BridgeRuntime:
             sessions = self.sessions.all()
             for s in sessions:   # answered calls count, settled or not
                 s.settle()
-            returns = [x["total_reward"] for x in self.metrics.recent]
+            returns = [x["total_reward"] for x in self.metrics.returns()]
             return {
                 "sessions": len(sessions),
                 "open_episodes": sum(s.open_episodes() for s in sessions),
                 "episodes": self.metrics.episodes,
+                "episodes_cut": self.metrics.episodes_cut,
                 "env_steps": self.metrics.env_steps,
                 "agent_steps": self.metrics.agent_steps,
                 "episode_return_mean": float(np.mean(returns)) if returns else None,

@@ -152,7 +152,7 @@ class SlotCalls:
             if given:
                 raise invalid_argument(f"the first Step of a session has no previous actions, so no outcome: "
                                        f"leave {', '.join(given)} empty")
-            rewards = term = trunc = finals = None
+            rewards = term = trunc = finals = stopped = None
             done_idx = np.zeros(0, np.int64)
         else:
             if not req.HasField("rewards"):
@@ -161,8 +161,10 @@ class SlotCalls:
             term = _flags(req, "terminated", n)
             trunc = _flags(req, "truncated", n) & ~term   # terminated wins: no bootstrap past a terminal state
             done = term | trunc
+            stopped = None
             if req.final:
                 done_idx = np.arange(n)
+                stopped = ~done   # the final Step cuts these short: their environment did not end them
                 trunc = ~term
             else:
                 done_idx = done.nonzero()[0]
@@ -198,7 +200,7 @@ class SlotCalls:
         with self.ctx.lock:
             session.settle()   # a row call's, if the simulator mixes them in
             session.pending = functools.partial(self._commit, session, bank, req.final, first, obs, rewards,
-                                                term, trunc, done_idx, finals, actions, logp, versions)
+                                                term, trunc, done_idx, finals, actions, logp, versions, stopped)
         resp = pb.StepResponse(policy_id=bank.policy_id)
         if not req.final:
             bank.encode_actions(resp.actions, actions, "actions from the policy")
@@ -208,10 +210,10 @@ class SlotCalls:
         return resp
 
     def _commit(self, session, bank: SlotBank, final, first, obs, rewards, term, trunc, done_idx, finals,
-                actions, logp, versions) -> None:
+                actions, logp, versions, stopped=None) -> None:
         """Lock held. A validated Step's effect on the bank."""
         if not first:
-            self._record_outcome(session, bank, obs, rewards, term, trunc, done_idx, finals)
+            self._record_outcome(session, bank, obs, rewards, term, trunc, done_idx, finals, stopped)
         if final:
             bank.closed = True
             if bank.fragment:
@@ -224,7 +226,8 @@ class SlotCalls:
             metrics.env_steps += n
             metrics.agent_steps += n
 
-    def _record_outcome(self, session, bank: SlotBank, obs, rewards, term, trunc, done_idx, finals) -> None:
+    def _record_outcome(self, session, bank: SlotBank, obs, rewards, term, trunc, done_idx, finals,
+                        stopped=None) -> None:
         """Lock held. Completes the N pending transitions; ends and restarts the slots that are done."""
         if len(done_idx):
             if obs is None:   # final Step: every slot ended; the finals are their last observations
@@ -256,7 +259,7 @@ class SlotCalls:
                     self._hand_over(bank)
         bank.t += 1
         if len(done_idx):
-            self._end_slot_episodes(session, bank, done_idx, trunc)
+            self._end_slot_episodes(session, bank, done_idx, trunc, stopped=stopped)
 
     def hand_over(self, session) -> None:
         """Lock held. The slot rows gathered so far go to the collector now (runtime.flush)."""
@@ -283,14 +286,18 @@ class SlotCalls:
         self.ctx.collector.add_env_steps(k)
         bank.held = [_select(held, ~ended)] if k < len(ended) else []
 
-    def _end_slot_episodes(self, session, bank: SlotBank, done_idx, trunc, reason: str = "") -> None:
-        """Summaries for the ended episodes, then fresh episodes in their slots."""
+    def _end_slot_episodes(self, session, bank: SlotBank, done_idx, trunc, reason: str = "",
+                           stopped=None) -> None:
+        """Summaries for the ended episodes, then fresh episodes in their slots. stopped: the slots
+        a final Step cut short (all slots' mask)."""
         now = time.time()
+        cut_short = stopped if stopped is not None else np.zeros(bank.n, bool)
         pid, sid, training = bank.policy_id, bank.session_id, bank.training
         prefix = f"{sid[:8]}-slot"
         self.ctx.file_summaries([episode_summary(
             f"{prefix}{i}-{eidx}", eidx, sid, length, {SINGLE_AGENT_ID: ret}, {SINGLE_AGENT_ID: pid}, {},
-            training, reason or ("truncated" if cut else "terminated"), now - started, bank.evaluation,
+            training, reason or ("simulator_stopped" if cut_short[i] else "truncated" if cut else "terminated"),
+            now - started, bank.evaluation,
         ) for i, eidx, ret, length, started, cut in zip(
             done_idx.tolist(), bank.eps_index[done_idx].tolist(), bank.returns[done_idx].tolist(),
             bank.t[done_idx].tolist(), bank.started[done_idx].tolist(), trunc[done_idx].tolist())])

@@ -64,3 +64,47 @@ def test_snapshot_counts_errors_by_code_and_refusals_by_reason(server):
     for k in ("experience_blocked_s", "sessions_timed_out", "upload_refused_chunks", "upload_refused_steps"):
         assert snap[k] == 0
     raw.close()
+
+
+def test_episodes_cut_short_by_a_stopping_simulator_count_apart_not_in_the_returns(server):
+    """Issue 27 #5: a policy that scored 500 in every finished episode read `return(10) 214.40`
+    after its simulator stopped: the episodes it cut short at exit counted as returns. They end
+    truncated still (learners bootstrap), but count apart (episodes_cut), out of the returns:
+    EndEpisode.stopping, a CloseSession with episodes open, and a final Step's unfinished slots.
+    An episode its environment truncated (a time limit), even in a final Step, is a return."""
+    from simbridge.client.slot_client import SlotClient
+    from simbridge.wire import tensors
+    from test_limits import rows
+
+    rt = server.runtime
+    c = PolicyClient(server.address, OBS, ACT, client_name="finished")
+    for _ in range(3):   # finished by their environment: returns of 10
+        eid = c.start_episode()
+        c.get_action(eid, np.zeros(4, np.float32))
+        c.log_returns(eid, 10.0)
+        c.end_episode(eid, np.zeros(4, np.float32), truncated=True)
+    cut = c.start_episode()   # open when the simulator closes: the server ends it
+    c.get_action(cut, np.zeros(4, np.float32))
+    c.log_returns(cut, 1.0)
+    c.close()
+
+    raw = Raw(server.address)
+    sid = raw.create()
+    raw("StartEpisode", pb.StartEpisodeRequest(header=header(sid), episode_ids=["stopped"]))
+    raw("GetAction", pb.GetActionRequest(header=header(sid), rows=[rows(["stopped"], [[0, 0, 0, 0]])]))
+    raw("EndEpisode", pb.EndEpisodeRequest(
+        header=header(sid), episode_ids=["stopped"], truncated=[True], stopping=True,
+        rewards=[pb.RewardRows(episode_ids=["stopped"], rewards=tensors.to_tensor(np.array([2.0], np.float32)))],
+        final_observations=[rows(["stopped"], [[0, 0, 0, 0]])]))
+    raw.close()
+
+    slots = SlotClient(server.address, OBS, ACT, num_slots=2, client_name="slots")
+    slots.step(np.zeros((2, 4), np.float32))
+    # Slot 0's time limit comes with the last step (a return of 10); slot 1 is cut by the close (3).
+    slots.close(np.array([10.0, 3.0], np.float32), np.array([False, False]), np.array([True, False]),
+                np.zeros((2, 4), np.float32))
+
+    snap = rt.snapshot()
+    assert snap["episodes"] == 7 and snap["episodes_cut"] == 3, snap
+    assert snap["policy_return_mean"] == {"default_policy": 10.0}, snap
+    assert snap["policy_return_mean_10"] == {"default_policy": 10.0} and snap["episode_return_mean"] == 10.0

@@ -243,6 +243,8 @@ def test_step_refuses_flag_bytes_other_than_0_and_1():
 
 def test_close_and_reap():
     rt = make(session_timeout_s=5.0)
+    ended = []
+    rt.episode_end_callbacks.append(ended.append)
     closing = create(rt, "closing").session_id
     idle = create(rt, "idle").session_id
     for sid in (closing, idle):
@@ -259,7 +261,8 @@ def test_close_and_reap():
     assert rt.reap(now=time.monotonic()) == []           # not idle long enough yet
     assert rt.reap(now=time.monotonic() + 6.0) == [idle]
     assert rt.session_ids() == []
-    ends = {(s["session_id"], s["episode_id"]): s for s in rt.metrics.recent}
+    ends = {(s["session_id"], s["episode_id"]): s for s in ended}
+    assert not rt.metrics.returns()   # cut short: not returns of the policy (issue 27 #5)
     assert ends[(closing, "a")]["end_reason"] == "session_closed"
     assert ends[(idle, "a")]["end_reason"] == "client_lost"
     assert ends[(idle, "a")]["length"] == 2 and (idle, "b") not in ends   # no steps: not an episode
@@ -268,6 +271,7 @@ def test_close_and_reap():
     assert b["rewards"].tolist() == [1.0, 1.0] and b["t"].tolist() == [0, 0]
     snap = rt.snapshot()
     assert (snap["sessions"], snap["open_episodes"], snap["episodes"], snap["empty_episodes"]) == (0, 0, 2, 2)
+    assert snap["episodes_cut"] == 2
 
 
 # ---------------------------------------------------------------- policies

@@ -101,9 +101,12 @@ def test_final_step_ends_every_slot_with_its_last_observation(make_server):
     assert b["terminateds"].tolist() == [True, False, False]
     assert b["truncateds"].tolist() == [False, True, True]
     np.testing.assert_array_equal(b["new_obs"][:, 1], [9, 9, 9])
+    # The two the close cut short are not returns of the policy (issue 27 #5): counted apart.
     reasons = sorted(s["end_reason"] for s in srv.runtime.metrics.recent)
-    assert reasons == ["terminated", "truncated", "truncated"]
-    assert srv.runtime.snapshot()["open_episodes"] == 0
+    assert reasons == ["simulator_stopped", "simulator_stopped", "terminated"]
+    assert [s["end_reason"] for s in srv.runtime.metrics.returns()] == ["terminated"]
+    snap = srv.runtime.snapshot()
+    assert snap["open_episodes"] == 0 and snap["episodes"] == 3 and snap["episodes_cut"] == 2
 
 
 def test_fragments_are_rollout_fragment_length_steps_of_every_slot(make_server):
@@ -310,14 +313,17 @@ def test_a_resent_step_is_applied_once(make_server, net):
 
 def test_closing_a_slot_session_files_its_episodes(make_server):
     srv = make_server(rollout_fragment_length=1000)
+    ended = []
+    srv.runtime.episode_end_callbacks.append(ended.append)
     c = SlotClient(srv.address, OBS, ACT, N)
     c.step(OK_OBS)
     c.step(OK_OBS, rewards=ONES)
     assert srv.runtime.snapshot()["open_episodes"] == N
     c.close()
     snap = srv.runtime.snapshot()
-    assert snap["open_episodes"] == 0 and snap["episodes"] == N
-    assert {s["end_reason"] for s in srv.runtime.metrics.recent} == {"session_closed"}
+    assert snap["open_episodes"] == 0 and snap["episodes"] == N and snap["episodes_cut"] == N
+    assert {s["end_reason"] for s in ended} == {"session_closed"}
+    assert not srv.runtime.snapshot()["policy_return_mean"]   # cut short by the close: not returns (issue 27 #5)
     assert drain(srv.runtime).policy_batches[DEFAULT_POLICY].count == N   # the observed step only
 
 

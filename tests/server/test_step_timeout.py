@@ -40,6 +40,8 @@ def test_step_timeout_is_off_by_default_and_spares_idle_sessions_without_episode
     rt.attach_stream(rt.session(sid))
     assert rt.reap(now=time.monotonic() + 3600) == []     # 0: never; an attached stream is not reaped
     rt2 = BridgeRuntime(BridgeConfig(step_timeout_s=1.0))
+    ended = []
+    rt2.episode_end_callbacks.append(ended.append)
     idle = rt2.create_session(create_request(), False).session_id
     rt2.attach_stream(rt2.session(idle))
     assert rt2.reap(now=time.monotonic() + 60) == []      # no open episode: nothing is stuck
@@ -51,13 +53,15 @@ def test_step_timeout_is_off_by_default_and_spares_idle_sessions_without_episode
     assert rt2.reap(now=time.monotonic() + 2.0) == [busy]
     snap = rt2.snapshot()
     assert snap["sessions_timed_out"] == 1 and snap["sessions"] == 1 and snap["open_episodes"] == 0
-    assert [s["end_reason"] for s in rt2.metrics.recent] == ["step_timeout"]
+    assert [s["end_reason"] for s in ended] == ["step_timeout"] and snap["episodes_cut"] == 1
 
 
 @pytest.mark.timeout(120)
 def test_a_sigstopped_simulator_is_timed_out_and_starts_over_after_sigcont(make_server):
     srv = make_server(step_timeout_s=1.0)
     rt = srv.runtime
+    ended = []
+    rt.episode_end_callbacks.append(ended.append)
     env = dict(os.environ, PYTHONPATH=ROOT)
     sim = subprocess.Popen([sys.executable, "-m", "simbridge.sims.gym_sim", "--address", srv.address,
                             "--env", "CartPole-v1", "--seed", "3", "--print-every", "0"],
@@ -84,7 +88,7 @@ def test_a_sigstopped_simulator_is_timed_out_and_starts_over_after_sigcont(make_
         _wait(lambda: rt.snapshot()["sessions_timed_out"] == 1, 10, "the step timeout")
         snap = rt.snapshot()
         assert first not in rt.session_ids() and snap["open_episodes"] == 0
-        ends = [s for s in rt.metrics.recent if s["session_id"] == first and s["end_reason"] == "step_timeout"]
+        ends = [s for s in list(ended) if s["session_id"] == first and s["end_reason"] == "step_timeout"]
         assert len(ends) == 1 and ends[0]["length"] > 0     # its open episode, ended as truncated
         assert snap["episodes"] == stopped_at["episodes"] + 1
         os.kill(sim.pid, signal.SIGCONT)

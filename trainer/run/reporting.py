@@ -112,6 +112,8 @@ class Reporter:
         rate = (snap["env_steps"] - self._last_steps) / max(now - self._last_t, 1e-9)
         self._last_steps, self._last_t = snap["env_steps"], now
         rec = {"env_steps": snap["env_steps"], "agent_steps": snap["agent_steps"], "episodes": snap["episodes"],
+               # Of those, cut short because their simulator stopped or went away: not in the returns.
+               "episodes_cut": snap["episodes_cut"],
                "wall_s": round(self.wall_s(), 3), "steps_per_s": round(rate, 1),
                "sessions": snap["sessions"], "episode_return_mean": snap["episode_return_mean"],
                "return_mean": snap["policy_return_mean"], "return_mean_10": snap["policy_return_mean_10"],
@@ -154,6 +156,7 @@ class Reporter:
         step = rec["env_steps"]
         w.add_scalar("env/steps_per_s", rec["steps_per_s"], step)
         w.add_scalar("env/episodes", rec["episodes"], step)
+        w.add_scalar("env/episodes_cut", rec["episodes_cut"], step)
         if rec["episode_return_mean"] is not None:
             w.add_scalar("env/episode_return_mean", rec["episode_return_mean"], step)
         for pid, v in rec["return_mean"].items():
@@ -185,7 +188,9 @@ class Reporter:
 
 def progress_line(rec: dict, queue_max: int) -> str:
     parts = [f"env steps {rec['env_steps']:,} ({rec['steps_per_s']:,.0f}/s)",
-             f"episodes {rec['episodes']:,}", f"sessions {rec['sessions']}"]
+             f"episodes {rec['episodes']:,}" + (f" ({rec['episodes_cut']:,} cut short, not in the returns)"
+                                                 if rec.get("episodes_cut") else ""),
+             f"sessions {rec['sessions']}"]
     r10, r100 = rec.get("return_mean_10", {}), rec["return_mean"]
     if r100:   # return(10): what `make demo` stops on (the mean of the last 10 episodes)
         parts.append("return(10) " + " ".join(f"{pid} {r10.get(pid, v):.2f} (100: {v:.2f})"
