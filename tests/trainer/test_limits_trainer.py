@@ -5,9 +5,7 @@ max_policy_memory_mb parse and are checked; metrics.jsonl carries the health cou
 Reproduction (issue 13): a fresh trainer given a first client with Box(100000,) observations
 built the network, failed to allocate a 40 GB replay, exited with code 1 and wrote no checkpoint.
 """
-import json
 import time
-from pathlib import Path
 
 import grpc
 import gymnasium as gym
@@ -21,38 +19,11 @@ from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.run.factory import PolicyFactory
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from simbridge.wire.errors import BridgeError, Reason
+from support.daemon import kill, metrics
+from support.waits import wait
 
 HUGE = gym.spaces.Box(-1.0, 1.0, (100_000,), np.float32)
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-
-
-def _metrics(logdir: Path):
-    path = logdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait(cond, timeout: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        for p in procs:
-            if p.poll() is not None:
-                p.wait_output()
-                raise AssertionError(f"{p.name} exited ({p.poll()}) while waiting for {what}:\n"
-                                     + "\n".join(list(p.lines)[-30:]))
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}:\n"
-                         + "\n".join("\n".join(list(p.lines)[-30:]) for p in procs))
-
-
-def _kill(*procs):
-    for p in procs:
-        if p is not None and p.poll() is None:
-            p.popen.kill()
-            p.popen.wait()
 
 
 def test_server_section_limits_parse_and_are_checked(tmp_path):
@@ -139,10 +110,10 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
                                             "--env", "CartPole-v1", "--seed", "1"), env=env)
 
         def trained():
-            recs = _metrics(logdir)
+            recs = metrics(logdir)
             return recs and recs[-1]["updates"].get("default_policy", 0) > 0
-        _wait(trained, 120, "gradient updates from the second client", [daemon, sim])
-        rec = _metrics(logdir)[-1]
+        wait(trained, 120, "gradient updates from the second client", [daemon, sim])
+        rec = metrics(logdir)[-1]
         assert rec["refused"].get("SPACE_TOO_LARGE", 0) >= 1
         assert rec["errors"].get("RESOURCE_EXHAUSTED", 0) >= 1
         for k in ("experience_blocked_s", "empty_episodes", "sessions_timed_out", "upload_refused_chunks",
@@ -151,6 +122,6 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
         rc = daemon.stop(timeout=60)
         assert rc == 0, "\n".join(daemon.lines)
     finally:
-        _kill(sim, daemon)
+        kill(sim, daemon)
     ckpt = load_checkpoint(logdir / "checkpoint.pt")
     assert ckpt["counters"]["env_steps"] > 0

@@ -1,0 +1,40 @@
+"""The trainer daemon as a real process in tests: the environment its children get, simulator
+processes beside it, the metrics it writes and a hard kill. Ports, the child environment and
+polite stops are simbridge.trainer.run.launch's (free_port, child_env, stop_all)."""
+import json
+import os
+from pathlib import Path
+from typing import List
+
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module
+
+# tests/trainer holds the learners the tests' configs name by module (linear_q_learner, slow_learner).
+LEARNERS = Path(__file__).resolve().parents[1] / "trainer"
+
+
+def daemon_env() -> dict:
+    """launch.child_env, with the checkout and tests/trainer importable in the child."""
+    return child_env({"PYTHONPATH": os.pathsep.join([str(ROOT), str(LEARNERS)])})
+
+
+def metrics(logdir: Path) -> List[dict]:
+    """Every record of logdir/metrics.jsonl as written (none yet: []). Unlike reporting.read_metrics,
+    records a resume dropped are kept: the tests look at what the file holds."""
+    path = logdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start_sim(name: str, module: str, address: str, *args) -> Proc:
+    """A Python simulator module as a process against `address`, without its progress output."""
+    return Proc(name, python_module(module, "--address", address, "--quiet", *args), env=daemon_env())
+
+
+def kill(*procs) -> None:
+    """SIGKILL each live process and reap it: a test's cleanup, which must not wait for a graceful
+    stop (launch.stop_all is the polite one). None entries are skipped."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.popen.kill()
+            p.popen.wait()

@@ -1,0 +1,58 @@
+"""A learning run through the bridge, as the e2e tests make it: the trainer daemon and simulators as
+processes, metrics polled until a test's target or the step budget."""
+import subprocess
+import sys
+import time
+
+from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
+
+from support.daemon import metrics
+
+
+def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
+        programs: list = (), fragment: int = 32):
+    """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
+    in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
+    return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out."""
+    address = f"127.0.0.1:{free_port()}"
+    logdir = tmp_path / "run"
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f"""{top}
+[server]
+address = "{address}"
+rollout_fragment_length = {fragment}
+experience_queue_size = 4
+[run]
+logdir = "{logdir}"
+total_env_steps = {budget}
+print_every_s = 0.5
+checkpoint_every_env_steps = 1000000
+{tables}
+""")
+    env = child_env()
+    procs = [subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        wait_for_health(address, timeout=120)
+        for i, cmd in enumerate(sims):
+            with open(tmp_path / f"sim{i}.out", "wb") as out:
+                procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,
+                                              stdout=out, stderr=subprocess.DEVNULL))
+        for argv in programs:
+            procs.append(subprocess.Popen([*argv, "--address", address], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout
+        recs = []
+        while time.monotonic() < deadline and procs[0].poll() is None:
+            recs = metrics(logdir)
+            if recs and done(recs[-1]):
+                break
+            time.sleep(0.5)
+        return recs
+    finally:
+        stop_all(list(reversed(procs)))
+
+
+def r10(rec, pid):
+    """Policy `pid`'s mean return over the last 10 episodes in a metrics record (0 before any)."""
+    return (rec.get("return_mean_10") or {}).get(pid, 0.0)
