@@ -9,10 +9,11 @@ from simbridge.server.episodes import EpisodeSummary
 
 log = logging.getLogger("simbridge")
 
-# End reasons of episodes cut short because their simulator stopped or went away, not ended by
-# the environment: truncated for the learners, but not returns of the policy (a CartPole policy
-# that always scores 500 would read far less): counted apart, out of the mean returns.
-CUT_REASONS = frozenset({"simulator_stopped", "session_closed", "client_lost", "step_timeout"})
+# End reasons of episodes cut short because their simulator (or the trainer: trainer_lost, ended
+# at a resume) stopped or went away, not ended by the environment: truncated for the learners,
+# but not returns of the policy (a CartPole policy that always scores 500 would read far less):
+# counted apart, out of the mean returns.
+CUT_REASONS = frozenset({"simulator_stopped", "session_closed", "client_lost", "step_timeout", "trainer_lost"})
 
 
 class Metrics:

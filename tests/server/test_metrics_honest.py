@@ -104,7 +104,10 @@ def test_episodes_cut_short_by_a_stopping_simulator_count_apart_not_in_the_retur
     slots.close(np.array([10.0, 3.0], np.float32), np.array([False, False]), np.array([True, False]),
                 np.zeros((2, 4), np.float32))
 
+    # A resume ends the episodes open when the trainer died as trainer_lost (trainer/run/recovery.py).
+    rt.metrics.file_summaries([dict(rt.metrics.recent[0], end_reason="trainer_lost", total_reward=1.0,
+                                    agent_rewards={"agent0": 1.0})], [])
     snap = rt.snapshot()
-    assert snap["episodes"] == 7 and snap["episodes_cut"] == 3, snap
+    assert snap["episodes"] == 8 and snap["episodes_cut"] == 4, snap
     assert snap["policy_return_mean"] == {"default_policy": 10.0}, snap
     assert snap["policy_return_mean_10"] == {"default_policy": 10.0} and snap["episode_return_mean"] == 10.0
