@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_learning_e2e import r10, run
+from support.learning import r10, run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "sims" / "cpp" / "mujoco" / "pendulum_sac.toml"

@@ -6,67 +6,14 @@ way a simulator feeds the trainer: the lockstep client alone, then the batched S
 local-inference client together into one learner (each simulator's own step count shows it fed it).
 """
 import json
-import subprocess
-import sys
-import time
 
 import pytest
 
-from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
+from support.learning import r10, run
 
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
-
-
-def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
-        programs: list = (), fragment: int = 32):
-    """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
-    in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
-    return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out."""
-    address = f"127.0.0.1:{free_port()}"
-    logdir = tmp_path / "run"
-    cfg = tmp_path / "cfg.toml"
-    cfg.write_text(f"""{top}
-[server]
-address = "{address}"
-rollout_fragment_length = {fragment}
-experience_queue_size = 4
-[run]
-logdir = "{logdir}"
-total_env_steps = {budget}
-print_every_s = 0.5
-checkpoint_every_env_steps = 1000000
-{tables}
-""")
-    env = child_env()
-    procs = [subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        wait_for_health(address, timeout=120)
-        for i, cmd in enumerate(sims):
-            with open(tmp_path / f"sim{i}.out", "wb") as out:
-                procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,
-                                              stdout=out, stderr=subprocess.DEVNULL))
-        for argv in programs:
-            procs.append(subprocess.Popen([*argv, "--address", address], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + timeout
-        recs = []
-        while time.monotonic() < deadline and procs[0].poll() is None:
-            path = logdir / "metrics.jsonl"
-            if path.exists():
-                recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-                if recs and done(recs[-1]):
-                    break
-            time.sleep(0.5)
-        return recs
-    finally:
-        stop_all(list(reversed(procs)))
-
-
-def r10(rec, pid):
-    return (rec.get("return_mean_10") or {}).get(pid, 0.0)
 
 
 @pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10

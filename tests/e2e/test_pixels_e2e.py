@@ -9,7 +9,7 @@ scores about -0.5.
 """
 import time
 
-from test_learning_e2e import r10, run
+from support.learning import r10, run
 from simbridge.trainer.config.values import toml_value
 
 DQN = {"hidden": [64], "lr": 1e-3, "buffer_size": 10_000, "batch_size": 32, "learning_starts": 200,

@@ -7,7 +7,7 @@ within ~10k env steps; the test allows 30k.
 """
 import time
 
-from test_learning_e2e import r10, run
+from support.learning import r10, run
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
 

@@ -1,12 +1,12 @@
 """Kill the trainer daemon for real while a simulator runs; resume it; the simulator goes on."""
-import json
 import signal
 import subprocess
 import sys
-import time
 
 
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
+from support.daemon import metrics
+from support.waits import wait
 
 CONFIG = """
 [server]
@@ -19,22 +19,6 @@ print_every_s = 0.5
 [policies.default_policy]
 algorithm = "random"
 """
-
-
-def metrics(logdir):
-    path = logdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_daemon_sigterm_resume_simulator_goes_on(tmp_path):
@@ -52,7 +36,7 @@ def test_daemon_sigterm_resume_simulator_goes_on(tmp_path):
         sim = subprocess.Popen([sys.executable, "-m", "simbridge.sims.gym_sim", "--address", address, "--quiet",
                                 "--slots", "2", "--seed", "0"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_until(lambda: any(r["env_steps"] > 300 for r in metrics(logdir)), 60, "first env steps")
+        wait(lambda: any(r["env_steps"] > 300 for r in metrics(logdir)), 60, "first env steps")
         d1.send_signal(signal.SIGTERM)
         assert d1.wait(30) == 0
         before = metrics(logdir)[-1]
@@ -60,8 +44,8 @@ def test_daemon_sigterm_resume_simulator_goes_on(tmp_path):
         assert sim.poll() is None, "the simulator must survive the daemon's restart"
         d2 = subprocess.Popen(daemon + ["--resume"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: metrics(logdir)[-1]["env_steps"] > before["env_steps"] + 300
-                   and metrics(logdir)[-1].get("sessions", 0) >= 1, 60, "the simulator to come back")
+        wait(lambda: metrics(logdir)[-1]["env_steps"] > before["env_steps"] + 300
+             and metrics(logdir)[-1].get("sessions", 0) >= 1, 60, "the simulator to come back")
         resumed = [r for r in metrics(logdir) if r.get("event") == "resume"]
         assert resumed and resumed[0]["env_steps"] >= before["env_steps"]   # counts continue
         assert sim.poll() is None

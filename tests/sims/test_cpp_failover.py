@@ -17,6 +17,7 @@ import pytest
 
 from simbridge.client.channels import FAILOVER_AFTER_S
 from simbridge.trainer.run.launch import free_port
+from support.waits import wait
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +33,6 @@ def _pair(make_server):
 def _steps(srv) -> int:
     return srv.runtime.snapshot()["env_steps"]
 
-
-
-def _wait(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _start(build, program, *args):
@@ -59,7 +53,7 @@ def _finish(proc, timeout_s=60):
 
 def _stop_the_first_when_busy(servers, min_steps):
     """Stop whichever server the client is on once it counted min_steps; (its address, the other's)."""
-    _wait(lambda: any(_steps(s) >= min_steps for s in servers.values()), 30, "steps on the first host")
+    wait(lambda: any(_steps(s) >= min_steps for s in servers.values()), 30, "steps on the first host", every=0.02)
     first = next(a for a, s in servers.items() if _steps(s) > 0)
     (second,) = set(servers) - {first}
     servers[first].stop(grace=0)
