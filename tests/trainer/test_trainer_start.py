@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 # Seconds from `simbridge-trainer run` to its port answering. About 1 s on a quiet 2-core VM
 # (the CLI's own imports); the bound is for a machine at load 10+. Serving takes the torch import
@@ -22,7 +23,9 @@ BIND_BOUND_S = 12.0
 def first_health(address: str, proc: Proc, timeout_s: float = 60.0):
     """(seconds until the port first answered health, the status it answered then)."""
     t0 = time.monotonic()
-    with grpc.insecure_channel(address) as channel:
+    # RECONNECT_OPTIONS: a channel's attempts stay close together (gRPC's own backoff grows to
+    # minutes), so the first answer is seen when it comes.
+    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() - t0 < timeout_s:
             assert proc.poll() is None, "\n".join(proc.lines)
