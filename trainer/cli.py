@@ -172,6 +172,9 @@ def cmd_run(args) -> int:
     except BaseException as e:
         if server is not None:   # its held calls are refused (UNAVAILABLE), and the process can exit
             server.stop(grace=0)
+        if isinstance(e, KeyboardInterrupt):   # Ctrl-C while torch or the checkpoint loads
+            print("simbridge-trainer: interrupted while starting (nothing served)", file=sys.stderr)
+            return 130
         if not isinstance(e, ConfigError):
             raise
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ learners (trainer/run/listen.py), holding the calls that come meanwhile; a simul
 first waits for the port (its --connect-timeout), then for the trainer to serve, saying so at
 each step, and runs its episodes. Real processes: the trainer CLI and simbridge-sim.
 """
+import signal
 import subprocess
 import time
 
@@ -70,3 +71,19 @@ def test_the_trainer_listens_before_torch_and_a_simulator_started_first_waits_fo
     # The simulator said what it waited for: the port, then the trainer to serve.
     assert f"no simbridge trainer at {address} yet" in err and "waiting up to 30 s" in err, err
     assert f"the simbridge trainer at {address} is still starting" in err, err
+
+
+def test_ctrl_c_while_the_trainer_loads_exits_130_in_one_line(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    trainer = Proc("trainer", python_module("simbridge.trainer.cli", "run", "--logdir", tmp_path / "run",
+                                            "--address", address))
+    try:
+        _, status = first_health(address, trainer)
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING   # still loading torch
+        trainer.popen.send_signal(signal.SIGINT)
+        assert trainer.popen.wait(30) == 130
+    finally:
+        trainer.stop(timeout=10)
+    trainer.wait_output()
+    said = "\n".join(trainer.lines)
+    assert "simbridge-trainer: interrupted while starting (nothing served)" in said and "Traceback" not in said, said
