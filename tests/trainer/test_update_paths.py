@@ -69,6 +69,9 @@ def through_bytes(state: dict) -> dict:
 def test_capture_falls_back_to_eager_on_the_cpu_and_the_log_says_why(caplog, setting, why):
     caplog.set_level(logging.INFO, logger="simbridge.trainer")
     dqn = learner("dqn", update_path=setting)
+    fill(dqn)
+    dqn.train(max_updates=2)
+    dqn.train(max_updates=2)
     assert dqn.update_path == "eager" and dqn.updater.path == "eager"
     lines = [r.getMessage() for r in caplog.records if "updates run" in r.getMessage()]
     assert len(lines) == 1 and "DQNLearner: updates run eagerly" in lines[0] and why in lines[0], lines
@@ -79,9 +82,12 @@ def test_a_bad_update_path_is_refused_naming_the_choices():
         learner("sac", update_path="cudagraph")
 
 
-def test_a_learner_that_only_acts_says_nothing_about_updates(caplog):
+def test_a_learner_that_does_not_update_itself_says_nothing_about_updates(caplog):
+    """Not trained, or trained in a learner process (the parent's learner only acts)."""
     caplog.set_level(logging.INFO, logger="simbridge.trainer")
     DQNLearner(CARTPOLE.observation_space, CARTPOLE.action_space, {"seed": 0}, device="cpu", trainable=False)
+    acting_only = DQNLearner(CARTPOLE.observation_space, CARTPOLE.action_space, {"seed": 0}, device="cpu")
+    acting_only.compute_actions(np.zeros((2, 4), np.float32))
     assert not [r for r in caplog.records if "updates run" in r.getMessage()]
 
 

@@ -21,7 +21,6 @@ it before taking more experience, so a slow learner slows the simulators
 (the bridge's queue fills and blocks) instead of falling behind.
 """
 import copy
-import logging
 import threading
 from typing import Any, Callable, Dict, Hashable, Optional, Tuple, TypeVar
 
@@ -40,7 +39,6 @@ from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 Read = TypeVar("Read")
-log = logging.getLogger("simbridge.trainer")
 
 COMMON_DEFAULTS = {
     "gamma": 0.99,
@@ -131,8 +129,11 @@ class Learner(Policy):
         cfg.update(config or {})
         self.config = cfg
         self.device = pick_device(device)
+        # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the
+        # daemon built this copy on the CPU only to act (trainer/run/factory.py)
+        self.trains_on = self.device
         self.trainable = trainable
-        self.update_path, path_reason = capture.resolve(cfg["update_path"], self.device)
+        self.update_path, self._path_reason = capture.resolve(cfg["update_path"], self.device)
         self.generator = torch.Generator(device=self.device)
         self.rng = np.random.default_rng(cfg["seed"])
         if cfg["seed"] is not None:
@@ -148,7 +149,7 @@ class Learner(Policy):
         self.build()
         if trainable:
             encoders.say_cost(type(self), observation_space, action_space, cfg)
-        self.acting_device, acting_reason = placement.acting_device(
+        self.acting_device, self.acting_reason = placement.acting_device(
             acting_device, self.device, self.modules_for_acting(), flat_dim(observation_space))
         self.acting = copy.deepcopy(self.modules_for_acting()).to(self.acting_device)
         # acting draws its noise from its own generator, on the acting copy's device: it runs on the
@@ -158,14 +159,8 @@ class Learner(Policy):
             self.act_generator.manual_seed(cfg["seed"] + 1)
         self.last_metrics: Dict[str, float] = {}
         self._metrics_read_at: Optional[int] = None   # self.updates when the metrics were last read back
-        self.updater: Optional[capture.Updates] = None
-        if self.METRICS:
-            self.updater = capture.Updates(type(self).__name__, self.update_step, self.METRICS,
-                                           self.update_path, path_reason, self.device, self.optimizers(),
-                                           quiet=not trainable)
-        if trainable and self.device.type != "cpu":
-            log.info("%s learns on %s, acts on %s (%s)", type(self).__name__, self.device,
-                     self.acting_device, acting_reason)
+        self._updater: Optional[capture.Updates] = None
+        if trainable:
             placement.say_gpu_neighbours(self.device, type(self).__name__)
         # A LearnerProcess (trainer/run/learner_process.py) when another process trains this learner:
         # this object then only acts, and its state is that process's.
@@ -216,6 +211,15 @@ class Learner(Policy):
     def rows(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The batch an update_step trains on: the replay rows at inputs["idx"], or the columns given."""
         return self.replay.gather(inputs["idx"]) if "idx" in inputs else inputs
+
+    @property
+    def updater(self) -> Optional[capture.Updates]:
+        """What runs update_step on the update path (None without METRICS); made, and its path
+        logged, when first needed: a learner whose updates run in a learner process says nothing."""
+        if self._updater is None and self.METRICS:
+            self._updater = capture.Updates(type(self).__name__, self.update_step, self.METRICS, self.update_path,
+                                            self._path_reason, self.device, self.optimizers())
+        return self._updater
 
     def optimizers(self) -> list:
         return [obj for name, obj in vars(self).items() if isinstance(obj, torch.optim.Optimizer)]
@@ -319,7 +323,7 @@ class Learner(Policy):
             due = min(due, max_updates)
         if due == 0:
             return {}
-        if self.updater is None:
+        if not self.METRICS:
             metrics: Dict[str, float] = {}
             for _ in range(due):
                 metrics = self.update(self.replay.sample(self.config["batch_size"], self.generator))
@@ -388,5 +392,5 @@ class Learner(Policy):
                 capture.load_optimizer(obj, sd)
             else:
                 obj.load_state_dict(sd)
-        if self.updater is not None:
-            self.updater.reset()
+        if self._updater is not None:
+            self._updater.reset()

@@ -15,9 +15,11 @@ from simbridge.server.mapping import pattern_mapping
 from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config.trainer_config import TrainerConfig
 from simbridge.trainer.config.algorithms import resolve_algorithm
-from simbridge.trainer.learners.base import Learner, trains
+from simbridge.trainer.learners import placement
+from simbridge.trainer.learners.base import Learner, pick_device, trains
 from simbridge.trainer.run.learner_process import refuse_in_learner_bootstrap
 from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
+from simbridge.wire.preprocess import flat_dim
 
 log = logging.getLogger("simbridge.trainer")
 
@@ -67,9 +69,23 @@ class PolicyFactory:
                 config = dict(spec.config)
                 if seed is not None:
                     config.setdefault("seed", seed)
-                return cls(obs_space, act_space, config=config, device=run.device,
-                           trainable=self.cfg.trainable(pid))
+                return self._learner(pid, cls, obs_space, act_space, config)
             return cls(obs_space, act_space, **spec.config)
+
+    def _learner(self, pid: str, cls, obs_space, act_space, config: dict) -> Learner:
+        run, trainable = self.cfg.run, self.cfg.trainable(pid)
+        device = pick_device(run.device)
+        if run.learner_process and trainable and device.type != "cpu" and run.acting_device != "learner":
+            # A learner process trains it on the GPU and this copy only acts: built on the CPU when it
+            # acts there, so that the GPU holds one CUDA context, the learner process's.
+            learner = cls(obs_space, act_space, config=config, device="cpu", acting_device="cpu")
+            where, why = placement.acting_device(run.acting_device, device, learner.modules_for_acting(),
+                                                 flat_dim(obs_space))
+            if where.type == "cpu":
+                learner.trains_on, learner.acting_reason = device, why
+                return learner
+        return cls(obs_space, act_space, config=config, device=run.device, trainable=trainable,
+                   acting_device=run.acting_device)
 
     def check_memory(self, pid: str, obs_space, act_space) -> None:
         """RESOURCE_EXHAUSTED / SPACE_TOO_LARGE when the learner for these spaces would need more than
@@ -109,4 +125,7 @@ class PolicyFactory:
                 f"any of those and Unity's hybrid Dict actions)") from None
         log.info("policy %r created (%s) for observation %s, action %s%s", pid, type(policy).__name__,
                  obs_space, act_space, "" if trains(policy) else ", not trained")
+        if isinstance(policy, Learner):
+            log.info("policy %r learns on %s, acts on %s (%s)", pid, policy.trains_on, policy.acting_device,
+                     policy.acting_reason)
         return policy

@@ -87,7 +87,9 @@ class LearnerProcess:
         self.proc, self.conn = child or spawn_child(with_main=needs_main)
         init = {"cls": _class_path(type(learner)), "obs": space_bytes(learner.observation_space),
                 "act": space_bytes(learner.action_space), "config": dict(learner.config),
-                "device": str(learner.device), "torch_threads": int(torch_threads),
+                "device": str(learner.trains_on), "torch_threads": int(torch_threads),
+                "acting_device": "cpu" if learner.acting_device.type == "cpu" else "learner",
+                "log_level": log.getEffectiveLevel(),
                 "state": learner.state_dict(include_replay=True)}
         self._send(_INIT + state_bytes(init))
         # The child holds the buffer now; the parent's copy only wasted memory.
@@ -280,9 +282,12 @@ def _serve(conn) -> None:
     init = state_from_bytes(msg[1:])
     if init["torch_threads"]:
         torch.set_num_threads(init["torch_threads"])
+    # the learner's own lines (its update path, a GPU it shares) on this process's stderr, the daemon's
+    logging.basicConfig(level=init.get("log_level", logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s (learner process): %(message)s")
     cls = _import(init["cls"])
     learner = cls(space_from_bytes(init["obs"]), space_from_bytes(init["act"]), config=init["config"],
-                  device=init["device"])
+                  device=init["device"], acting_device=init.get("acting_device"))
     learner.load_state_dict(init["state"])
     rows = reported = learner.agent_steps
 
