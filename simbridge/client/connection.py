@@ -159,7 +159,7 @@ class Connection:
         address, self._shm_path = split_address(address)   # shm+unix:PATH: the stream through shared memory
         if transport != "stream":
             self._shm_path = None    # unary calls go on gRPC over the Unix socket
-        self._waiting = None   # (since when, what to cancel) while a call waits for its answer
+        self._waiting_since = None   # while a call waits for its answer: since when
         watch(self)
         self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, self._security)
         self._stub = self._make_stub()
@@ -174,30 +174,27 @@ class Connection:
 
     # -------------------------------------------------------------- waits
 
-    def _wait(self, answer, cancel):
-        """answer(): a call's answer; the stop watchdog may cancel() the wait (see the module doc)."""
-        self._waiting = (time.monotonic(), cancel)
+    def _wait(self, answer, *args):
+        """answer(*args): a call's answer; the stop watchdog may give up the wait (stopping.py)."""
+        self._waiting_since = time.monotonic()
         try:
-            return answer()
+            return answer(*args)
         except grpc.RpcError:
             check_stopping(f"waiting for an answer from the simbridge trainer at {self.address}")
             raise
         finally:
-            self._waiting = None
-
-    def _recv(self) -> bytes:
-        return self._wait(self._stream.recv, self._stream.cancel_from_another_thread)
-
-    def _unary_call(self, method, request):
-        # A blocking call is cancelled by closing its channel: the client is done once stopped.
-        return self._wait(lambda: method(request), self._channel.close)
+            self._waiting_since = None
 
     def give_up_wait(self, cutoff: float) -> None:
-        """The stop watchdog's (another thread's): cancel a wait that began before `cutoff`."""
-        waiting = self._waiting
-        if waiting is not None and waiting[0] < cutoff:
+        """The stop watchdog's (another thread's): cancel a wait that began before `cutoff`; a
+        unary call by closing its channel (the client is done once stopped)."""
+        since = self._waiting_since
+        if since is not None and since < cutoff:
             try:
-                waiting[1]()
+                if self.transport == "unary":
+                    self._channel.close()
+                else:
+                    self._stream.cancel_from_another_thread()
             except Exception:   # a call that ended meanwhile
                 pass
 
@@ -214,7 +211,7 @@ class Connection:
             req.resume_session_id = resume
         if self.transport == "unary":
             try:
-                return self._unary_call(self._stub.CreateSession, req)
+                return self._wait(self._stub.CreateSession, req)
             except grpc.RpcError as e:
                 raise BridgeError.from_rpc_error(e) from None
         service = "ExternalMultiAgentEnv" if self._service == "multi" else "ExternalEnv"
@@ -222,7 +219,7 @@ class Connection:
             self._stream = open_stream(self._channel, f"/{pb.DESCRIPTOR.package}.{service}/Stream",
                                        self._security.metadata())
             self._stream.send(pb.StreamRequest(create_session=req).SerializeToString())
-            resp = pb.StreamResponse.FromString(self._recv())
+            resp = pb.StreamResponse.FromString(self._wait(self._stream.recv))
         except grpc.RpcError as e:
             raise BridgeError.from_rpc_error(e) from None
         if resp.HasField("error"):
@@ -373,7 +370,7 @@ class Connection:
         method = getattr(self._stub, _UNARY_NAMES[kind])
         while True:
             try:
-                return self._unary_call(method, msg)
+                return self._wait(method, msg)
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE:
                     self._raise_failed(BridgeError.from_rpc_error(e), kind, msg)
@@ -383,7 +380,7 @@ class Connection:
     def _read_until(self, seq: int):
         while True:
             try:
-                resp = pb.StreamResponse.FromString(self._recv())
+                resp = pb.StreamResponse.FromString(self._wait(self._stream.recv))
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE:
                     # The server ended the stream on purpose: resending would fail again. Say
