@@ -13,7 +13,7 @@ from simbridge.client.policy_client import PolicyClient
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
-from test_limits import Raw, header
+from support.raw import Raw, header
 
 OBS = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -74,7 +74,7 @@ def test_episodes_cut_short_by_a_stopping_simulator_count_apart_not_in_the_retur
     An episode its environment truncated (a time limit), even in a final Step, is a return."""
     from simbridge.client.slot_client import SlotClient
     from simbridge.wire import tensors
-    from test_limits import rows
+    from support.raw import rows
 
     rt = server.runtime
     c = PolicyClient(server.address, OBS, ACT, client_name="finished")

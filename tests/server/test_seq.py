@@ -24,7 +24,7 @@ from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
-from test_limits import Raw, create_request, header, rows
+from support.raw import Raw, create_request, header, rows
 
 SC = grpc.StatusCode
 

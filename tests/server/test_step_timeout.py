@@ -19,18 +19,10 @@ from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.wire.errors import Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
-from test_limits import create_request, header, rows
+from support.raw import create_request, header, rows
+from support.waits import wait
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_step_timeout_is_off_by_default_and_spares_idle_sessions_without_episodes():
@@ -69,7 +61,7 @@ def test_a_sigstopped_simulator_is_timed_out_and_starts_over_after_sigcont(make_
     lines = []
     threading.Thread(target=lambda: lines.extend(sim.stdout), daemon=True).start()
     try:
-        _wait(lambda: rt.snapshot()["env_steps"] > 50, 60, "the simulator to step")
+        wait(lambda: rt.snapshot()["env_steps"] > 50, 60, "the simulator to step")
         sessions = rt.session_ids()
         assert len(sessions) == 1
         first = sessions[0]
@@ -85,7 +77,7 @@ def test_a_sigstopped_simulator_is_timed_out_and_starts_over_after_sigcont(make_
             time.sleep(0.05)
         else:
             pytest.fail("the simulator was never stopped with an episode open")
-        _wait(lambda: rt.snapshot()["sessions_timed_out"] == 1, 10, "the step timeout")
+        wait(lambda: rt.snapshot()["sessions_timed_out"] == 1, 10, "the step timeout")
         snap = rt.snapshot()
         assert first not in rt.session_ids() and snap["open_episodes"] == 0
         ends = [s for s in list(ended) if s["session_id"] == first and s["end_reason"] == "step_timeout"]
@@ -95,8 +87,8 @@ def test_a_sigstopped_simulator_is_timed_out_and_starts_over_after_sigcont(make_
         # Its stream's next call hears SESSION_UNKNOWN: gym_sim reports the error and exits (rc 2,
         # its summary line says why). Waiting for that line, not for the exit: grpc's channel
         # finalizer can deadlock at interpreter shutdown after an error (seen 1 in 4 runs).
-        _wait(lambda: any("was closed by the server" in line for line in lines), 30,
-              "the simulator to hear that its session was closed")
+        wait(lambda: any("was closed by the server" in line for line in lines), 30,
+             "the simulator to hear that its session was closed")
         assert rt.snapshot()["refused"]["SESSION_UNKNOWN"] >= 1
         assert first not in rt.session_ids()
     finally:
