@@ -16,9 +16,11 @@ from simbridge.trainer import cli
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.config.dataset import DatasetSection, dataset_overrides
 from simbridge.trainer.data.datasets import dataset_id
-from simbridge.trainer.run.launch import Proc, python_module, start_server
+from simbridge.trainer.run.launch import Proc, free_port, python_module, start_server
 
-from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
+from simbridge.trainer.run.checkpoint import load_checkpoint
+from support.daemon import daemon_env, kill, metrics, start_sim
+from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
 
@@ -61,18 +63,19 @@ def _record(tmp_path, address: str) -> tuple:
         rules = ["cart_*=carts"]
     """)
     daemon = start_server("recorder", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                    "--record-dataset"), address, timeout=60, env=_env(), keep=5000)
+                                                    "--record-dataset"), address, timeout=60, env=daemon_env(),
+                          keep=5000)
     sims = [Proc("scripted", python_module("scripted_cartpole", "--address", address, "--episodes", "40",
-                                           "--epsilon", "0.5"), env=_env()),
-            _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2"),
-            _sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "3",
+                                           "--epsilon", "0.5"), env=daemon_env()),
+            start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2"),
+            start_sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "3",
                  "--episodes", "4", "--seed", "3")]
     try:
-        _wait(lambda: all(s.poll() is not None for s in sims), 120, "the simulators to finish", [daemon])
+        wait(lambda: all(s.poll() is not None for s in sims), 120, "the simulators to finish", [daemon])
         assert [s.poll() for s in sims] == [0, 0, 0], "\n".join(l for s in sims for l in s.lines)
         assert daemon.stop(timeout=60) == 0, "\n".join(daemon.lines)
     finally:
-        _kill(daemon, *sims)
+        kill(daemon, *sims)
     return logdir, [_summary(s) for s in sims], "\n".join(daemon.lines)
 
 
@@ -129,20 +132,20 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     dataset_dir = root / dataset_id("default_policy")
     daemon = start_server("offline", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
                                                    "--warm-start", f"default_policy={dataset_dir}"),
-                          address, timeout=60, env=_env(), keep=5000)
+                          address, timeout=60, env=daemon_env(), keep=5000)
     due = int((steps - 500) * 0.5)
     evaluator = None
     try:
-        _wait(lambda: any(r["updates"].get("default_policy", 0) >= due for r in _metrics(logdir2)), 180,
+        wait(lambda: any(r["updates"].get("default_policy", 0) >= due for r in metrics(logdir2)), 180,
               f"{due} updates on the dataset", [daemon])
-        recs = _metrics(logdir2)
+        recs = metrics(logdir2)
         assert recs[-1]["env_steps"] == 0   # all of it before any simulator
-        evaluator = _sim("eval", "simbridge.sims.gym_sim", address, "--eval", "--episodes", "5", "--seed", "7")
-        _wait(lambda: evaluator.poll() is not None, 120, "the evaluation episodes", [daemon])
+        evaluator = start_sim("eval", "simbridge.sims.gym_sim", address, "--eval", "--episodes", "5", "--seed", "7")
+        wait(lambda: evaluator.poll() is not None, 120, "the evaluation episodes", [daemon])
         ev = _summary(evaluator)
         assert daemon.stop(timeout=60) == 0, "\n".join(daemon.lines)
     finally:
-        _kill(daemon, *([evaluator] if evaluator else []))
+        kill(daemon, *([evaluator] if evaluator else []))
     out = "\n".join(daemon.lines)
     assert f"warm start of default_policy: {steps:,} transitions ({episodes} episodes)" in out
     print(json.dumps({"dataset_episodes": episodes, "dataset_steps": steps, "updates": due,
@@ -150,7 +153,7 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     # The random policy's mean return on CartPole is ~22, the scripted data's ~170; this config
     # learned 193-500 from one such dataset over 7 learner seeds in-process, 187-471 in this test.
     assert ev["return_mean"] >= 120, (ev, out)
-    state = _load_ckpt(logdir2 / "checkpoint.pt")["policies"]["default_policy"]["state"]
+    state = load_checkpoint(logdir2 / "checkpoint.pt")["policies"]["default_policy"]["state"]
     assert state["agent_steps"] == steps and state["replay"]["size"] == steps
     assert state["updates"] >= due
 

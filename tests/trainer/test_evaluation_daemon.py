@@ -5,8 +5,9 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client import PolicyClient
-from simbridge.trainer.run.launch import python_module, start_server
-from test_trainer_daemon import _env, _kill, _metrics, _sim, _wait, free_port
+from simbridge.trainer.run.launch import free_port, python_module, start_server
+from support.daemon import daemon_env, kill, metrics, start_sim
+from support.waits import wait
 
 CARTPOLE = gym.make("CartPole-v1")
 
@@ -21,7 +22,7 @@ def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
                    f'config = {{ hidden = [16], learning_starts = 100000, epsilon_initial = 1.0, '
                    f'epsilon_final = 1.0 }}\n')
     daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),
-                          address, timeout=60, env=_env(), keep=2000)
+                          address, timeout=60, env=daemon_env(), keep=2000)
     sims = []
     try:
         c = PolicyClient(address, CARTPOLE.observation_space, CARTPOLE.action_space)
@@ -32,14 +33,14 @@ def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
         assert len(set(greedy)) == 1 and len(set(explored)) == 2, (greedy, explored)
         c.end_episodes([ev, train], np.stack([obs, obs]), [True, True])
         c.close()
-        sims = [_sim("eval", "simbridge.sims.gym_sim", address, "--eval", "--slots", "2", "--max-steps", "400"),
-                _sim("train", "simbridge.sims.gym_sim", address, "--max-steps", "400")]
-        _wait(lambda: all(s.poll() is not None for s in sims), 60, "the simulators' steps", [daemon])
-        _wait(lambda: (_metrics(logdir) or [{}])[-1].get("eval_return_mean"), 10, "evaluation returns")
+        sims = [start_sim("eval", "simbridge.sims.gym_sim", address, "--eval", "--slots", "2", "--max-steps", "400"),
+                start_sim("train", "simbridge.sims.gym_sim", address, "--max-steps", "400")]
+        wait(lambda: all(s.poll() is not None for s in sims), 60, "the simulators' steps", [daemon])
+        wait(lambda: (metrics(logdir) or [{}])[-1].get("eval_return_mean"), 10, "evaluation returns")
         assert daemon.stop(timeout=30) == 0
     finally:
-        _kill(*sims, daemon)
-    last = _metrics(logdir)[-1]
+        kill(*sims, daemon)
+    last = metrics(logdir)[-1]
     assert set(last["eval_return_mean"]) == {"default_policy"} and set(last["return_mean"]) == {"default_policy"}
     out = "\n".join(daemon.lines)
     assert "eval(100) default_policy" in out, out

@@ -19,11 +19,12 @@ from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.run import checkpoint
 from simbridge.trainer import cli
 from simbridge.trainer.learners.dqn import DQNLearner
-from simbridge.trainer.run.launch import python_module, start_server
+from simbridge.trainer.run.launch import free_port, python_module, start_server
 from simbridge.trainer.learners.sac import SACLearner
 from simbridge.wire.preprocess import flatten
 from test_checkpoint_safe import _RunsACommand
-from test_trainer_daemon import _env, _kill, _metrics, _sim, _wait, free_port
+from support.daemon import daemon_env, kill, metrics, start_sim
+from support.waits import wait
 
 CARTPOLE = gym.make("CartPole-v1")
 PENDULUM = gym.make("Pendulum-v1")
@@ -94,7 +95,7 @@ def test_export_refuses_a_crafted_checkpoint_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     torch.save({"format": checkpoint.CHECKPOINT_FORMAT, "x": _RunsACommand(f"touch {marker}")}, run / "checkpoint.pt")
     res = subprocess.run(python_module("simbridge.trainer.cli", "export", "--checkpoint", str(run), "--onnx",
-                                       str(tmp_path / "x.onnx")), capture_output=True, text=True, env=_env(),
+                                       str(tmp_path / "x.onnx")), capture_output=True, text=True, env=daemon_env(),
                          timeout=120)
     assert res.returncode == 2 and "is not a valid simbridge-trainer checkpoint" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not marker.exists() and not (tmp_path / "x.onnx").exists()
@@ -107,7 +108,7 @@ def test_serve_answers_greedily_with_the_checkpoints_weights_and_never_updates(t
     logdir = tmp_path / "served"
     daemon = start_server("serve", python_module("simbridge.trainer.cli", "serve", "--checkpoint", str(run),
                                                  "--address", address, "--logdir", str(logdir)),
-                          address, timeout=60, env=_env(), keep=2000)
+                          address, timeout=60, env=daemon_env(), keep=2000)
     sim = None
     try:
         # Epsilon is 1 in training: only greedy serving gives the network's argmax every time.
@@ -120,15 +121,16 @@ def test_serve_answers_greedily_with_the_checkpoints_weights_and_never_updates(t
             client.end_episode(eid, obs[-1])
             assert np.array_equal(np.asarray(got), want)
         client.close()
-        sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "2", "--max-steps", "2000")
-        _wait(lambda: sim.poll() is not None, 60, "the simulator's 2,000 steps", [daemon])
+        sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "2",
+                        "--max-steps", "2000")
+        wait(lambda: sim.poll() is not None, 60, "the simulator's 2,000 steps", [daemon])
         time.sleep(0.6)   # a metrics record after the last step
         assert daemon.stop(timeout=30) == 0, "\n".join(daemon.lines)
     finally:
-        _kill(*([sim] if sim else []), daemon)
+        kill(*([sim] if sim else []), daemon)
     said = next(line for line in daemon.lines if "listening on" in line)
     assert f"(serving {run / 'checkpoint.pt'}, greedy, no training" in said, said   # issue 27 #13: not "fresh run"
-    recs = _metrics(logdir)
+    recs = metrics(logdir)
     assert recs[-1]["env_steps"] >= 2000
     assert {r["versions"]["default_policy"] for r in recs if r["versions"]} == {50}
     assert all(not r["updates"] for r in recs)
