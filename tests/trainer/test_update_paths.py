@@ -328,3 +328,17 @@ def test_a_graph_checkpoint_loads_on_the_cpu_and_a_cpu_one_on_the_graph_path(kin
         lrn.train(max_updates=10)          # the graph is captured again on the loaded state
         assert lrn.updates == 20 and np.all(np.isfinite(list(lrn.last_metrics.values())))
     assert on_graph.updater.path == "graph"
+
+
+@pytest.mark.parametrize("acting, built_on", [("auto", "cpu"), ("cpu", "cpu")])
+def test_the_daemons_copy_of_a_gpu_learner_with_a_learner_process_is_built_on_the_cpu(acting, built_on):
+    """[run] device "cuda" with a learner process: the daemon's copy only acts, on the CPU for a small
+    network, so nothing in the daemon touches the GPU (no second CUDA context); its learner process
+    is told to train on cuda. Runs without a GPU: nothing here allocates on cuda."""
+    from simbridge.trainer.config.trainer_config import load_config
+    from simbridge.trainer.run.factory import PolicyFactory
+    cfg = load_config(overrides=[("run.device", "cuda"), ("run.acting_device", acting), ("run.learner_process", True)])
+    policy = PolicyFactory(cfg).build("default_policy", CARTPOLE.observation_space, CARTPOLE.action_space)
+    assert policy.device.type == built_on and policy.acting_device.type == "cpu"
+    assert policy.trains_on == torch.device("cuda")
+    assert all(p.device.type == "cpu" for p in policy.acting.parameters())

@@ -229,7 +229,8 @@ class Updates:
         static = {k: v.clone() for k, v in inputs.items()}
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self._side):
+            # thread_local: the bridge's threads may run acting passes on this GPU meanwhile
+            with torch.cuda.graph(graph, stream=self._side, capture_error_mode="thread_local"):
                 self._body(static)
         except Exception as e:   # noqa: BLE001 - an op that cannot be captured: eager still runs it
             torch.cuda.synchronize(self.device)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check of issue 26 ("A GPU that pays"): one prepared run of about 5 minutes on the GPU machine.
+#
+# Here first (it fetches the wheels the GPU machine lacks into .whl/, which git ignores):
+#   bash ../shared/gpu/prepare.sh
+# Then on the GPU machine, in the checkout's copy, carrying .whl/ (results under $OUT):
+#   bash bench/gpu_check.sh
+#
+# It runs, each under its own timeout, writing into $OUT (./gpu_check_out without $OUT):
+#   setup.log            ../shared/gpu/device_setup.sh: wheels and this project into /tmp/site
+#   nvidia-smi.txt       the card, and the processes on it at the start
+#   pytest_gpu.txt       tests/trainer/test_update_paths.py: the CUDA graph path against eager
+#   learner_speed.json   bench/learner_speed.py: updates/s of DQN, SAC and PPO's minibatch step,
+#                        cpu and cuda, batch 256 and 4,096, eager and graph, with the ratios and the
+#                        issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256; 4,096 >= 0.8x 256)
+#   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
+#                        [run] device "auto" (the GPU) and the same with the GPU hidden
+#                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
+#   summary.txt          the figures above in a few lines
+set -u
+here=$(pwd)
+out=${OUT:-$here/gpu_check_out}
+mkdir -p "$out"
+start=$(date +%s)
+step() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; }
+
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+step "setup"
+# device_setup.sh's last line checks an import that moved (simbridge.trainer.learner): a failure
+# there is checked again below.
+bash .whl/device_setup.sh > "$out/setup.log" 2>&1 || step "device_setup.sh exited non-zero (see setup.log); checking the install"
+export PYTHONPATH=/tmp/site
+cp -r tests /tmp/run/ 2>/dev/null || true
+cd /tmp/run || { step "no /tmp/run: setup failed"; exit 1; }
+python3 -c "import torch, simbridge.trainer.learners.capture as c; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
+  >> "$out/summary.txt" 2>&1 || { step "simbridge.trainer does not import: see setup.log"; exit 1; }
+
+step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py)"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py \
+  > "$out/pytest_gpu.txt" 2>&1
+tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
+
+step "bench/learner_speed.py"
+timeout 150 python3 bench/learner_speed.py --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"
+python3 - "$out/learner_speed.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["results"]:
+    print(f'  {x["learner"]} {x["device"]} b{x["batch"]} {x["path"]}: {x["updates_per_s"]}/s {x["spread"]} cpu {x["cpu_ms_per_update"]} ms')
+print("  ratios", json.dumps(r["ratios"]))
+print("  targets", json.dumps(r["targets"]))
+print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
+EOF
+
+for task in dqn-cartpole sac-pendulum; do
+  step "bench/learning.py $task seed 0, device auto"
+  timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
+    --out "$out/learning_${task}_auto.json" > /dev/null 2> "$out/learning_${task}_auto.log"
+  step "bench/learning.py $task seed 0, GPU hidden"
+  CUDA_VISIBLE_DEVICES= timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
+    --out "$out/learning_${task}_cpu.json" > /dev/null 2> "$out/learning_${task}_cpu.log"
+  python3 - "$out/learning_${task}_auto.json" "$out/learning_${task}_cpu.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+a, c = (json.load(open(p)) for p in sys.argv[1:3])
+print(f'  auto: solved {a["solved"]} at {a["env_steps"]} steps in {a["wall_s"]} s; hidden: solved {c["solved"]} at '
+      f'{c["env_steps"]} steps in {c["wall_s"]} s; auto/hidden wall {a["wall_s"] / c["wall_s"]:.2f} (bar: <= 1)')
+EOF
+done
+nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
+step "done"
+cat "$out/summary.txt"
