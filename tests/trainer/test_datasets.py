@@ -69,7 +69,7 @@ def _record(tmp_path, address: str) -> tuple:
                                            "--epsilon", "0.5"), env=daemon_env()),
             start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2"),
             start_sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "3",
-                 "--episodes", "4", "--seed", "3")]
+                      "--episodes", "4", "--seed", "3")]
     try:
         wait(lambda: all(s.poll() is not None for s in sims), 120, "the simulators to finish", [daemon])
         assert [s.poll() for s in sims] == [0, 0, 0], "\n".join(l for s in sims for l in s.lines)
@@ -137,7 +137,7 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     evaluator = None
     try:
         wait(lambda: any(r["updates"].get("default_policy", 0) >= due for r in metrics(logdir2)), 180,
-              f"{due} updates on the dataset", [daemon])
+             f"{due} updates on the dataset", [daemon])
         recs = metrics(logdir2)
         assert recs[-1]["env_steps"] == 0   # all of it before any simulator
         evaluator = start_sim("eval", "simbridge.sims.gym_sim", address, "--eval", "--episodes", "5", "--seed", "7")

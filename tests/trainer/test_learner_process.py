@@ -19,8 +19,10 @@ import pytest
 
 from simbridge.client.slot_client import SlotClient
 from simbridge.trainer.run import journal
-from simbridge.trainer.run.launch import python_module, start_server, wait_for_health
-from test_trainer_daemon import _env, _kill, _load_ckpt, _metrics, _sim, _wait, free_port
+from simbridge.trainer.run.checkpoint import load_checkpoint
+from simbridge.trainer.run.launch import free_port, python_module, start_server, wait_for_health
+from support.daemon import daemon_env, kill, metrics, start_sim
+from support.waits import wait
 
 LEARNING_STARTS = 50
 FRAGMENT = 16
@@ -51,7 +53,7 @@ def _config(tmp_path: Path, address: str, algorithm: str, policy_config: str, qu
 
 def _daemon(tmp_path, address, cfg, *extra):
     return start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg), *extra),
-                        address, timeout=60, env=_env(), keep=2000)
+                        address, timeout=60, env=daemon_env(), keep=2000)
 
 
 def _owed(rec) -> float:
@@ -123,13 +125,13 @@ def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     cfg = _config(tmp_path, address, "slow_learner:SlowLinearQ", ", update_sleep_s = 0.004", queue=queue)
     daemon = _daemon(tmp_path, address, cfg)
-    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "1", "--seed", "1")
+    sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "1", "--seed", "1")
     try:
-        _wait(lambda: any(r["env_steps"] >= 1500 for r in _metrics(tmp_path / "run")), 90,
-              "1,500 env steps", [daemon, sim])
+        wait(lambda: any(r["env_steps"] >= 1500 for r in metrics(tmp_path / "run")), 90,
+             "1,500 env steps", [daemon, sim])
     finally:
-        _kill(sim, daemon)
-    recs = [r for r in _metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS + 200]
+        kill(sim, daemon)
+    recs = [r for r in metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS + 200]
     owed = [_owed(r) for r in recs]
     # Rows the bridge counted but the learner had not trained on beyond the tolerance: the
     # collector's fragment, the held put's, and the one let in just under the tolerance. However
@@ -174,10 +176,10 @@ def test_slow_simulator_the_learner_waits_and_keeps_up(tmp_path):
         t.join(timeout=60)
         assert not t.is_alive() and not errors, errors
         time.sleep(1.0)   # the last weights and a metrics record
-        recs = [r for r in _metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS]
+        recs = [r for r in metrics(tmp_path / "run") if r["agent_steps"] > LEARNING_STARTS]
     finally:
         stop.set()
-        _kill(daemon)
+        kill(daemon)
     owed = [_owed(r) for r in recs]
     assert recs and min(owed) >= 0, f"the learner ran ahead of the ratio: {owed}"
     assert recs[-1]["agent_steps"] >= 600
@@ -200,35 +202,35 @@ def test_a_killed_learner_process_stops_the_trainer_and_resume_continues(tmp_pat
     cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
     logdir = tmp_path / "run"
     daemon = _daemon(tmp_path, address, cfg)
-    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+    sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
     try:
-        _wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in _metrics(logdir)), 60,
-              "updates", [daemon, sim])
-        _wait(lambda: _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > 0, 60,
-              "a checkpoint with updates", [daemon, sim])
+        wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in metrics(logdir)), 60,
+             "updates", [daemon, sim])
+        wait(lambda: load_checkpoint(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > 0, 60,
+             "a checkpoint with updates", [daemon, sim])
         os.kill(_learner_child(daemon.pid), signal.SIGKILL)
-        _wait(lambda: daemon.poll() is not None, 30, "the trainer to stop", [sim])
+        wait(lambda: daemon.poll() is not None, 30, "the trainer to stop", [sim])
         daemon.wait_output()
     finally:
-        _kill(sim, daemon)
+        kill(sim, daemon)
     out = "\n".join(daemon.lines)
     assert daemon.poll() == 1, out
     assert "learner process of policy 'default_policy'" in out and "--resume" in out, out
     assert "no final checkpoint" in out and "Traceback" not in out, out
-    ckpt = _load_ckpt(logdir / "checkpoint.pt")
+    ckpt = load_checkpoint(logdir / "checkpoint.pt")
     kept = ckpt["policies"]["default_policy"]["version"]
     assert kept > 0 and ckpt["policies"]["default_policy"]["state"]["updates"] == kept
 
-    total = _metrics(logdir)[-1]["env_steps"] + 300   # the resume replays the journal past the checkpoint
+    total = metrics(logdir)[-1]["env_steps"] + 300   # the resume replays the journal past the checkpoint
     daemon = _daemon(tmp_path, address, cfg, "--resume", "--total-env-steps", str(total))
-    sim = _sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "2")
+    sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "2")
     try:
-        _wait(lambda: daemon.poll() is not None, 60, "the resumed trainer to reach its budget", [sim])
+        wait(lambda: daemon.poll() is not None, 60, "the resumed trainer to reach its budget", [sim])
         daemon.wait_output()
     finally:
-        _kill(sim, daemon)
+        kill(sim, daemon)
     assert daemon.poll() == 0, "\n".join(daemon.lines)
-    assert _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > kept
+    assert load_checkpoint(logdir / "checkpoint.pt")["policies"]["default_policy"]["version"] > kept
 
 
 def test_ctrl_c_of_the_whole_process_group_still_writes_the_final_checkpoint(tmp_path):
@@ -237,25 +239,25 @@ def test_ctrl_c_of_the_whole_process_group_still_writes_the_final_checkpoint(tmp
     cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
     logdir = tmp_path / "run"
     argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg))
-    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=daemon_env(),
                                start_new_session=True)   # its own process group, as in a terminal
     sim = None
     try:
         wait_for_health(address, 60)
-        sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
-        _wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in _metrics(logdir)), 60,
-              "updates", [sim])
+        sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+        wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in metrics(logdir)), 60,
+             "updates", [sim])
         os.killpg(trainer.pid, signal.SIGINT)
         out, _ = trainer.communicate(timeout=60)
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
-        _kill(*([sim] if sim else []))
+        kill(*([sim] if sim else []))
     assert trainer.returncode == 0, out
     assert "stopping (SIGINT)" in out and "no final checkpoint" not in out, out
-    last = _metrics(logdir)[-1]
-    ckpt = _load_ckpt(logdir / "checkpoint.pt")
+    last = metrics(logdir)[-1]
+    ckpt = load_checkpoint(logdir / "checkpoint.pt")
     assert last["event"] == "stop"
     assert ckpt["policies"]["default_policy"]["version"] == last["versions"]["default_policy"] > 100
 
@@ -264,12 +266,12 @@ def test_a_learner_process_that_fails_stops_the_trainer_with_its_error(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     cfg = _config(tmp_path, address, "slow_learner:FailingLinearQ", "")
     daemon = _daemon(tmp_path, address, cfg)
-    sim = _sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
+    sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
     try:
-        _wait(lambda: daemon.poll() is not None, 60, "the trainer to stop", [sim])
+        wait(lambda: daemon.poll() is not None, 60, "the trainer to stop", [sim])
         daemon.wait_output()
     finally:
-        _kill(sim, daemon)
+        kill(sim, daemon)
     out = "\n".join(daemon.lines)
     assert daemon.poll() == 1, out
     assert "failed (RuntimeError: deliberate failure after 20 updates" in out and "--resume" in out, out
