@@ -6,8 +6,6 @@ The learner is tests/linear_q_learner.py (algorithm = "linear_q_learner:LinearQL
 tests/ on the daemon's PYTHONPATH), so nothing here depends on DQN or SAC.
 """
 import json
-import os
-import time
 from pathlib import Path
 
 import grpc
@@ -20,14 +18,15 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
                                       resolve_algorithm)
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.launch import free_port, python_module, start_server
 from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.v1 import simbridge_pb2 as pb
+from support.daemon import daemon_env, kill, metrics, start_sim
+from support.waits import wait
 
-TESTS = Path(__file__).resolve().parent
 LINEAR_Q = "linear_q_learner:LinearQLearner"
 
 # ---------------------------------------------------------------- config
@@ -195,47 +194,6 @@ def test_run_refuses_a_used_logdir_and_a_missing_checkpoint(tmp_path, capsys):
 # ---------------------------------------------------------------- the daemon as a process
 
 
-def _env():
-    return child_env({"PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])})
-
-
-def _metrics(logdir: Path):
-    path = logdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait(cond, timeout: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        for p in procs:
-            if p.poll() is not None:
-                p.wait_output()
-                raise AssertionError(f"{p.name} exited ({p.poll()}) while waiting for {what}:\n"
-                                     + "\n".join(list(p.lines)[-20:]))
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; daemon output:\n"
-                         + "\n".join("\n".join(list(p.lines)[-20:]) for p in procs))
-
-
-def _sim(name, module, address, *args):
-    return Proc(name, python_module(module, "--address", address, "--quiet", *args), env=_env())
-
-
-def _kill(*procs):
-    for p in procs:
-        if p.poll() is None:
-            p.popen.kill()
-            p.popen.wait()
-
-
-def _load_ckpt(path: Path) -> dict:
-    return load_checkpoint(path)
-
-
 @pytest.mark.parametrize("learner_process", [False, True], ids=["inline", "learner_process"])
 def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     port = free_port()
@@ -265,16 +223,16 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
         default = "p0"
     """)
     argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path))
-    daemon = start_server("trainer", argv, address, timeout=60, env=_env(), keep=5000)
+    daemon = start_server("trainer", argv, address, timeout=60, env=daemon_env(), keep=5000)
     # gym_sim (agent0 -> p0) and a 2-cart multi-agent sim (cart_0 -> p0, cart_1 -> p1, frozen).
-    sims = [_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "1"),
-            _sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "2")]
+    sims = [start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "1"),
+            start_sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "2")]
     try:
         def trained_and_checkpointed():
-            recs = _metrics(logdir)
+            recs = metrics(logdir)
             return ((logdir / "checkpoint.pt").exists() and len(recs) >= 3
                     and recs[-1]["versions"].get("p0", 0) > 0 and {"p0", "p1"} <= set(recs[-1]["return_mean"]))
-        _wait(trained_and_checkpointed, 60, "updates, returns and a checkpoint", [daemon, *sims])
+        wait(trained_and_checkpointed, 60, "updates, returns and a checkpoint", [daemon, *sims])
         assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
         saved, given = load_config(logdir / "config.toml"), load_config(cfg_path)   # the effective config
         assert (saved.server, saved.run, saved.mapping) == (given.server, given.run, given.mapping)
@@ -288,9 +246,9 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
         assert "[trainer] env steps" in out and "return(10) p0" in out and "length(10) p0" in out and "p0: v" in out
         assert "stopping (SIGTERM)" in out
     finally:
-        _kill(daemon, *sims)
+        kill(daemon, *sims)
 
-    recs = _metrics(logdir)
+    recs = metrics(logdir)
     assert recs[0]["event"] == "start" and recs[-1]["event"] == "stop"
     steps = [r["env_steps"] for r in recs]
     assert steps == sorted(steps) and steps[-1] > 0
@@ -301,7 +259,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     assert p0_versions == sorted(p0_versions) and p0_versions[-1] > 0
     assert "loss" in recs[-1]["losses"]["p0"] and "p1" not in recs[-1]["losses"]
 
-    ckpt = _load_ckpt(logdir / "checkpoint.pt")
+    ckpt = load_checkpoint(logdir / "checkpoint.pt")
     c = ckpt["counters"]
     assert c["env_steps"] == recs[-1]["env_steps"] and c["episodes"] == recs[-1]["episodes"]
     assert c["recent"] and c["wall_s"] > 0
@@ -314,17 +272,17 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     total = c["env_steps"] + 300
     daemon = start_server("trainer-resumed", python_module(
         "simbridge.trainer.cli", "run", "--config", str(cfg_path), "--resume", "--total-env-steps", str(total)),
-        address, timeout=60, env=_env(), keep=5000)
-    sim = _sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
+        address, timeout=60, env=daemon_env(), keep=5000)
+    sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
     try:
-        _wait(lambda: daemon.poll() is not None, 60, "the resumed daemon to reach total_env_steps", [sim])
+        wait(lambda: daemon.poll() is not None, 60, "the resumed daemon to reach total_env_steps", [sim])
         daemon.wait_output()
         assert daemon.poll() == 0, "\n".join(daemon.lines)
         assert "resumed at" in "\n".join(daemon.lines)
     finally:
-        _kill(daemon, sim)
+        kill(daemon, sim)
 
-    after = _metrics(logdir)
+    after = metrics(logdir)
     assert after[:n_before] == recs  # appended, not truncated
     first = after[n_before]
     assert first["event"] == "resume" and first["env_steps"] >= c["env_steps"]
@@ -332,7 +290,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     assert first["versions"]["p0"] == ckpt["policies"]["p0"]["version"]  # restored before any simulator
     assert first["return_mean"] == recs[-1]["return_mean"]  # the last 100 returns came back
     assert after[-1]["env_steps"] >= total and after[-1]["versions"]["p1"] == 0
-    ckpt2 = _load_ckpt(logdir / "checkpoint.pt")
+    ckpt2 = load_checkpoint(logdir / "checkpoint.pt")
     assert ckpt2["counters"]["env_steps"] >= total
     assert ckpt2["policies"]["p0"]["version"] >= ckpt["policies"]["p0"]["version"]
     assert ckpt2["policies"]["p1"]["version"] == 0
