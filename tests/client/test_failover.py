@@ -19,6 +19,7 @@ from simbridge.client.slot_client import SlotClient
 from simbridge.server.sample_batch import MultiAgentBatch
 from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
 from simbridge.wire.errors import BridgeError, Reason
+from support.waits import wait
 
 OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -185,13 +186,6 @@ def test_bad_address_lists_name_the_fix():
         parse_addresses(" , ")
 
 
-def _wait(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _transitions(srv):
     """(eps_id, agent_index, t) of every transition the server collected; a repeat is a duplicate."""
     srv.runtime.flush()
@@ -214,11 +208,11 @@ def test_local_inference_simulator_starts_over_on_the_other_host(make_server):
                            cwd=str(ROOT))
     uploaded = lambda srv: srv.runtime.snapshot()["uploaded_steps"]   # noqa: E731
     try:
-        _wait(lambda: any(uploaded(s) >= 64 for s in servers.values()), 30, "uploads to the first host")
+        wait(lambda: any(uploaded(s) >= 64 for s in servers.values()), 30, "uploads to the first host")
         first = next(a for a, s in servers.items() if uploaded(s) > 0)
         (second,) = set(servers) - {first}
         servers[first].stop(grace=0)
-        _wait(lambda: uploaded(servers[second]) >= 64, 30, "uploads to the second host")
+        wait(lambda: uploaded(servers[second]) >= 64, 30, "uploads to the second host")
         sim.terminate()
         out, err = sim.communicate(timeout=30)
     finally:
@@ -245,11 +239,11 @@ def test_simulator_process_moves_to_the_other_host(make_server, slots):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                            cwd=str(ROOT))
     try:
-        _wait(lambda: any(_steps(s) >= 200 for s in servers.values()), 30, "steps on the first host")
+        wait(lambda: any(_steps(s) >= 200 for s in servers.values()), 30, "steps on the first host")
         first = next(a for a, s in servers.items() if _steps(s) > 0)
         (second,) = set(servers) - {first}
         servers[first].stop(grace=0)
-        _wait(lambda: _steps(servers[second]) >= 200, 30, "steps on the second host")
+        wait(lambda: _steps(servers[second]) >= 200, 30, "steps on the second host")
         sim.terminate()
         out, err = sim.communicate(timeout=30)
     finally:
