@@ -58,6 +58,7 @@ from simbridge.client.local_layers import has_nan
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.client.local_uploader import ServerSync
 from simbridge.client.security import ClientSecurity
+from simbridge.client.stopping import STOP_GRACE_S, check_stopping, stopping
 from simbridge.client.policy_client import PolicyClient
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError
@@ -232,13 +233,16 @@ class LocalPolicyClient(ServerSync):
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Hand over everything recorded so far and wait until the server accepted it.
         False when `timeout_s` passed first."""
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
         with self._cond:
             if self._current is not None and not self._current.empty():
                 self._rotate()
             while self._ready or self._in_flight:
                 if self._fatal is not None:
                     raise self._fatal
+                if stopping() and time.monotonic() - t0 > STOP_GRACE_S:   # a server that does not answer
+                    check_stopping(f"uploading experience to the simbridge trainer at {self.address}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -16,6 +16,7 @@ from simbridge.client.connection import (CLOSED, FAILOVER_AFTER_S, RETRYABLE, Ba
                                          call_unary, diagnose, mark_down)
 from simbridge.client.local_buffer import Chunk
 from simbridge.client.local_policy import LocalPolicy
+from simbridge.client.stopping import Stopped, stopping
 from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -99,6 +100,7 @@ class ServerSync:
         n = chunk.n
         refused = Backoff(first_s=0.01, max_s=0.2)  # the server already waited for room before refusing
         broken = Backoff(self.reconnect_timeout_s)
+        told = False
         while not self._abort:
             try:
                 resp = call_unary(self._stub.UploadExperience, req, self.rpc_timeout_s)
@@ -113,9 +115,16 @@ class ServerSync:
                     patience = min(self.reconnect_timeout_s, _CLOSING_RETRY_S) if self._closing else \
                         min(self.reconnect_timeout_s, FAILOVER_AFTER_S) if others else self.reconnect_timeout_s
                     what = diagnose(self.address)[0] if others else ""
+                    if not told:   # as the connection engine says it
+                        told = True
+                        log.warning("connection to %s broke (%s: %s); reconnecting", self.address, code.name, details)
                     if what not in CLOSED and broken.wait(patience):
                         self._count(upload_retries=1)
                         continue
+                    if stopping():   # the process is stopping (Ctrl-C): no more attempts
+                        self._fatal = Stopped(grpc.StatusCode.CANCELLED, f"stopped while reconnecting to the "
+                                                                         f"simbridge trainer at {self.address}")
+                        return
                     if others:   # as the connection engine: a closed port at once, else after patience
                         mark_down(self.address)   # the next client of this process starts elsewhere
                         self._session_lost(f"the bridge at {self.address} went away ({what or details})")

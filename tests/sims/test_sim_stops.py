@@ -95,8 +95,9 @@ def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet():
         _stopped_cleanly(s, f"waiting for the simbridge trainer at {address}")
 
 
-@pytest.mark.parametrize("args", [(), ("--slots", "4", "--transport", "unary", "--slot-protocol", "rows")],
-                         ids=["stream", "unary"])
+@pytest.mark.parametrize("args", [(), ("--slots", "4", "--transport", "unary", "--slot-protocol", "rows"),
+                                  ("--inference", "local", "--update-interval", "0.2", "--chunk-steps", "16")],
+                         ids=["stream", "unary", "local-inference"])
 def test_ctrl_c_while_reconnecting_to_a_stopped_trainer(args):
     server = _server()
     with sim(server.address, *args) as s:
