@@ -8,7 +8,6 @@ Skipped only when the build tools are absent (Debian: cmake libgrpc++-dev protob
 libprotobuf-dev)."""
 import json
 import os
-import socket
 import subprocess
 import time
 
@@ -20,6 +19,8 @@ from simbridge.client.local_policy import LocalPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
+from simbridge.trainer.run.launch import free_port
+from support.waits import wait
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -139,19 +140,6 @@ def test_multi_agent_rows_reach_each_agents_policy(build, make_server, handovers
 
 # ---------------------------------------------------------------- reconnect
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(pred, timeout=30.0):
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.02)
-
-
 # On shm the steps run several times faster, and a stopping server serves its open channels until
 # its handover socket's accept loop ends (up to 0.5 s): more work there, so the stop lands mid-run.
 @pytest.mark.nets("tcp", "shm")
@@ -166,13 +154,13 @@ def test_server_restart_resumes_the_session_and_applies_every_request_once(build
     lost, would show)."""
     # Room for every row of the run: no learner drains the queue, and a full one holds the client.
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=64, experience_queue_size=4096))
-    address = f"127.0.0.1:{_free_port()}" if net == "tcp" else listen_address()
+    address = f"127.0.0.1:{free_port()}" if net == "tcp" else listen_address()
     srv = BridgeServer(rt, address).start()
     proc = subprocess.Popen([os.path.join(build, program), "--address", address, *map(str, args[net])],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = None
     try:
-        _wait_for(lambda: rt.snapshot()["env_steps"] > 300 or proc.poll() is not None)
+        wait(lambda: rt.snapshot()["env_steps"] > 300 or proc.poll() is not None, 30, "300 env steps", every=0.02)
         assert proc.poll() is None, "the run ended before the restart"
         srv.stop(grace=0)
         time.sleep(0.3)
@@ -201,14 +189,14 @@ def test_server_restart_resumes_the_session_and_applies_every_request_once(build
 def test_a_server_that_forgot_the_session_raises_session_unknown(build):
     """The example handles SessionLost as the Python simulators do: it says so and goes on with new
     episodes on the restarted server."""
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     rt = BridgeRuntime(BridgeConfig())
     srv = BridgeServer(rt, address).start()
     proc = subprocess.Popen([os.path.join(build, "cartpole"), "--address", address, "--episodes", "300"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     fresh = None
     try:
-        _wait_for(lambda: rt.snapshot()["env_steps"] > 100 or proc.poll() is not None)
+        wait(lambda: rt.snapshot()["env_steps"] > 100 or proc.poll() is not None, 30, "100 env steps", every=0.02)
         srv.stop(grace=0)
         fresh_rt = BridgeRuntime(BridgeConfig())
         fresh = BridgeServer(fresh_rt, address).start()   # a restart: no sessions

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import threading
-import time
 
 import grpc
 import pytest
@@ -20,19 +19,13 @@ import pytest
 from simbridge.wire import shm_ring
 from simbridge.wire.addresses import shm_handover_path
 from simbridge.wire.errors import Reason
+from support.waits import wait
 
 pytestmark = pytest.mark.nets("shm")
 
 
 def _program(build, name):
     return os.path.join(build, name)
-
-
-def _wait_for(pred, timeout=20.0):
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_cpp_simulator_killed_mid_run_has_its_episodes_ended_truncated(cpp_build, make_server, kill_simulator,
@@ -42,7 +35,7 @@ def test_a_cpp_simulator_killed_mid_run_has_its_episodes_ended_truncated(cpp_bui
     proc = subprocess.Popen([_program(cpp_build, "cartpole_slots"), "--address", srv.address, "--steps", "10000000",
                              "--slots", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: rt.snapshot()["env_steps"] > 2000 or proc.poll() is not None)
+        wait(lambda: rt.snapshot()["env_steps"] > 2000 or proc.poll() is not None, 20, "2,000 env steps", every=0.02)
         assert proc.poll() is None, proc.communicate()
         assert rt.snapshot()["open_episodes"] == 4
     finally:
