@@ -16,6 +16,7 @@ from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+from support.waits import wait
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -57,13 +58,6 @@ class IdleStreams:
             ch.close()
 
 
-def _wait_for(cond, timeout=20.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.05)
-
-
 def _one_episode(address, token=None, timeout=5.0):
     sec = ClientSecurity(auth_token=token)
     t0 = time.monotonic()
@@ -82,9 +76,9 @@ def test_300_idle_streams_do_not_block_another_client(make_server, tokens):
     idle = IdleStreams(srv.address, 300, token="hostile-token")
     try:
         cap = srv.runtime.config.max_calls_per_client
-        _wait_for(lambda: srv.gate.open_calls() == cap)
+        wait(lambda: srv.gate.open_calls() == cap, 20, "the idle client's share of calls open")
         # Past its share, the idle client's streams were refused at once, with the reason.
-        _wait_for(lambda: sum(call.done() for call in idle.calls) == 300 - cap, timeout=5)
+        wait(lambda: sum(call.done() for call in idle.calls) == 300 - cap, 5, "the calls past its share refused")
         assert all(BridgeError.from_rpc_error(call).reason == Reason.TOO_MANY_CALLS
                    for call in idle.calls if call.done())
         assert _one_episode(srv.address, token="good-token") < 3.0   # another client is served promptly
@@ -96,7 +90,7 @@ def test_excess_calls_are_refused_at_once_and_served_again_later(make_server):
     srv = make_server(max_concurrent_calls=12, max_calls_per_client=8)
     idle = IdleStreams(srv.address, 8)
     try:
-        _wait_for(lambda: srv.gate.open_calls() == 8)
+        wait(lambda: srv.gate.open_calls() == 8, 20, "8 calls open")
         t0 = time.monotonic()
         with pytest.raises(BridgeError) as e:
             _one_episode(srv.address)
@@ -106,7 +100,7 @@ def test_excess_calls_are_refused_at_once_and_served_again_later(make_server):
         assert srv.runtime.metrics.refused["TOO_MANY_CALLS"] >= 1
     finally:
         idle.close()
-    _wait_for(lambda: srv.gate.open_calls() == 0)
+    wait(lambda: srv.gate.open_calls() == 0, 20, "every call closed")
     assert _one_episode(srv.address) < 3.0
 
 
@@ -115,7 +109,7 @@ def test_server_wide_cap(make_server, tokens):
                       max_calls_per_client=10)
     idle = IdleStreams(srv.address, 10, token="hostile-token")
     try:
-        _wait_for(lambda: srv.gate.open_calls() == 10)
+        wait(lambda: srv.gate.open_calls() == 10, 20, "10 calls open")
         with pytest.raises(BridgeError) as e:
             _one_episode(srv.address, token="good-token")
         assert e.value.reason == Reason.TOO_MANY_CALLS and "maximum of 10 calls" in e.value.message
