@@ -111,8 +111,8 @@ def test_ctrl_c_while_reconnecting_to_a_stopped_trainer(args):
         _stopped_cleanly(s, f"reconnecting to the simbridge trainer at {server.address}")
 
 
-@pytest.mark.parametrize("transport", ["stream", "unary"])
-def test_ctrl_c_while_waiting_for_an_action_that_does_not_come(transport):
+@pytest.mark.parametrize("transport", ["stream", "unary", "shm"])
+def test_ctrl_c_while_waiting_for_an_action_that_does_not_come(transport, tmp_path):
     asked, release = threading.Event(), threading.Event()
 
     class Stuck(RandomPolicy):
@@ -121,12 +121,14 @@ def test_ctrl_c_while_waiting_for_an_action_that_does_not_come(transport):
             release.wait(60)   # bounded: the test releases it anyway
             return super().compute_actions(obs_batch, explore)
 
-    server = _server(policy_factory=lambda pid, obs, act: Stuck(obs, act))
+    address = f"shm+unix:{tmp_path}/bridge.sock" if transport == "shm" else "127.0.0.1:0"
+    server = _server(address, policy_factory=lambda pid, obs, act: Stuck(obs, act))
     try:
-        with sim(server.address, "--transport", transport) as s:
+        with sim(server.address, *(() if transport == "shm" else ("--transport", transport))) as s:
             assert asked.wait(60), "".join(s.err)
             s.interrupt()
-            _stopped_cleanly(s, f"waiting for an answer from the simbridge trainer at {server.address}")
+            at = server.address.replace("shm+", "")   # the session's gRPC side: unix:PATH
+            _stopped_cleanly(s, f"waiting for an answer from the simbridge trainer at {at}")
     finally:
         release.set()
         server.stop(grace=None)
