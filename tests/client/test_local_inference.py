@@ -29,6 +29,7 @@ from simbridge.trainer.run.launch import child_env
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+from support.raw import create_request
 
 OBS = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -310,8 +311,7 @@ class Raw:
     def __init__(self, address, obs=OBS, act=ACT):
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.ExternalEnvStub(self.channel)
-        self.sid = self.stub.CreateSession(pb.CreateSessionRequest(
-            observation_space=sb_spaces.space_to_proto(obs), action_space=sb_spaces.space_to_proto(act))).session_id
+        self.sid = self.stub.CreateSession(create_request(obs, act)).session_id
 
     def chunk(self, eid="e1", n=3, t0=0, seq=0, terminal=False, summary=False) -> pb.UploadExperienceRequest:
         rng = np.random.default_rng(t0)

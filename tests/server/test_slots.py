@@ -22,6 +22,7 @@ from simbridge.server.sample_batch import MultiAgentBatch
 from simbridge.client.slot_client import SlotClient
 from simbridge.wire.v1 import simbridge_pb2 as pb
 from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
+from support.raw import create_request
 from simbridge.sims.vector_cartpole import VectorCartPole
 
 OBS = gym.spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float32)
@@ -178,8 +179,7 @@ class RawSlots:
     def __init__(self, address, n=N, **create):
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.ExternalEnvStub(self.channel)
-        req = pb.CreateSessionRequest(observation_space=sb_spaces.space_to_proto(OBS),
-                                      action_space=sb_spaces.space_to_proto(ACT), num_slots=n, **create)
+        req = create_request(OBS, ACT, num_slots=n, **create)
         self.sid = self.stub.CreateSession(req).session_id
         self.n = n
 
@@ -264,8 +264,7 @@ def test_bad_step_is_refused_and_nothing_is_lost(make_server, name, kwargs, word
 
 def test_step_on_a_session_without_slots_names_the_fix(server):
     sim = RawSlots(server.address)
-    row_session = sim.stub.CreateSession(pb.CreateSessionRequest(
-        observation_space=sb_spaces.space_to_proto(OBS), action_space=sb_spaces.space_to_proto(ACT)))
+    row_session = sim.stub.CreateSession(create_request(OBS, ACT))
     req = sim.request(OK_OBS)
     req.header.session_id = row_session.session_id
     sim.refused(req, grpc.StatusCode.FAILED_PRECONDITION, "num_slots")
@@ -279,8 +278,7 @@ def test_step_on_a_session_without_slots_names_the_fix(server):
 def test_bad_num_slots(server, create, words):
     stub = pb_grpc.ExternalEnvStub(grpc.insecure_channel(server.address))
     with pytest.raises(grpc.RpcError) as e:
-        stub.CreateSession(pb.CreateSessionRequest(observation_space=sb_spaces.space_to_proto(OBS),
-                                                   action_space=sb_spaces.space_to_proto(ACT), **create))
+        stub.CreateSession(create_request(OBS, ACT, **create))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details()
     assert server.runtime.snapshot()["sessions"] == 0
 
@@ -288,8 +286,7 @@ def test_bad_num_slots(server, create, words):
 def test_slots_on_the_multi_agent_service_are_refused(server):
     stub = pb_grpc.ExternalMultiAgentEnvStub(grpc.insecure_channel(server.address))
     with pytest.raises(grpc.RpcError) as e:
-        stub.CreateSession(pb.CreateSessionRequest(observation_space=sb_spaces.space_to_proto(OBS),
-                                                   action_space=sb_spaces.space_to_proto(ACT), num_slots=4))
+        stub.CreateSession(create_request(OBS, ACT, num_slots=4))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ExternalEnv" in e.value.details()
 
 
