@@ -9,9 +9,12 @@
 
 `run` serves the policies of the config (default: the embedded
 trainer/configs/cartpole_dqn.toml) on a BridgeServer; simulators connect
-whenever they like. Each policy is created when the first simulator using it
-connects (its handshake gives the spaces), or at startup when the config
-declares the spaces or a resumed checkpoint knows them.
+whenever they like. It binds its port first (about a second) and answers health
+NOT_SERVING while torch, a resumed run's checkpoint and journal, and the learners
+load: simulators that connect meanwhile wait, and both sides say so. Each
+policy is created when the first simulator using it connects (its handshake
+gives the spaces), or at startup when the config declares the spaces or a
+resumed checkpoint knows them.
 
 The main thread is the intake loop: it takes each MultiAgentBatch from the
 bridge's experience queue and hands each policy's SampleBatch to its learner.
