@@ -64,10 +64,10 @@ int main(int argc, char** argv) {
           auto call_start = cartpole::Clock::now();
           int action;
           if (local) {
-            action = static_cast<int>(local->act(obs[i])[0]);
-            client.log_action(ids[i], obs[i], {static_cast<float>(action)});
+            action = static_cast<int>(local->act_typed(obs[i]).index());
+            client.log_action(ids[i], obs[i], simbridge::Action::discrete(action));
           } else {
-            action = static_cast<int>(client.get_action(ids[i], obs[i])[0]);
+            action = static_cast<int>(client.act(ids[i], obs[i]).index());  // Discrete(2): an index
           }
           auto call_end = cartpole::Clock::now();
           float reward;

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     long long acted = 0;  // env steps whose actions came back
     double return_sum = 0;
     auto t0 = std::chrono::steady_clock::now();
-    simbridge::Floats actions = client.step(obs);
+    std::vector<simbridge::Action> actions = client.act(obs);  // Discrete(2): one index per slot
     acted += n;
     cartpole::Window window(std::stod(args["warmup-s"]), std::stod(args["seconds"]));  // warm-up from here
     for (long long t = 0; window.timed() || t < num_steps; ++t) {
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       finals.clear();
       for (int i = 0; i < n; ++i) {
         bool term, trunc;
-        auto o = envs[i].step(static_cast<int>(actions[i]), &rewards[i], &term, &trunc);
+        auto o = envs[i].step(static_cast<int>(actions[i].index()), &rewards[i], &term, &trunc);
         terminated[i] = term;
         truncated[i] = trunc;
         returns[i] += rewards[i];
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
       if (!last) {
         auto call_start = cartpole::Clock::now();
         try {
-          actions = client.step(obs, rewards, terminated, truncated, finals);
+          actions = client.act(obs, rewards, terminated, truncated, finals);
         } catch (const simbridge::SessionLost& e) {
           // Every slot's episode ended with the old session: new ones from a reset (a second loss
           // here ends the run, exit 1).
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
             std::copy(o.begin(), o.end(), obs.begin() + 4 * i);
             returns[i] = 0;
           }
-          actions = client.step(obs);
+          actions = client.act(obs);
         }
         acted += n;
         window.step_done(call_start, cartpole::Clock::now(), n);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iostream>
 #include <thread>
 
 #include "backoff.hpp"
@@ -46,9 +45,9 @@ class GrpcStepStream : public StepStream {
 };
 }  // namespace
 
-bool retryable(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
-         code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+bool retryable(StatusCode code) {
+  return code == StatusCode::UNAVAILABLE || code == StatusCode::CANCELLED || code == StatusCode::UNKNOWN ||
+         code == StatusCode::DEADLINE_EXCEEDED;
 }
 
 pb::RequestHeader* header_of(pb::StreamRequest* req) {
@@ -80,12 +79,12 @@ const char* kind_of(const pb::StreamRequest& req) {
 
 Connection::Connection(std::vector<std::string> addresses, Service service, pb::CreateSessionRequest create,
                        const ClientOptions& options, bool pipeline, OnFailed on_failed, OnSessionLost on_session_lost)
-    : addresses_(parse_addresses(addresses)), service_(service), create_(std::move(create)), creds_(options),
+    : addresses_(parse_addresses(addresses)), service_(service), create_(std::move(create)), creds_(options), log_(options.log),
       reconnect_timeout_s_(options.reconnect_timeout_s), pipeline_(pipeline), on_failed_(std::move(on_failed)),
       on_session_lost_(std::move(on_session_lost)) {
   // The channel's arguments, gRPC's per-attempt connect deadline among them: hosts.cpp's new_channel.
   auto [address, channel] = connect_any(try_order(addresses_, start_index(addresses_.size()), monotonic_s()),
-                                        creds_, options.connect_timeout_s);
+                                        creds_, options.connect_timeout_s, log_);
   use(address, std::move(channel));
   session_ = open_session("");
   session_id_ = session_.session_id();
@@ -123,7 +122,7 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
   pb::StreamResponse resp;
   if (!stream_->write(req) || !stream_->read(&resp)) {
     grpc::Status st = end_stream(false);
-    if (st.ok()) throw Error(grpc::StatusCode::UNAVAILABLE, "the stream ended before create_session was answered");
+    if (st.ok()) throw Error(StatusCode::UNAVAILABLE, "the stream ended before create_session was answered");
     throw error_from_grpc(st);
   }
   if (resp.has_error()) throw error_from_status(resp.error());
@@ -134,7 +133,7 @@ pb::CreateSessionResponse Connection::open_session(const std::string& resume) {
 
 void Connection::reconnect(const std::string& cause) {
   if (closing_)
-    throw Error(grpc::StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
+    throw Error(StatusCode::UNAVAILABLE, "connection to " + address_ + " lost while closing", "SERVER_UNAVAILABLE");
   const bool others = addresses_.size() > 1;
   // Between attempts, watch the channel rather than sleep blind: gRPC notices a finished connect
   // only while someone polls the channel (else at its backup poll, every 5 s), so a server back
@@ -145,7 +144,7 @@ void Connection::reconnect(const std::string& cause) {
     if (channel_->GetState(true) != GRPC_CHANNEL_READY && channel_->WaitForConnected(until)) return;
     std::this_thread::sleep_until(until);  // connected already (the session failed otherwise): wait the delay
   });
-  std::cerr << "simbridge: connection to " << address_ << " broke (" << cause << "); reconnecting\n";
+  emit(log_, LogLevel::Warning, "connection to " + address_ + " broke (" + cause + "); reconnecting");
   pb::CreateSessionResponse resp;
   while (true) {
     end_stream(true);
@@ -166,7 +165,7 @@ void Connection::reconnect(const std::string& cause) {
         move(p.what);
       }
       if (!backoff.wait())
-        throw Error(grpc::StatusCode::UNAVAILABLE,
+        throw Error(StatusCode::UNAVAILABLE,
                     "lost the simbridge server at " + address_ + " and could not reconnect within " +
                         fmt_s(reconnect_timeout_s_) + ": " + e.what(),
                     "SERVER_UNAVAILABLE");
@@ -179,14 +178,16 @@ void Connection::reconnect(const std::string& cause) {
     session_id_ = resp.session_id();
     outstanding_.clear();
     seq_ = 0;
-    if (on_session_lost_) on_session_lost_();
-    throw SessionLost(grpc::StatusCode::UNAVAILABLE,
+    const int ended = on_session_lost_ ? on_session_lost_() : 0;
+    emit(log_, LogLevel::Warning, "the server at " + address_ + " no longer had session " + old + " (restarted or expired); " +
+         "new session " + session_id_ + ", " + std::to_string(ended) + " open episode(s) ended");
+    throw SessionLost(StatusCode::UNAVAILABLE,
                       "the server no longer had session " + old + " (restarted or expired): its open episodes "
                       "are gone; start new episodes (new session " + session_id_ + ")",
                       "SESSION_UNKNOWN");
   }
-  std::cerr << "simbridge: resumed session " << session_id_ << "; resending " << outstanding_.size()
-            << " requests\n";
+  emit(log_, LogLevel::Info,
+       "resumed session " + session_id_ + "; resending " + std::to_string(outstanding_.size()) + " requests");
   for (const auto& sent : outstanding_) stream_->write(sent.req);  // a failure shows at the next read
 }
 
@@ -197,13 +198,13 @@ void Connection::move(const std::string& why) {
   std::vector<std::string> order;  // the lost one last: it may come back
   for (size_t k = 1; k <= addresses_.size(); ++k) order.push_back(addresses_[(at + k) % addresses_.size()]);
   try {
-    auto [address, channel] = connect_any(order, creds_, reconnect_timeout_s_);
+    auto [address, channel] = connect_any(order, creds_, reconnect_timeout_s_, log_);
     use(address, std::move(channel));
     outstanding_.clear();  // dropped, not resent: the old session applied them or not, alone
     seq_ = 0;
     session_ = open_session("");
   } catch (const Error& e) {
-    throw Error(grpc::StatusCode::UNAVAILABLE,
+    throw Error(StatusCode::UNAVAILABLE,
                 "lost the simbridge trainer at " + old + " (" + why + ") and found no other: " + e.what(),
                 "SERVER_UNAVAILABLE");
   }
@@ -211,9 +212,9 @@ void Connection::move(const std::string& why) {
   ++reconnects_;
   ++moves_;
   const int ended = on_session_lost_ ? on_session_lost_() : 0;
-  std::cerr << "simbridge: bridge at " << old << " went away (" << why << "); moved to " << address_
-            << " (new session " << session_id_ << ", " << ended << " open episode(s) ended)\n";
-  throw SessionLost(grpc::StatusCode::UNAVAILABLE,
+  emit(log_, LogLevel::Warning, "bridge at " + old + " went away (" + why + "); moved to " + address_ + " (new session " +
+       session_id_ + ", " + std::to_string(ended) + " open episode(s) ended)");
+  throw SessionLost(StatusCode::UNAVAILABLE,
                     "the bridge at " + old + " went away (" + why + "); moved to " + address_ + " (new session " +
                         session_id_ + "); the " + std::to_string(ended) + " open episode(s) of session " + old_session +
                         " ended with the old one: start new episodes",
@@ -224,12 +225,12 @@ void Connection::move(const std::string& why) {
 
 std::optional<pb::StreamResponse> Connection::call(pb::StreamRequest req, bool wait) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  if (closed_) throw Error(grpc::StatusCode::FAILED_PRECONDITION, "the client is closed", "WRONG_SESSION_KIND");
+  if (closed_) throw Error(StatusCode::FAILED_PRECONDITION, "the client is closed", "WRONG_SESSION_KIND");
   int64_t limit = session_.limits().max_message_bytes();
   // Refused here (with room for header and framing): the server would end the stream.
   if (limit > 0 && req.ByteSizeLong() + kFramingBytes > static_cast<size_t>(limit)) {
     if (on_failed_) on_failed_(req);
-    throw Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+    throw Error(StatusCode::RESOURCE_EXHAUSTED,
                 std::string(kind_of(req)) + " request of " + std::to_string(req.ByteSizeLong()) +
                     " bytes exceeds the server's limit of " + std::to_string(limit) + " bytes: send fewer rows per call",
                 "MESSAGE_TOO_LARGE");
@@ -270,7 +271,7 @@ pb::StreamResponse Connection::read_until(uint64_t seq) {
     pb::StreamResponse resp;
     if (!stream_ || !stream_->read(&resp)) {
       grpc::Status st = end_stream(false);
-      if (!st.ok() && !retryable(st.error_code()) && !outstanding_.empty()) {
+      if (!st.ok() && !retryable(from_grpc(st.error_code())) && !outstanding_.empty()) {
         // The server ended the stream on purpose: resending would fail again. Say why; the next
         // call reconnects and resends what is still unanswered.
         broken_ = true;
@@ -282,7 +283,7 @@ pb::StreamResponse Connection::read_until(uint64_t seq) {
       continue;
     }
     if (outstanding_.empty())
-      throw Error(grpc::StatusCode::INTERNAL, "the server answered a request that was never sent", "SERVER_FAILURE");
+      throw Error(StatusCode::INTERNAL, "the server answered a request that was never sent", "SERVER_FAILURE");
     Sent got = std::move(outstanding_.front());
     outstanding_.pop_front();
     if (resp.has_error()) {

@@ -31,13 +31,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include "credentials.hpp"
+#include "log.hpp"
 #include "simbridge/v1/simbridge.grpc.pb.h"
 #include "step_stream.hpp"
 #include "wire.hpp"
 
 namespace simbridge {
 
-bool retryable(grpc::StatusCode code);
+bool retryable(StatusCode code);
 // The request's header, whichever call it carries (nullptr for create_session).
 pb::RequestHeader* header_of(pb::StreamRequest* req);
 const char* kind_of(const pb::StreamRequest& req);
@@ -93,6 +94,7 @@ class Connection {
   Service service_;
   pb::CreateSessionRequest create_;
   Credentials creds_;
+  LogCallback log_;
   double reconnect_timeout_s_;
   bool pipeline_;
   OnFailed on_failed_;

@@ -21,7 +21,7 @@ namespace simbridge {
 namespace {
 
 Error bad_option(const std::string& option, const std::string& file, const std::string& why) {
-  return Error(grpc::StatusCode::INVALID_ARGUMENT, "ClientOptions." + option + " '" + file + "': " + why,
+  return Error(StatusCode::INVALID_ARGUMENT, "ClientOptions." + option + " '" + file + "': " + why,
                "INVALID_REQUEST");
 }
 
@@ -51,10 +51,10 @@ std::string stripped(const std::string& s) {
 // message about metadata, not about the token.
 std::string checked_token(const std::string& token, const std::string& source) {
   std::string t = stripped(token);
-  if (t.empty()) throw Error(grpc::StatusCode::INVALID_ARGUMENT, source + " holds no token (it is empty)", "INVALID_REQUEST");
+  if (t.empty()) throw Error(StatusCode::INVALID_ARGUMENT, source + " holds no token (it is empty)", "INVALID_REQUEST");
   for (unsigned char c : t) {
     if (c < 0x20 || c > 0x7e)
-      throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+      throw Error(StatusCode::INVALID_ARGUMENT,
                   source + " holds a token with a character that is not printable ASCII: a token must be one "
                            "line of printable ASCII",
                   "INVALID_REQUEST");
@@ -128,7 +128,7 @@ bool set_client_flag(ClientOptions& options, const std::string& flag, const std:
 Credentials::Credentials(const ClientOptions& options)
     : ca_file_(options.tls_ca_file), server_name_(options.tls_server_name) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty())
-    throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+    throw Error(StatusCode::INVALID_ARGUMENT,
                 "ClientOptions.tls_cert_file and tls_key_file go together (a client certificate and its key): "
                 "set both or neither",
                 "INVALID_REQUEST");
@@ -179,7 +179,7 @@ void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credent
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
       last_failure = connect_failure(channel, creds);
       if (creds.tls() && handshake_failed(last_failure))
-        throw Error(grpc::StatusCode::UNAVAILABLE,
+        throw Error(StatusCode::UNAVAILABLE,
                     "TLS handshake with " + address + " failed (" + last_failure + "): check that " + creds.trust() +
                         " signed the server's certificate, that the certificate names the host you dial (or "
                         "set tls_server_name / --tls-server-name), and that the server serves TLS",
@@ -189,7 +189,7 @@ void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credent
       // certificate: waiting will not change that. Three looks in a row (0.4 s) to be sure.
       hung_up = closed_by_peer(last_failure) ? hung_up + 1 : 0;
       if (hung_up >= 3)
-        throw Error(grpc::StatusCode::UNAVAILABLE,
+        throw Error(StatusCode::UNAVAILABLE,
                     "the server at " + address + " closed every connection during the handshake (" + last_failure +
                         "): " +
                         (creds.tls() ? "this client speaks TLS (checking the server with " + creds.trust() +
@@ -203,7 +203,7 @@ void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credent
     auto now = std::chrono::system_clock::now();
     if (now >= deadline) {
       std::string how = creds.tls() ? " over TLS (checking its certificate with " + creds.trust() + ")" : "";
-      throw Error(grpc::StatusCode::UNAVAILABLE,
+      throw Error(StatusCode::UNAVAILABLE,
                   "no simbridge server answered at " + address + how + " within " + fmt_s(timeout_s) +
                       (last_failure.empty() ? "" : " (" + last_failure + ")") +
                       ": start one with `simbridge-server --address " + address + "` or pass the right address",

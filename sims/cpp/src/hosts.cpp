@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <iostream>
 #include <map>
 #include <mutex>
 
@@ -34,7 +33,7 @@ std::map<std::string, double> down_since;  // address -> when a client of this p
 std::atomic<size_t> clients_made{0};
 
 Error bad_address(const std::string& message) {
-  return Error(grpc::StatusCode::INVALID_ARGUMENT, message + " (the trainer's [server] address)", "INVALID_REQUEST");
+  return Error(StatusCode::INVALID_ARGUMENT, message + " (the trainer's [server] address)", "INVALID_REQUEST");
 }
 
 std::string trim(const std::string& s) {
@@ -155,7 +154,7 @@ std::vector<std::string> parse_addresses(const std::vector<std::string>& address
   if (out.empty()) {
     std::string joined;
     for (const auto& a : addresses) joined += (joined.empty() ? "'" : ", '") + a + "'";
-    throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+    throw Error(StatusCode::INVALID_ARGUMENT,
                 "no address given ([" + joined + "]): pass HOST:PORT, or several as \"h1:p1,h2:p2\"", "INVALID_REQUEST");
   }
   return out;
@@ -168,7 +167,7 @@ std::vector<std::string> parse_addresses(const std::string& addresses) {
     items.push_back(addresses.substr(from, comma - from));
   items.push_back(addresses.substr(from));
   if (std::all_of(items.begin(), items.end(), [](const std::string& a) { return trim(a).empty(); }))
-    throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+    throw Error(StatusCode::INVALID_ARGUMENT,
                 "no address given ('" + addresses + "'): pass HOST:PORT, or several as \"h1:p1,h2:p2\"", "INVALID_REQUEST");
   return parse_addresses(items);
 }
@@ -256,7 +255,8 @@ bool ready_within(const std::shared_ptr<grpc::Channel>& channel, double s) {
 }  // namespace
 
 std::pair<std::string, std::shared_ptr<grpc::Channel>> connect_any(const std::vector<std::string>& addresses,
-                                                                   const Credentials& creds, double timeout_s) {
+                                                                   const Credentials& creds, double timeout_s,
+                                                                   const LogCallback& log) {
   if (addresses.size() == 1) {
     auto channel = new_channel(addresses[0], creds);
     wait_connected(channel, creds, addresses[0], timeout_s);
@@ -278,7 +278,7 @@ std::pair<std::string, std::shared_ptr<grpc::Channel>> connect_any(const std::ve
     if (pending.empty() || monotonic_s() >= deadline) {
       std::string said;
       for (const auto& a : addresses) said += (said.empty() ? "" : "; ") + a + ": " + (why.count(a) ? why[a] : "not tried");
-      throw Error(grpc::StatusCode::UNAVAILABLE,
+      throw Error(StatusCode::UNAVAILABLE,
                   "no simbridge trainer at any of " + std::to_string(addresses.size()) + " addresses (" + said +
                       "): start a trainer at one of them, or pass the trainers' addresses",
                   "SERVER_UNAVAILABLE");
@@ -287,8 +287,7 @@ std::pair<std::string, std::shared_ptr<grpc::Channel>> connect_any(const std::ve
       told = true;
       std::string all;
       for (const auto& a : addresses) all += (all.empty() ? "" : ", ") + a;
-      std::cerr << "simbridge: no simbridge trainer at any of " << all << " yet; waiting up to " << fmt_s(timeout_s)
-                << " for one\n";
+      emit(log, LogLevel::Info, "no simbridge trainer at any of " + all + " yet; waiting up to " + fmt_s(timeout_s) + " for one");
     }
   }
 }

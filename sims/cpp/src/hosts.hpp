@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "credentials.hpp"
+#include "log.hpp"
 
 namespace simbridge {
 
@@ -60,6 +61,7 @@ std::shared_ptr<grpc::Channel> new_channel(const std::string& address, const Cre
 // that cannot answer is dropped) until timeout_s is spent; then an Error UNAVAILABLE naming every
 // address and what was found there.
 std::pair<std::string, std::shared_ptr<grpc::Channel>> connect_any(const std::vector<std::string>& addresses,
-                                                                   const Credentials& creds, double timeout_s);
+                                                                   const Credentials& creds, double timeout_s,
+                                                                   const LogCallback& log);
 
 }  // namespace simbridge

@@ -287,6 +287,8 @@ Floats LocalPolicy::act(const Floats& observation) {
   return p.kind == "q_argmax" ? p.q_argmax(out, flat) : p.tanh_gaussian(out);
 }
 
+Action LocalPolicy::act_typed(const Floats& observation) { return to_action(impl_->act_space, act(observation)); }
+
 double LocalPolicy::last_logp() const { return impl_->last_logp; }
 const Space& LocalPolicy::observation_space() const { return impl_->obs_space; }
 const Space& LocalPolicy::action_space() const { return impl_->act_space; }

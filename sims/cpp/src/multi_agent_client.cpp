@@ -78,6 +78,17 @@ std::string MultiAgentPolicyClient::start_episode(bool training_enabled) {
 }
 
 AgentRows MultiAgentPolicyClient::get_action(const std::string& episode_id, const AgentRows& observations) {
+  return request_actions(episode_id, observations, nullptr);
+}
+
+AgentActions MultiAgentPolicyClient::act(const std::string& episode_id, const AgentRows& observations) {
+  AgentActions typed;
+  request_actions(episode_id, observations, &typed);
+  return typed;
+}
+
+AgentRows MultiAgentPolicyClient::request_actions(const std::string& episode_id, const AgentRows& observations,
+                                                  AgentActions* typed) {
   auto grouped = groups(keys(observations));
   pb::StreamRequest req;
   auto* msg = req.mutable_get_action();
@@ -92,13 +103,18 @@ AgentRows MultiAgentPolicyClient::get_action(const std::string& episode_id, cons
   }
   auto resp = rows_->call(std::move(req), true);
   if (resp->get_action().actions_size() != static_cast<int>(grouped.size()))
-    throw Error(grpc::StatusCode::INTERNAL, "get_action answered with the wrong number of ActionRows", "SERVER_FAILURE");
+    throw Error(StatusCode::INTERNAL, "get_action answered with the wrong number of ActionRows", "SERVER_FAILURE");
   AgentRows out;
   for (size_t g = 0; g < grouped.size(); ++g) {
     const auto& aids = grouped[g];
     const Space& space = space_of(aids[0], 1);
-    Floats acts = decode_value(space, resp->get_action().actions(static_cast<int>(g)).actions(), aids.size(),
-                               "actions from the server");
+    const pb::Value& value = resp->get_action().actions(static_cast<int>(g)).actions();
+    if (typed != nullptr) {
+      std::vector<Action> acts = decode_actions(space, value, aids.size(), "actions from the server");
+      for (size_t i = 0; i < aids.size(); ++i) (*typed)[aids[i]] = std::move(acts[i]);
+      continue;
+    }
+    Floats acts = decode_value(space, value, aids.size(), "actions from the server");
     for (size_t i = 0; i < aids.size(); ++i)
       out[aids[i]] = Floats(acts.begin() + i * space.size(), acts.begin() + (i + 1) * space.size());
   }

@@ -33,7 +33,7 @@ int RowCalls::episodes_cut() {
 void RowCalls::check_open(const google::protobuf::RepeatedPtrField<std::string>& episode_ids) const {
   for (const auto& eid : episode_ids)
     if (cut_.count(eid))
-      throw Error(grpc::StatusCode::FAILED_PRECONDITION,
+      throw Error(StatusCode::FAILED_PRECONDITION,
                   "episode '" + eid + "' already ended (with its session, lost: the client is on a new session at " +
                       conn_->address() + "): start a new episode",
                   "EPISODE_ENDED");
@@ -95,7 +95,7 @@ std::string RowCalls::start_episode(bool training_enabled) {
   req.mutable_start_episode()->set_training_enabled(training_enabled);
   auto resp = call(std::move(req), true);
   if (resp->start_episode().episode_ids_size() != 1)
-    throw Error(grpc::StatusCode::INTERNAL, "start_episode answered without one episode id", "SERVER_FAILURE");
+    throw Error(StatusCode::INTERNAL, "start_episode answered without one episode id", "SERVER_FAILURE");
   open_.insert(resp->start_episode().episode_ids(0));
   return resp->start_episode().episode_ids(0);
 }
@@ -137,10 +137,27 @@ PolicyClient::~PolicyClient() {
 std::string PolicyClient::start_episode(bool training_enabled) { return rows_->start_episode(training_enabled); }
 
 Floats PolicyClient::get_action(const std::string& episode_id, const Floats& observation) {
-  return get_actions({episode_id}, observation);
+  return request_actions({episode_id}, observation, nullptr);
+}
+
+Action PolicyClient::act(const std::string& episode_id, const Floats& observation) {
+  std::vector<Action> typed;
+  request_actions({episode_id}, observation, &typed);
+  return std::move(typed.front());
 }
 
 Floats PolicyClient::get_actions(const std::vector<std::string>& episode_ids, const Floats& observations) {
+  return request_actions(episode_ids, observations, nullptr);
+}
+
+std::vector<Action> PolicyClient::act(const std::vector<std::string>& episode_ids, const Floats& observations) {
+  std::vector<Action> typed;
+  request_actions(episode_ids, observations, &typed);
+  return typed;
+}
+
+Floats PolicyClient::request_actions(const std::vector<std::string>& episode_ids, const Floats& observations,
+                                     std::vector<Action>* typed) {
   const size_t n = episode_ids.size();
   check_rows(observation_space_, observations.size(), n, "observations");
   pb::StreamRequest req;
@@ -149,9 +166,13 @@ Floats PolicyClient::get_actions(const std::vector<std::string>& episode_ids, co
   fill_value(rows->mutable_observations(), observation_space_, observations.data(), n, "observations");
   auto resp = rows_->call(std::move(req), true);
   if (resp->get_action().actions_size() != 1)
-    throw Error(grpc::StatusCode::INTERNAL, "get_action answered without one ActionRows", "SERVER_FAILURE");
+    throw Error(StatusCode::INTERNAL, "get_action answered without one ActionRows", "SERVER_FAILURE");
   const auto& out = resp->get_action().actions(0);
   if (out.policy_versions_size() > 0) last_policy_version_ = out.policy_versions(out.policy_versions_size() - 1);
+  if (typed != nullptr) {
+    *typed = decode_actions(action_space_, out.actions(), n, "actions from the server");
+    return {};
+  }
   return decode_value(action_space_, out.actions(), n, "actions from the server");
 }
 
@@ -164,6 +185,17 @@ void PolicyClient::log_action(const std::string& episode_id, const Floats& obser
   rows->add_episode_ids(episode_id);
   fill_value(rows->mutable_observations(), observation_space_, observation.data(), 1, "observation");
   fill_value(msg->add_actions(), action_space_, action.data(), 1, "action");
+  rows_->call(std::move(req), false);
+}
+
+void PolicyClient::log_action(const std::string& episode_id, const Floats& observation, const Action& action) {
+  check_rows(observation_space_, observation.size(), 1, "observation");
+  pb::StreamRequest req;
+  auto* msg = req.mutable_log_action();
+  auto* rows = msg->add_rows();
+  rows->add_episode_ids(episode_id);
+  fill_value(rows->mutable_observations(), observation_space_, observation.data(), 1, "observation");
+  fill_actions(msg->add_actions(), action_space_, {&action}, "action");
   rows_->call(std::move(req), false);
 }
 

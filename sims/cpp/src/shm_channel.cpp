@@ -27,7 +27,7 @@ const std::string kSuffix = ".shm";     // the handover socket beside the gRPC o
 ShmAddress split_shm_address(const std::string& address) {
   if (address.compare(0, kShm.size(), kShm) != 0) return {address, ""};
 #ifndef __linux__
-  throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+  throw Error(StatusCode::INVALID_ARGUMENT,
               "address '" + address + "': the shared-memory step channel (shm+unix:) is built for Linux only: "
               "use unix:" + address.substr(kShm.size()) + " (the same server, gRPC on its Unix socket)",
               "INVALID_REQUEST");
@@ -36,12 +36,12 @@ ShmAddress split_shm_address(const std::string& address) {
   std::string path = target.substr(kUnix.size());
   if (path.compare(0, 2, "//") == 0) path = path.substr(2);  // the URI form: unix://<empty authority>/abs/path
   if (path.empty())
-    throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+    throw Error(StatusCode::INVALID_ARGUMENT,
                 "address '" + address + "' names no socket file: pass shm+unix:PATH, e.g. "
                 "shm+unix:/tmp/simbridge/bridge.sock", "INVALID_REQUEST");
   const size_t longest = kMaxSocketPath - kSuffix.size();
   if (path.size() > longest)
-    throw Error(grpc::StatusCode::INVALID_ARGUMENT,
+    throw Error(StatusCode::INVALID_ARGUMENT,
                 "address '" + address + "': the socket path is " + std::to_string(path.size()) +
                     " bytes, longer than the " + std::to_string(longest) + " a Unix socket allows (" +
                     std::to_string(kMaxSocketPath) + " less " + std::to_string(kSuffix.size()) +
@@ -56,7 +56,7 @@ ShmAddress split_shm_address(const std::string& address) {
 std::unique_ptr<StepStream> open_shm(const std::string&, std::unique_ptr<StepStream> grpc_stream,
                                      ::simbridge::v1::CreateSessionResponse*, double) {
   grpc_stream->close(true);
-  throw Error(grpc::StatusCode::INVALID_ARGUMENT, "the shared-memory step channel is built for Linux only",
+  throw Error(StatusCode::INVALID_ARGUMENT, "the shared-memory step channel is built for Linux only",
               "INVALID_REQUEST");
 }
 
@@ -219,7 +219,7 @@ Fd handover(const std::string& path, const std::string& session_id, double timeo
 }
 
 Error refusal(const shm::Answer& a) {
-  auto code = a.code <= 16 ? static_cast<grpc::StatusCode>(a.code) : grpc::StatusCode::UNKNOWN;
+  auto code = a.code <= 16 ? static_cast<StatusCode>(a.code) : StatusCode::UNKNOWN;
   std::string reason = a.reason != 0 && pb::ErrorReason_IsValid(static_cast<int>(a.reason))
                            ? pb::ErrorReason_Name(static_cast<pb::ErrorReason>(a.reason))
                            : default_reason(code);
@@ -251,7 +251,7 @@ std::unique_ptr<StepStream> open_shm(const std::string& handover_path, std::uniq
                                            std::move(fds[2]), std::move(region));
   } catch (const Unreachable& e) {
     if (grpc_stream) grpc_stream->close(true);
-    throw Error(grpc::StatusCode::UNAVAILABLE,
+    throw Error(StatusCode::UNAVAILABLE,
                 "could not open the shared-memory channel at " + handover_path + ": " + e.what(), "SERVER_UNAVAILABLE");
   } catch (...) {
     if (grpc_stream) grpc_stream->close(true);

@@ -61,6 +61,20 @@ SlotClient::~SlotClient() {
 
 Floats SlotClient::step(const Floats& observations, const Floats& rewards, const std::vector<bool>& terminated,
                         const std::vector<bool>& truncated, const Floats& final_observations) {
+  return request_step(observations, rewards, terminated, truncated, final_observations, nullptr);
+}
+
+std::vector<Action> SlotClient::act(const Floats& observations, const Floats& rewards,
+                                    const std::vector<bool>& terminated, const std::vector<bool>& truncated,
+                                    const Floats& final_observations) {
+  std::vector<Action> typed;
+  request_step(observations, rewards, terminated, truncated, final_observations, &typed);
+  return typed;
+}
+
+Floats SlotClient::request_step(const Floats& observations, const Floats& rewards, const std::vector<bool>& terminated,
+                                const std::vector<bool>& truncated, const Floats& final_observations,
+                                std::vector<Action>* typed) {
   const size_t n = static_cast<size_t>(num_slots_);
   check_rows(observation_space_, observations.size(), n, "observations");
   pb::StreamRequest req;
@@ -72,6 +86,10 @@ Floats SlotClient::step(const Floats& observations, const Floats& rewards, const
   policy_versions_ = out.has_policy_versions() ? tensor_ints(out.policy_versions(), "policy_versions")
                                                : std::vector<int64_t>{};
   policy_id_ = out.policy_id();
+  if (typed != nullptr) {
+    *typed = decode_actions(action_space_, out.actions(), n, "actions from the server");
+    return {};
+  }
   return decode_value(action_space_, out.actions(), n, "actions from the server");
 }
 

@@ -10,25 +10,45 @@ namespace simbridge {
 
 // ---------------------------------------------------------------- errors
 
-Error::Error(grpc::StatusCode code, const std::string& message, std::string reason)
+Error::Error(StatusCode code, const std::string& message, std::string reason)
     : std::runtime_error(message), code_(code), reason_(std::move(reason)) {}
 
+// The public enum copies gRPC's numbers so that the headers need no gRPC: keep them in step.
+static_assert(static_cast<int>(StatusCode::CANCELLED) == grpc::StatusCode::CANCELLED, "canonical codes");
+static_assert(static_cast<int>(StatusCode::RESOURCE_EXHAUSTED) == grpc::StatusCode::RESOURCE_EXHAUSTED, "canonical codes");
+static_assert(static_cast<int>(StatusCode::UNAVAILABLE) == grpc::StatusCode::UNAVAILABLE, "canonical codes");
+static_assert(static_cast<int>(StatusCode::UNAUTHENTICATED) == grpc::StatusCode::UNAUTHENTICATED, "canonical codes");
+
+StatusCode from_grpc(grpc::StatusCode code) {
+  const int n = static_cast<int>(code);
+  return n >= 0 && n <= 16 ? static_cast<StatusCode>(n) : StatusCode::UNKNOWN;
+}
+
+const char* status_code_name(StatusCode code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+      "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int n = static_cast<int>(code);
+  return n >= 0 && n <= 16 ? kNames[n] : "UNKNOWN";
+}
+
 Error invalid_value(const std::string& message) {
-  return Error(grpc::StatusCode::INVALID_ARGUMENT, message, "INVALID_VALUE");
+  return Error(StatusCode::INVALID_ARGUMENT, message, "INVALID_VALUE");
 }
 
 Error invalid_request(const std::string& message) {
-  return Error(grpc::StatusCode::INVALID_ARGUMENT, message, "INVALID_REQUEST");
+  return Error(StatusCode::INVALID_ARGUMENT, message, "INVALID_REQUEST");
 }
 
-std::string default_reason(grpc::StatusCode code) {
+std::string default_reason(StatusCode code) {
   // What an error means when its sender gave no reason (as simbridge/wire/errors.py decides).
   switch (code) {
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_REQUEST";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "MESSAGE_TOO_LARGE";  // gRPC's own size refusal
-    case grpc::StatusCode::UNAVAILABLE: return "SERVER_UNAVAILABLE";
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::UNKNOWN: return "SERVER_FAILURE";
+    case StatusCode::INVALID_ARGUMENT: return "INVALID_REQUEST";
+    case StatusCode::RESOURCE_EXHAUSTED: return "MESSAGE_TOO_LARGE";  // gRPC's own size refusal
+    case StatusCode::UNAVAILABLE: return "SERVER_UNAVAILABLE";
+    case StatusCode::INTERNAL:
+    case StatusCode::UNKNOWN: return "SERVER_FAILURE";
     default: return "ERROR_REASON_UNSPECIFIED";
   }
 }
@@ -58,8 +78,7 @@ std::string reason_in(const google::rpc::Status& status) {
 }
 
 Error error_from_status(const google::rpc::Status& status, const std::string& prefix) {
-  auto code = static_cast<grpc::StatusCode>(status.code());
-  if (status.code() < 0 || status.code() > 16) code = grpc::StatusCode::UNKNOWN;
+  auto code = status.code() >= 0 && status.code() <= 16 ? static_cast<StatusCode>(status.code()) : StatusCode::UNKNOWN;
   std::string reason = reason_in(status);
   return Error(code, prefix + status.message(), reason.empty() ? default_reason(code) : reason);
 }
@@ -72,7 +91,8 @@ Error error_from_grpc(const grpc::Status& status, const std::string& prefix) {
   }
   std::string message = status.error_message().empty() ? "gRPC status " + std::to_string(status.error_code())
                                                         : status.error_message();
-  return Error(status.error_code(), prefix + message, reason.empty() ? default_reason(status.error_code()) : reason);
+  const StatusCode code = from_grpc(status.error_code());
+  return Error(code, prefix + message, reason.empty() ? default_reason(code) : reason);
 }
 
 // ---------------------------------------------------------------- tensors

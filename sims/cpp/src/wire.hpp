@@ -32,6 +32,12 @@ void fill_value(pb::Value* value, const Space& space, const float* rows, size_t 
 Floats decode_value(const Space& space, const pb::Value& value, size_t n, const std::string& what);
 void check_rows(const Space& space, size_t floats, size_t n, const std::string& what);
 
+// Typed actions (simbridge/action.hpp): integer leaves straight to and from the wire's integer
+// tensors. fill_actions: n Actions -> a Value whose leaves are (n, *shape); decode_actions: back.
+void fill_actions(pb::Value* value, const Space& space, const std::vector<const Action*>& actions,
+                  const std::string& what);
+std::vector<Action> decode_actions(const Space& space, const pb::Value& value, size_t n, const std::string& what);
+
 // ---------------------------------------------------------------- errors
 Error invalid_value(const std::string& message);
 Error invalid_request(const std::string& message);
@@ -39,6 +45,8 @@ Error invalid_request(const std::string& message);
 std::string reason_in(const google::rpc::Status& status);
 Error error_from_status(const google::rpc::Status& status, const std::string& prefix = "");
 Error error_from_grpc(const grpc::Status& status, const std::string& prefix = "");
-std::string default_reason(grpc::StatusCode code);
+std::string default_reason(StatusCode code);
+// gRPC's code as the SDK's: the same canonical numbers (checked in wire.cpp).
+StatusCode from_grpc(grpc::StatusCode code);
 
 }  // namespace simbridge

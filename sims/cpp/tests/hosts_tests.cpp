@@ -36,7 +36,7 @@ TEST(bad_address_lists_name_the_fix) {
     parse_addresses("h:1,h:port");
     CHECK(false);
   } catch (const Error& e) {
-    CHECK(e.code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(e.code() == StatusCode::INVALID_ARGUMENT);
   }
 }
 

@@ -1,7 +1,8 @@
 // Unit tests of the SDK's pieces that need no server: tensor encoding, space messages, rows of
 // values, the flatten rule, error reasons, backoff, LocalPolicy on hand-built PortablePolicies, and
 // the client's credentials (which token, which files, which flags). The bridge addresses' tests are
-// in hosts_tests.cpp, linked into the same program.
+// in hosts_tests.cpp, typed actions, status codes and the log callback in typed_tests.cpp, all
+// linked into the same program.
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -142,26 +143,25 @@ std::string error_info(const std::string& reason, const std::string& domain) {
 
 TEST(errors_carry_the_reason_of_their_error_info) {
   google::rpc::Status st;
-  st.set_code(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  st.set_code(static_cast<int>(StatusCode::RESOURCE_EXHAUSTED));
   st.set_message("full");
   auto* any = st.add_details();
   any->set_type_url("type.googleapis.com/google.rpc.ErrorInfo");
   any->set_value(error_info("QUEUE_FULL", "simbridge.v1"));
   Error e = error_from_status(st);
-  CHECK(e.code() == grpc::StatusCode::RESOURCE_EXHAUSTED && e.reason() == "QUEUE_FULL" && std::string(e.what()) == "full");
+  CHECK(e.code() == StatusCode::RESOURCE_EXHAUSTED && e.reason() == "QUEUE_FULL" && std::string(e.what()) == "full");
   Error via_trailer = error_from_grpc(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full", st.SerializeAsString()));
-  CHECK(via_trailer.reason() == "QUEUE_FULL");
+  CHECK(via_trailer.reason() == "QUEUE_FULL" && via_trailer.code() == StatusCode::RESOURCE_EXHAUSTED);
   any->set_value(error_info("QUEUE_FULL", "other.domain"));  // not ours: the code's default
   CHECK(error_from_status(st).reason() == "MESSAGE_TOO_LARGE");
   CHECK(error_from_grpc(grpc::Status(grpc::StatusCode::UNAVAILABLE, "down")).reason() == "SERVER_UNAVAILABLE");
 }
 
 TEST(retry_policy_is_connection_failures_only) {
-  for (auto c : {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNKNOWN,
-                 grpc::StatusCode::DEADLINE_EXCEEDED})
+  for (auto c : {StatusCode::UNAVAILABLE, StatusCode::CANCELLED, StatusCode::UNKNOWN, StatusCode::DEADLINE_EXCEEDED})
     CHECK(retryable(c));
-  for (auto c : {grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::NOT_FOUND,
-                 grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::INTERNAL, grpc::StatusCode::ALREADY_EXISTS})
+  for (auto c : {StatusCode::INVALID_ARGUMENT, StatusCode::RESOURCE_EXHAUSTED, StatusCode::NOT_FOUND,
+                 StatusCode::FAILED_PRECONDITION, StatusCode::INTERNAL, StatusCode::ALREADY_EXISTS})
     CHECK(!retryable(c));
 }
 

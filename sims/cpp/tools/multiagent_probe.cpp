@@ -32,9 +32,12 @@ int main(int argc, char** argv) {
         simbridge::AgentRows observations{{"a", {x, -x, 0, 0}}};
         bool b_acts = t < steps - 1;
         if (b_acts) observations["b"] = {x, x, static_cast<float>(t % 3)};
-        auto actions = client.get_action(eid, observations);
-        if (actions.at("a").size() != 1 || (b_acts && actions.at("b").size() != 1)) throw std::runtime_error("bad actions");
-        if (b_acts && (actions.at("b")[0] < -1 || actions.at("b")[0] > 1)) throw std::runtime_error("b out of its box");
+        // Typed: "a"'s Discrete(2) action is an index, "b"'s Box(1) action one float.
+        simbridge::AgentActions actions = client.act(eid, observations);
+        const int64_t a = actions.at("a").index();
+        if (a < 0 || a > 1 || (b_acts && actions.at("b").floats().size() != 1)) throw std::runtime_error("bad actions");
+        if (b_acts && (actions.at("b").floats()[0] < -1 || actions.at("b").floats()[0] > 1))
+          throw std::runtime_error("b out of its box");
         agent_steps += static_cast<long long>(observations.size());
         if (b_acts && t == steps - 2) {
           client.log_returns(eid, {{"a", 1.0}, {"b", 2.0}}, {{"b", true}}, {}, {{"b", {x, x, 1}}});
