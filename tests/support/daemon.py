@@ -1,12 +1,18 @@
-"""The trainer daemon as a real process in tests: the environment its children get, simulator
-processes beside it, the metrics it writes and a hard kill. Ports, the child environment and
-polite stops are simbridge.trainer.run.launch's (free_port, child_env, stop_all)."""
+"""The trainer daemon as a real process in tests: the environment its children get, when its port
+first answers, simulator processes beside it, the metrics it writes and a hard kill. Ports, the
+child environment and polite stops are simbridge.trainer.run.launch's (free_port, child_env,
+stop_all)."""
 import json
 import os
+import time
 from pathlib import Path
 from typing import List
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module
+from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 # tests/trainer holds the learners the tests' configs name by module (linear_q_learner, slow_learner).
 LEARNERS = Path(__file__).resolve().parents[1] / "trainer"
@@ -38,3 +44,20 @@ def kill(*procs) -> None:
         if p is not None and p.poll() is None:
             p.popen.kill()
             p.popen.wait()
+
+
+def first_health(address: str, proc: Proc, timeout_s: float = 60.0):
+    """(seconds until the port first answered health, the status it answered then)."""
+    t0 = time.monotonic()
+    # RECONNECT_OPTIONS: a channel's attempts stay close together (gRPC's own backoff grows to
+    # minutes), so the first answer is seen when it comes.
+    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() - t0 < timeout_s:
+            assert proc.poll() is None, "\n".join(proc.lines)
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status
+                return time.monotonic() - t0, status
+            except grpc.RpcError:
+                time.sleep(0.02)
+    raise AssertionError(f"the trainer's port did not answer within {timeout_s}s:\n" + "\n".join(proc.lines))

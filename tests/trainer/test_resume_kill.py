@@ -36,7 +36,8 @@ from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire.errors import BridgeError
-from test_trainer_start import first_health
+from support.daemon import first_health
+from support.waits import wait
 
 TESTS = Path(__file__).resolve().parent
 # Seconds from `simbridge-trainer run --resume` to its port answering: the CLI's imports (about
@@ -114,13 +115,6 @@ class Sim(threading.Thread):
             self.done.set()
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _resume_in_process(logdir: Path) -> TrainerDaemon:
     cfg = load_config(logdir / "config.toml")
     cfg.run.logdir = str(logdir)
@@ -141,7 +135,7 @@ def test_a_snapshot_of_a_running_trainer_resumes_exactly(tmp_path):
     t.start()
     sims = [Sim(address, seed, max_steps=400, leave_open=3) for seed in range(3)]
     try:
-        _wait(lambda: getattr(daemon, "address", None), 30, "the daemon to serve")
+        wait(lambda: getattr(daemon, "address", None), 30, "the daemon to serve")
         for s in sims:
             s.start()
         for s in sims:
@@ -150,7 +144,7 @@ def test_a_snapshot_of_a_running_trainer_resumes_exactly(tmp_path):
 
         def quiet():   # every batch ingested and every due update done
             return daemon.runtime.experience.qsize() == 0 and p.updates_due() == 0
-        _wait(lambda: quiet() and (time.sleep(0.3) or quiet()), 30, "the learner to catch up")
+        wait(lambda: quiet() and (time.sleep(0.3) or quiet()), 30, "the learner to catch up")
         live = daemon.runtime.snapshot()
         live_updates, rows_in_bridge = p.updates, daemon.journal.rows["p0"]
         copy = tmp_path / "killed"
@@ -206,7 +200,7 @@ def test_sigkill_at_a_random_moment_then_resume(tmp_path):
         for s in sims:
             s.start()
         # Mid-run: past a periodic checkpoint (300 env steps), then a random moment.
-        _wait(lambda: sum(s.steps for s in sims) >= 600, 40, "600 env steps")
+        wait(lambda: sum(s.steps for s in sims) >= 600, 40, "600 env steps")
         time.sleep(rnd.uniform(0.0, 1.5))
         daemon.popen.send_signal(signal.SIGKILL)
         daemon.popen.wait(10)

@@ -9,33 +9,15 @@ import signal
 import subprocess
 import time
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module
-from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
+from support.daemon import first_health
 
 # Seconds from `simbridge-trainer run` to its port answering. About 1 s on a quiet 2-core VM
 # (the CLI's own imports); the bound is for a machine at load 10+. Serving takes the torch import
 # and the learners on top (20 s at load 16 before: the port opened only then).
 BIND_BOUND_S = 12.0
-
-
-def first_health(address: str, proc: Proc, timeout_s: float = 60.0):
-    """(seconds until the port first answered health, the status it answered then)."""
-    t0 = time.monotonic()
-    # RECONNECT_OPTIONS: a channel's attempts stay close together (gRPC's own backoff grows to
-    # minutes), so the first answer is seen when it comes.
-    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() - t0 < timeout_s:
-            assert proc.poll() is None, "\n".join(proc.lines)
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status
-                return time.monotonic() - t0, status
-            except grpc.RpcError:
-                time.sleep(0.02)
-    raise AssertionError(f"the trainer's port did not answer within {timeout_s}s:\n" + "\n".join(proc.lines))
 
 
 def test_the_trainer_listens_before_torch_and_a_simulator_started_first_waits_for_it(tmp_path):
