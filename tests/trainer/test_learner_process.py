@@ -106,7 +106,13 @@ def test_the_limiter_counts_queued_rows_when_the_loop_is_slow_to_take_them():
     t = threading.Thread(target=produce, daemon=True)
     t.start()
     try:
-        time.sleep(1.5)
+        # Until the producer is done or stalled (its queue unchanged for a second): bounded, and
+        # as long as a loaded machine needs.
+        deadline, seen, since = time.monotonic() + 60, -1, time.monotonic()
+        while t.is_alive() and time.monotonic() < deadline and time.monotonic() - since < 1.0:
+            if q.qsize() != seen:
+                seen, since = q.qsize(), time.monotonic()
+            time.sleep(0.05)
         assert t.is_alive(), "every put went through: nothing held intake"
         queued = q.qsize() * FRAGMENT
         assert queued <= MAX_BEHIND + FRAGMENT, f"{queued} rows let in with a tolerance of {MAX_BEHIND}"
