@@ -15,8 +15,8 @@ compiling takes minutes on a small CPU. Prints one JSON object:
            updates and any capture or compile)}
   ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`)
-  acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds, at
-           1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
+  acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
+           and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
            the fastest path, batch 4,096 at >= 0.8x batch 256) and whether each was met
 On the CPU the default run takes well under a minute.
@@ -140,12 +140,13 @@ def acting_latency(device: str, window: float = 0.15) -> list:
             obs = np.random.default_rng(0).standard_normal((rows, env.observation_space.shape[0])).astype(np.float32)
             for _ in range(3):
                 learner.compute_actions(obs)
-            calls, t = 0, time.perf_counter()
+            calls, t, c = 0, time.perf_counter(), time.process_time()
             while calls < 3 or time.perf_counter() - t < window:
                 learner.compute_actions(obs)     # returns numpy: the device synchronises every call
                 calls += 1
             out.append({"network": label, "parameters": params, "device": device, "rows": rows,
-                        "us_per_call": round(1e6 * (time.perf_counter() - t) / calls, 1)})
+                        "us_per_call": round(1e6 * (time.perf_counter() - t) / calls, 1),
+                        "cpu_us_per_call": round(1e6 * (time.process_time() - c) / calls, 1)})
     return out
 
 
