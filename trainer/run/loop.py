@@ -34,8 +34,8 @@ class LearningLoop:
         self.recorder = None     # trainer/data/datasets.py's EpisodeRecorder, when the run records
         self.warm_start: List = []   # (policy id, SampleBatch) fed before any experience (trainer/data/warm_start.py)
         self.ingested: Dict[str, int] = collections.Counter()
-        # Rows taken from the experience queue and fed on, this process's: with the queue's
-        # rows_admitted, what the rate limiter counts as queued.
+        # Rows taken from the experience queue (every ingest's) and fed on, this process's: with
+        # the queue's rows_admitted, what the rate limiter counts as queued.
         self._taken: Dict[str, int] = collections.Counter()
         self.run_cfg = run
         self.stop_event = stop_event
@@ -85,7 +85,6 @@ class LearningLoop:
         batch = self.runtime.experience.get(timeout=0 if held else 0.01 if self.procs else 0.05)
         if batch is not None:
             self.ingest(batch)
-            self._taken.update({pid: b.count for pid, b in batch.policy_batches.items()})
         self._train_due()
         if self.procs and not self._held_back():
             self.runtime.experience.progress()
@@ -108,6 +107,7 @@ class LearningLoop:
             p = policies.get(pid)
             if p is not None and trains(p):
                 self.feed(pid, p, b)
+            self._taken[pid] += b.count   # after feed: the rows are in the learner's count by now
 
     def feed(self, pid: str, p, b) -> None:
         """Rows into a trainable policy's learner (its process, with learner_process), uncounted:
