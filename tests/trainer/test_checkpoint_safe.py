@@ -17,16 +17,7 @@ from simbridge.trainer.config.trainer_config import ConfigError
 from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
 from simbridge.trainer.learners.sac import SACLearner
-
-
-class _RunsACommand:
-    """Unpickling this calls os.system: what a crafted checkpoint.pt did on --resume."""
-
-    def __init__(self, command: str):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command,)
+from support.crafted import RunsACommand
 
 
 def _config(tmp_path, logdir) -> str:
@@ -48,7 +39,7 @@ def test_crafted_pickle_checkpoint_is_refused_and_runs_nothing(tmp_path):
     logdir.mkdir()
     marker = tmp_path / "pwned"
     torch.save({"format": checkpoint.CHECKPOINT_FORMAT, "policies": {}, "counters": {},
-                "payload": _RunsACommand(f"touch {marker}")}, logdir / "checkpoint.pt")
+                "payload": RunsACommand(f"touch {marker}")}, logdir / "checkpoint.pt")
     r = _resume(_config(tmp_path, logdir))
     out = r.stdout + r.stderr
     assert r.returncode == 2, out

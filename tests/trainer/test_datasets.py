@@ -20,6 +20,7 @@ from simbridge.trainer.run.launch import Proc, free_port, python_module, start_s
 
 from simbridge.trainer.run.checkpoint import load_checkpoint
 from support.daemon import daemon_env, kill, metrics, start_sim
+from support.datasets import tiny_dataset
 from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
@@ -186,23 +187,6 @@ def test_dataset_config_errors_name_the_fix(text, expected):
         parse_config('[policies.p]\nalgorithm = "dqn"\n' + text, "t.toml")
     for piece in ["t.toml: [dataset]", *expected]:
         assert piece in str(e.value), (piece, str(e.value))
-
-
-def tiny_dataset(path: Path) -> Path:
-    """A Minari dataset of one 2-step episode (observation Box(3,), action Discrete(2)) at path."""
-    from minari.data_collector.episode_buffer import EpisodeBuffer
-    from minari.dataset.minari_storage import MinariStorage
-    import gymnasium as gym
-
-    data = path / "data"
-    data.mkdir(parents=True)
-    store = MinariStorage.new(data, observation_space=gym.spaces.Box(-1, 1, (3,), np.float32),
-                              action_space=gym.spaces.Discrete(2), jpeg_encoding=False)
-    store.update_metadata({"dataset_id": "other-v0", "minari_version": minari.__version__})
-    store.update_episodes([EpisodeBuffer(observations=np.zeros((3, 3), np.float32), actions=np.zeros(2, np.int64),
-                                         rewards=np.ones(2, np.float32), terminations=np.array([False, True]),
-                                         truncations=np.zeros(2, bool))])
-    return path
 
 
 def test_warm_start_refusals_name_the_fix(tmp_path, capsys):

@@ -22,6 +22,8 @@ import pytest
 from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE
+from support.daemon import metrics
+from support.waits import wait
 
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
@@ -129,13 +131,9 @@ config = {preset}
 
 def wait_health(hosts: Hosts, procs, i: int) -> None:
     if hosts.namespaces:   # the health check must run inside the namespace too
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if any("joined the group" in line for line in procs[i].lines):
-                return
-            assert procs[i].poll() is None, "\n".join(procs[i].lines)
-            time.sleep(0.2)
-        raise AssertionError(f"rank {i} never joined:\n" + "\n".join(procs[i].lines))
+        wait(lambda: any("joined the group" in line for line in procs[i].lines), 120, f"rank {i} to join the group",
+             [procs[i]], every=0.2)
+        return
     wait_for_health(hosts.addr(i), timeout=120, proc=procs[i])
 
 
@@ -143,11 +141,6 @@ def sim(hosts: Hosts, i: int, *args):
     return subprocess.Popen(hosts.wrap(i, python_module("simbridge.sims.gym_sim", "--address", hosts.addr(i),
                                                         "--quiet", "--seed", str(i), *args)),
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def records(logdir):
-    path = logdir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def digests(proc):
@@ -202,7 +195,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     assert codes == [0, 0], out
     d0, d1 = digests(procs[0]), digests(procs[1])
     assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
-    recs = records(logdir)
+    recs = metrics(logdir)
     last = recs[-1]
     assert last["event"] == "stop"
     assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
@@ -232,9 +225,9 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
         sims.append(sim(hosts, 0, "--max-steps", str(steps)))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(r.get("versions", {}).get("default_policy", 0) >= 40
-                                                      for r in records(logdir)):
+                                                      for r in metrics(logdir)):
             time.sleep(0.2)
-        early = max((r.get("versions", {}).get("default_policy", 0) for r in records(logdir)), default=0)
+        early = max((r.get("versions", {}).get("default_policy", 0) for r in metrics(logdir)), default=0)
         sims.append(sim(hosts, 1, "--max-steps", str(steps)))
         outs, codes = finish(sims, procs)
     finally:
@@ -244,7 +237,7 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
     assert codes == [0, 0], out
     d0, d1 = digests(procs[0]), digests(procs[1])
     assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
-    recs = records(logdir)
+    recs = metrics(logdir)
     assert recs[-1]["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (recs[-1], outs)
     version = int(d0[0].split()[1].rstrip(","))
     assert version > 200, version
@@ -274,7 +267,7 @@ def test_a_killed_rank_stops_the_group_and_resume_restarts_it_from_rank0s_checkp
     text = "\n".join(procs[0].lines)
     assert "lost the process group" in text and "--resume" in text, text
     killed_at = int(digests(procs[0])[0].split()[1].rstrip(","))
-    assert killed_at > 20 and records(logdir)[-1]["versions"]["default_policy"] == killed_at
+    assert killed_at > 20 and metrics(logdir)[-1]["versions"]["default_policy"] == killed_at
 
     procs, _ = start_group(tmp_path, hosts, budget=0, resume=True, preset=SMALL)
     try:

@@ -8,12 +8,14 @@ import re
 
 import pytest
 
+from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.run.launch import free_port
 
-from test_datasets import tiny_dataset
-from test_distributed import (SMALL, cleanup, digests, finish, hosts, records, sim, start_group,  # noqa: F401
+from test_distributed import (SMALL, cleanup, digests, finish, hosts, sim, start_group,  # noqa: F401
                               stop, wait_health)
-from test_trainer_daemon import _load_ckpt
+from support.daemon import metrics
+from support.datasets import tiny_dataset
+from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
 
@@ -21,17 +23,6 @@ minari = pytest.importorskip("minari", reason="the datasets extra: pip install '
 def _dataset(root, rank: int):
     from minari.dataset.minari_dataset import MinariDataset
     return MinariDataset(root / f"simbridge/default_policy-rank{rank}-v0" / "data")
-
-
-def _wait_updates(logdir, procs, due: int, timeout: float = 60) -> None:
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(r.get("updates", {}).get("default_policy", 0) >= due for r in records(logdir)):
-            return
-        assert all(p.poll() is None for p in procs), "\n".join(l for p in procs for l in p.lines)
-        time.sleep(0.2)
-    raise AssertionError(f"{due} updates never came:\n" + "\n".join(l for p in procs for l in p.lines))
 
 
 @pytest.mark.timeout(240)
@@ -78,7 +69,8 @@ def test_a_group_records_per_rank_then_warm_starts_from_the_combined_dataset(tmp
     try:
         for i in range(2):
             wait_health(hosts, procs, i)
-        _wait_updates(logdir, procs, due)
+        wait(lambda: any(r.get("updates", {}).get("default_policy", 0) >= due for r in metrics(logdir)), 60,
+             f"{due} updates", procs, every=0.2)
         codes = stop(procs)
     finally:
         stop(procs)
@@ -92,9 +84,9 @@ def test_a_group_records_per_rank_then_warm_starts_from_the_combined_dataset(tmp
     assert [int(m.group(2)) for m in shares] == [(total_episodes + 1) // 2, total_episodes // 2]
     d0, d1 = digests(procs[0]), digests(procs[1])
     assert d0 and d0 == d1 and d0[0].startswith(f"version {due},"), (d0, d1, due)
-    recs = records(logdir)
+    recs = metrics(logdir)
     assert recs[-1]["env_steps"] == 0 and recs[-1]["versions"]["default_policy"] == due
-    state = _load_ckpt(logdir / "checkpoint.pt")["policies"]["default_policy"]["state"]
+    state = load_checkpoint(logdir / "checkpoint.pt")["policies"]["default_policy"]["state"]
     assert state["agent_steps"] == clock and state["updates"] == due, state
 
 

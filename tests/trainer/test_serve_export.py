@@ -22,7 +22,7 @@ from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.run.launch import free_port, python_module, start_server
 from simbridge.trainer.learners.sac import SACLearner
 from simbridge.wire.preprocess import flatten
-from test_checkpoint_safe import _RunsACommand
+from support.crafted import RunsACommand
 from support.daemon import daemon_env, kill, metrics, start_sim
 from support.waits import wait
 
@@ -93,7 +93,7 @@ def test_export_errors_name_the_fix(tmp_path, capsys):
 def test_export_refuses_a_crafted_checkpoint_and_runs_nothing(tmp_path):
     run, _ = _run_dir(tmp_path, DQNLearner, CARTPOLE, "dqn")
     marker = tmp_path / "ran"
-    torch.save({"format": checkpoint.CHECKPOINT_FORMAT, "x": _RunsACommand(f"touch {marker}")}, run / "checkpoint.pt")
+    torch.save({"format": checkpoint.CHECKPOINT_FORMAT, "x": RunsACommand(f"touch {marker}")}, run / "checkpoint.pt")
     res = subprocess.run(python_module("simbridge.trainer.cli", "export", "--checkpoint", str(run), "--onnx",
                                        str(tmp_path / "x.onnx")), capture_output=True, text=True, env=daemon_env(),
                          timeout=120)
