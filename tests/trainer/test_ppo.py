@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from simbridge.client.local_policy import LocalPolicy
-from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.trainer_config import ALGORITHMS, DEFAULT_CONFIG, load_config
 from simbridge.trainer.run.inprocess import first_reach, run_inprocess
 from simbridge.trainer.learners.ppo import PPOLearner
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from simbridge.wire import preprocess
 from simbridge.wire import spaces as sb_spaces
+from support.batches import acted_rows
 
 torch.set_num_threads(1)
 
@@ -36,22 +36,6 @@ def make(act_space=gym.spaces.Discrete(2), obs_space=OBS, **cfg):
     return PPOLearner(obs_space, act_space, {**SMALL, **cfg}, device="cpu")
 
 
-def rows(learner, n, version=None, logp=None, eps_id=0, t0=0, rng=None, terminated_at=None):
-    """n rows of one episode acted by the learner (its actions and logp unless given)."""
-    rng = rng or np.random.default_rng(0)
-    now = sb_spaces.sample_batch_of(learner.observation_space, n, rng)
-    new = sb_spaces.sample_batch_of(learner.observation_space, n, rng)
-    out = learner.compute_actions(now, explore=True)
-    term = np.zeros(n, bool)
-    if terminated_at is not None:
-        term[terminated_at] = True
-    return SampleBatch(obs=now, new_obs=new, actions=out.actions,
-                       rewards=rng.normal(size=n).astype(np.float32), terminateds=term, truncateds=np.zeros(n, bool),
-                       eps_id=np.full(n, eps_id), agent_index=np.zeros(n, np.int64), t=np.arange(t0, t0 + n),
-                       policy_version=np.full(n, learner.version if version is None else version),
-                       action_logp=out.logp if logp is None else np.full(n, logp, np.float32))
-
-
 def test_ppo_is_a_registered_algorithm():
     assert ALGORITHMS["ppo"] == "simbridge.trainer.learners.ppo:PPOLearner"
 
@@ -65,21 +49,21 @@ def test_replay_keys_are_refused():
 
 def test_logged_greedy_and_stale_rows_are_dropped_and_counted_lagged_ones_kept():
     learner = make()
-    learner.add(rows(learner, 5, version=-1, logp=np.nan))           # the simulator's own actions
-    learner.add(rows(learner, 4, logp=np.nan))                       # acted without a logp (explore=False)
-    learner.add(rows(learner, 3, logp=0.0))                          # greedy: a deterministic behaviour
+    learner.add(acted_rows(learner, 5, version=-1, logp=np.nan))           # the simulator's own actions
+    learner.add(acted_rows(learner, 4, logp=np.nan))                       # acted without a logp (explore=False)
+    learner.add(acted_rows(learner, 3, logp=0.0))                          # greedy: a deterministic behaviour
     c = learner.counters
     assert (c["rows_dropped_logged"], c["rows_dropped_greedy"], learner.incoming_rows) == (9, 3, 0)
-    learner.add(rows(learner, 32))
+    learner.add(acted_rows(learner, 32))
     assert learner.updates_due() == 2 * 4
     learner.train()
     assert learner.version == 8 and learner.previous_version == 0
-    learner.add(rows(learner, 30, version=0, eps_id=1))             # one iteration behind: kept, corrected
-    learner.add(rows(learner, 2, version=8, eps_id=2))
+    learner.add(acted_rows(learner, 30, version=0, eps_id=1))             # one iteration behind: kept, corrected
+    learner.add(acted_rows(learner, 2, version=8, eps_id=2))
     learner.train()
     assert learner.version == 16 and learner.counters["rows_lagged"] == 30
     assert learner.counters["rows_dropped_stale"] == 0
-    learner.add(rows(learner, 7, version=0, eps_id=3))              # two iterations behind: stale
+    learner.add(acted_rows(learner, 7, version=0, eps_id=3))              # two iterations behind: stale
     assert learner.counters["rows_dropped_stale"] == 7 and learner.incoming_rows == 0
     m = learner.last_metrics                                         # current, not as of the last iteration
     assert m["rows_dropped_logged"] == 9 and m["rows_dropped_greedy"] == 3 and m["rows_lagged"] == 30
@@ -92,7 +76,7 @@ def test_the_ratio_is_taken_against_the_recorded_logp(shift, clipped):
     clipped); recorded 1 nat lower (a behaviour that found these actions rarer), every ratio is
     e > 1 + clip_param."""
     learner = make(gym.spaces.Discrete(3), num_epochs=1, minibatch_size=32)
-    batch = rows(learner, 32)
+    batch = acted_rows(learner, 32)
     batch["action_logp"] = batch["action_logp"] + np.float32(shift)
     learner.add(batch)
     learner.train()
@@ -104,7 +88,7 @@ def test_a_sure_policys_own_rows_are_not_mistaken_for_greedy_ones():
     learner = make(gym.spaces.Discrete(2))
     with torch.no_grad():                                   # logits 40 apart: p = 1 in float32
         learner.acting.net[-1].bias.copy_(torch.tensor([40.0, 0.0]))
-    batch = rows(learner, 10)
+    batch = acted_rows(learner, 10)
     assert (batch["actions"] == 0).all() and (batch["action_logp"] < 0).all()
     learner.add(batch)
     assert learner.counters["rows_dropped_greedy"] == 0 and learner.incoming_rows == 10
@@ -112,25 +96,25 @@ def test_a_sure_policys_own_rows_are_not_mistaken_for_greedy_ones():
 
 def test_rows_waiting_when_newer_weights_are_published_become_stale():
     learner = make(max_policy_lag=0)                                   # only rows of the current weights
-    learner.add(rows(learner, 32))
-    learner.add(rows(learner, 5, eps_id=1))                            # waits: the iteration takes all 37
+    learner.add(acted_rows(learner, 32))
+    learner.add(acted_rows(learner, 5, eps_id=1))                            # waits: the iteration takes all 37
     learner.train()
-    learner.add(rows(learner, 6, version=0, eps_id=2))
+    learner.add(acted_rows(learner, 6, version=0, eps_id=2))
     assert learner.counters["rows_dropped_stale"] == 6 and learner.counters["rows_trained"] == 37
 
 
 def test_an_iteration_runs_in_chunks_and_publishes_weights_only_at_its_end():
     learner = make(train_batch_size=32, minibatch_size=8, num_epochs=3)
     assert learner.updates_due() == 0
-    learner.add(rows(learner, 20))
+    learner.add(acted_rows(learner, 20))
     assert learner.updates_due() == 0                                   # fewer than train_batch_size
-    learner.add(rows(learner, 12, eps_id=1))
+    learner.add(acted_rows(learner, 12, eps_id=1))
     assert learner.updates_due() == 12
     before = [p.clone() for p in learner.acting.parameters()]
     learner.train(max_updates=5)
     assert (learner.updates, learner.version, learner.updates_due()) == (5, 0, 7)
     assert all(torch.equal(a, b) for a, b in zip(before, learner.acting.parameters()))
-    learner.add(rows(learner, 40, eps_id=2))                            # mid-iteration: the next one's
+    learner.add(acted_rows(learner, 40, eps_id=2))                            # mid-iteration: the next one's
     assert learner.updates_due() == 7
     learner.train(max_updates=64)
     assert (learner.updates, learner.version) == (12, 12)
@@ -149,8 +133,8 @@ def test_a_group_ranks_sit_out_iteration_has_its_updates_and_gradients_and_leave
     is one all_reduce's worth, in the same order), and its rows wait for the next iteration."""
     full, empty = make(act, train_batch_size=8, minibatch_size=4, num_epochs=2), \
         make(act, train_batch_size=8, minibatch_size=4, num_epochs=2)
-    full.add(rows(full, 8))
-    empty.add(rows(empty, 3))
+    full.add(acted_rows(full, 8))
+    empty.add(acted_rows(empty, 3))
     full.iteration = full.start_iteration(per_epoch=3)
     empty.iteration = empty.start_iteration(per_epoch=3, take_rows=False)
     assert len(full.iteration["steps"]) == len(empty.iteration["steps"]) == 6
@@ -240,7 +224,7 @@ def test_masked_actions_are_never_chosen_and_training_respects_the_mask():
 @pytest.mark.parametrize("name", ["discrete", "multidiscrete", "box"])
 def test_export_numpy_and_onnx_equal_torch_and_act_greedily_like_the_learner(name):
     learner = make(SPACES[name], log_std_init=-0.7)
-    learner.add(rows(learner, 32))
+    learner.add(acted_rows(learner, 32))
     learner.train()                                  # non-trivial weights
     msg = learner.portable(include_onnx=True)
     assert msg.version == learner.version == 8
@@ -264,8 +248,8 @@ def test_hybrid_actions_have_no_portable_form():
 
 def test_checkpoint_round_trip_gives_identical_actions_and_counters():
     learner = make(gym.spaces.MultiDiscrete([3, 2]))
-    learner.add(rows(learner, 4, version=-1, logp=np.nan))
-    learner.add(rows(learner, 32))
+    learner.add(acted_rows(learner, 4, version=-1, logp=np.nan))
+    learner.add(acted_rows(learner, 32))
     learner.train()
     buf = io.BytesIO()
     torch.save(learner.state_dict(include_replay=True), buf)

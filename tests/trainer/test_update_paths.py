@@ -24,7 +24,7 @@ from simbridge.trainer.learners.ppo import PPOLearner
 from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE, SAC_PENDULUM
 from simbridge.trainer.learners.sac import SACLearner
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
-from test_ppo import rows   # a fragment with the bridge's columns, acted by the learner
+from support.batches import acted_rows   # a fragment with the bridge's columns, acted by the learner
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
 CARTPOLE, PENDULUM = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
@@ -128,7 +128,7 @@ def test_sac_reads_metrics_back_after_metrics_every_updates_at_most_once_per_cal
 
 def test_ppo_reports_the_iterations_mean_metrics_read_back_once():
     ppo = learner("ppo", train_batch_size=64, minibatch_size=16, num_epochs=2)
-    ppo.add(rows(ppo, 64))
+    ppo.add(acted_rows(ppo, 64))
     m = ppo.train()
     assert ppo.iteration is None and ppo.updates == 8
     assert set(ppo.METRICS) <= set(m) and all(np.isfinite(m[k]) for k in ppo.METRICS)
@@ -306,7 +306,7 @@ def test_ppo_minibatch_graph_equals_eager_on_cuda():
     runs = []
     for path in ("eager", "graph"):
         ppo = learner("ppo", "cuda", update_path=path, train_batch_size=64, minibatch_size=16, num_epochs=4)
-        ppo.add(rows(ppo, 64))
+        ppo.add(acted_rows(ppo, 64))
         ppo.train()
         runs.append(ppo)
     assert runs[1].updater.path == "graph"
@@ -342,3 +342,27 @@ def test_the_daemons_copy_of_a_gpu_learner_with_a_learner_process_is_built_on_th
     assert policy.device.type == built_on and policy.acting_device.type == "cpu"
     assert policy.trains_on == torch.device("cuda")
     assert all(p.device.type == "cpu" for p in policy.acting.parameters())
+
+
+def test_a_gpu_shared_with_other_processes_is_said_once_naming_them(monkeypatch, caplog):
+    """nvidia-smi's compute apps on the learner's GPU, other than this process: one warning naming
+    them (the parent, a daemon's acting copy on the GPU, marked as this trainer). nvidia-smi and the
+    device are stand-ins here: the line's logic without a GPU."""
+    import os
+    import subprocess
+    import types
+    uuid = "GPU-1234abcd"
+    rows = [f"{uuid}, {os.getpid()}, 700", f"{uuid}, {os.getppid()}, 830", "GPU-other, 4242, 100", f"{uuid}, 999, 50"]
+    monkeypatch.setattr(placement.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(placement.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "\n".join(rows), ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="1234abcd"))
+    monkeypatch.setattr(placement, "_said", set())
+    gpu = torch.device("cuda:0")
+    assert placement.gpu_neighbours(gpu) == [(os.getppid(), 830), (999, 50)]
+    placement.say_gpu_neighbours(gpu, "SACLearner")
+    placement.say_gpu_neighbours(gpu, "SACLearner")
+    lines = [r.getMessage() for r in caplog.records if "also use" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"pid {os.getppid()} (this trainer) 830 MiB" in lines[0] and "pid 999 50 MiB" in lines[0]
+    assert "SACLearner trains on cuda:0, which 2 other process(es) also use" in lines[0]
