@@ -69,9 +69,12 @@ def take_the_terminal():
     """Ctrl-C at a terminal signals its foreground process group: under `make demo` that is make's
     too, and make dies of it (status 130) whatever the demo returns. As a shell's job control
     does for a job, the demo becomes the terminal's foreground group while it runs: Ctrl-C
-    reaches it alone, it stops in order, and make reports its exit status. Nothing to do without
-    a terminal, in the background, or when already a group of its own (run from a shell).
-    Returns the function that gives the terminal back."""
+    reaches it alone, it stops in order, and make reports its exit status. Only under make
+    (MAKELEVEL, which make sets for its recipes): a program that runs the demo as its child keeps
+    its terminal. Nothing to do without a terminal, in the background, or when already a group of
+    its own. Returns the function that gives the terminal back."""
+    if "MAKELEVEL" not in os.environ:
+        return lambda: None
     try:
         fd = os.open("/dev/tty", os.O_RDWR)
     except OSError:
