@@ -354,6 +354,13 @@ def test_architecture_tables_name_no_module_that_is_gone():
     assert not gone, "docs/architecture.md's tables name modules that do not exist:\n" + "\n".join(gone)
 
 
+def test_architecture_names_every_public_cpp_header():
+    doc = ARCHITECTURE.read_text()
+    headers = sorted(p.name for p in (ROOT / "sims" / "cpp" / "include" / "simbridge").glob("*.hpp"))
+    missing = [h for h in headers if f"`{h}`" not in doc and f"<simbridge/{h}>" not in doc]
+    assert headers and not missing, f"C++ SDK headers docs/architecture.md does not name: {missing}"
+
+
 def test_architecture_error_table_names_every_error_reason():
     from simbridge.wire.v1 import simbridge_pb2 as pb
     doc = ARCHITECTURE.read_text()
