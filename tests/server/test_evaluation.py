@@ -11,7 +11,7 @@ from simbridge.client import PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.runtime import BridgeRuntime
-from test_semantics import TRANSPORTS, collected, o
+from support.experience import TRANSPORTS, collected, o
 
 OBS = gym.spaces.Box(-10, 10, (2,), np.float32)
 ACT = gym.spaces.Discrete(3)

@@ -12,20 +12,10 @@ from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient,
 from simbridge.wire.errors import BridgeError
 from simbridge.server.policies import ActionBatch, Policy, RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
-from simbridge.server.sample_batch import MultiAgentBatch
+from support.experience import TRANSPORTS, collected, o
 
 OBS = gym.spaces.Box(-10, 10, (2,), np.float32)
 ACT = gym.spaces.Discrete(3)
-TRANSPORTS = ["stream", "unary"]
-
-
-def collected(server) -> MultiAgentBatch:
-    server.runtime.flush()
-    return MultiAgentBatch.concat_samples(server.runtime.experience.get_all())
-
-
-def o(x):
-    return np.array([x, -x], np.float32)
 
 
 class ConstPolicy(Policy):
