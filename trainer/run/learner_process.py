@@ -29,8 +29,10 @@ import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import List, Optional, Tuple
@@ -273,7 +275,41 @@ def _child_main(conn) -> None:
         raise SystemExit(1)
 
 
+class _Outbox:
+    """The child's messages to the parent, sent by a thread of their own, so that the child keeps
+    reading rows while a large message waits: with a CNN's weights (megabytes) going up and camera
+    rows coming down, each side's send waited for the other's read and both pipes stayed full."""
+
+    def __init__(self, conn):
+        self._conn, self._queue = conn, queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="simbridge-learner-outbox", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            try:
+                self._conn.send_bytes(data)
+            except OSError:
+                return   # the parent is gone
+
+    def send(self, data: bytes) -> None:
+        self._queue.put(data)
+
+    def close(self) -> None:
+        """Sends what is queued, then stops the thread (before anything else writes to the pipe)."""
+        self._queue.put(None)
+        self._thread.join()
+
+
 def _serve(conn) -> None:
+    outbox = _Outbox(conn)
+    try:
+        _serve_rows(conn, outbox)
+    finally:
+        outbox.close()
+
+
+def _serve_rows(conn, outbox: _Outbox) -> None:
     from simbridge.server.sample_batch import SampleBatch
     from simbridge.trainer.run.checkpoint import space_from_bytes
 
@@ -295,7 +331,7 @@ def _serve(conn) -> None:
         w = {"acting": learner.acting.state_dict(), "updates": learner.updates, "forgiven": learner.updates_forgiven,
              "metrics": {k: float(v) for k, v in learner.last_metrics.items()}, "due": learner.updates_due(),
              "rows": rows}
-        conn.send_bytes(_WEIGHTS + state_bytes(w))
+        outbox.send(_WEIGHTS + state_bytes(w))
 
     while True:
         due = learner.updates_due()
@@ -313,7 +349,7 @@ def _serve(conn) -> None:
                 # The weights first: the parent then acts with the state's networks and version.
                 report()
                 reported = rows
-                conn.send_bytes(_STATE + state_bytes(learner.state_dict(include_replay=msg[1:2] == b"1")))
+                outbox.send(_STATE + state_bytes(learner.state_dict(include_replay=msg[1:2] == b"1")))
             elif tag == _STOP:
                 return
             due = learner.updates_due()
