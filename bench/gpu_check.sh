@@ -16,6 +16,7 @@
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
+#   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
 #   summary.txt          the figures above in a few lines
 set -u
 here=$(pwd)
@@ -52,10 +53,16 @@ print("  targets", json.dumps(r["targets"]))
 print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
 EOF
 
+# the processes holding the GPU while the learning runs go (one context expected: the learner process's)
+( while true; do nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader \
+    2>/dev/null | sed "s/^/$(date +%s) /"; sleep 5; done ) > "$out/gpu_apps.txt" &
+apps=$!
 for task in dqn-cartpole sac-pendulum; do
   step "bench/learning.py $task seed 0, device auto"
   timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
     --out "$out/learning_${task}_auto.json" > /dev/null 2> "$out/learning_${task}_auto.log"
+  # the daemon's and simulators' output (warnings: a capture that fell back, a GPU shared)
+  cp "$(ls -td /tmp/simbridge-"$task"-* 2>/dev/null | head -1)/processes.log" "$out/processes_${task}_auto.log" 2>/dev/null
   step "bench/learning.py $task seed 0, GPU hidden"
   CUDA_VISIBLE_DEVICES= timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
     --out "$out/learning_${task}_cpu.json" > /dev/null 2> "$out/learning_${task}_cpu.log"
@@ -66,6 +73,7 @@ print(f'  auto: solved {a["solved"]} at {a["env_steps"]} steps in {a["wall_s"]} 
       f'{c["env_steps"]} steps in {c["wall_s"]} s; auto/hidden wall {a["wall_s"] / c["wall_s"]:.2f} (bar: <= 1)')
 EOF
 done
+kill "$apps" 2>/dev/null
 nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
 step "done"
 cat "$out/summary.txt"
