@@ -96,13 +96,10 @@ DQN_DEFAULTS = {
 #       (uniform: nothing says which action the simulator prefers); with no logged rows, p = 0
 #       and this is plain DQN. Those uniform choices are exploration too: the learner's own
 #       epsilon decays to max(0, (epsilon_final - p) / (1 - p)) instead of epsilon_final (see
-#       epsilon()). On CartPole with 30% logged, in-process, the mean(10) reached 475 on 3 of 5
-#       seeds with the learner's 2% on top and on 5 of 5 without; through the bridge both
-#       reached it on 3 of 3 (docs/benchmarks.md): better odds, not the cause of the misses.
-#       Not the default: a learner fed only logged rows (a dataset) would get p = 1 and learn
-#       the values of the uniform policy. Measured on CartPole with 30% of the
-#       actions logged: docs/benchmarks.md. (Cutting n-step returns at logged actions, the other
-#       candidate, made that run worse: a mean of the last 10 of 107-166 at 50k steps: not built.)
+#       epsilon()). Not the default: a learner fed only logged rows (a dataset) would get p = 1
+#       and learn the values of the uniform policy. What it and the other candidates reached on
+#       CartPole with 30% of the actions logged: docs/benchmarks.md, "Logged actions and SAC's
+#       temperature".
 LOGGED_ACTIONS = ("environment", "ignore")
 
 
