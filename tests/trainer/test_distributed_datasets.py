@@ -11,10 +11,10 @@ import pytest
 from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.run.launch import free_port
 
-from test_distributed import (SMALL, cleanup, digests, finish, hosts, sim, start_group,  # noqa: F401
-                              stop, wait_health)
 from support.daemon import metrics
 from support.datasets import tiny_dataset
+from support.group import (SMALL, cleanup, digests, finish, hosts, sim, start_group,  # noqa: F401
+                           stop, wait_health)
 from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
