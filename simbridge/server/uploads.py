@@ -223,7 +223,7 @@ class UploadCalls:
         m.uploaded_steps += c.n
 
     def _finish(self, session, s: pb.EpisodeSummary, ep: Optional[_LocalEpisode], pid: str) -> None:
-        reason = "truncated" if s.truncated else "terminated"
+        reason = ("simulator_stopped" if s.stopping else "truncated") if s.truncated else "terminated"
         session.mark_finished(s.episode_id, reason, self.ctx.config.finished_ids_kept)
         total = float(s.total_reward)
         self.ctx.file_summary(episode_summary(

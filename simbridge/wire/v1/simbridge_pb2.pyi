@@ -567,7 +567,7 @@ class UploadExperienceRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., episode_ids: _Optional[_Iterable[str]] = ..., episode_index: _Optional[_Union[Tensor, _Mapping]] = ..., t: _Optional[_Union[Tensor, _Mapping]] = ..., observations: _Optional[_Union[Value, _Mapping]] = ..., actions: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., next_observations: _Optional[_Union[Value, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[Tensor, _Mapping]] = ..., action_logp: _Optional[_Union[Tensor, _Mapping]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeSummary, _Mapping]]] = ...) -> None: ...
 
 class EpisodeSummary(_message.Message):
-    __slots__ = ("episode_id", "total_reward", "length", "truncated", "custom_metrics")
+    __slots__ = ("episode_id", "total_reward", "length", "truncated", "custom_metrics", "stopping")
     class CustomMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -580,12 +580,14 @@ class EpisodeSummary(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     total_reward: float
     length: int
     truncated: bool
     custom_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, episode_id: _Optional[str] = ..., total_reward: _Optional[float] = ..., length: _Optional[int] = ..., truncated: _Optional[bool] = ..., custom_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    stopping: bool
+    def __init__(self, episode_id: _Optional[str] = ..., total_reward: _Optional[float] = ..., length: _Optional[int] = ..., truncated: _Optional[bool] = ..., custom_metrics: _Optional[_Mapping[str, float]] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class UploadExperienceResponse(_message.Message):
     __slots__ = ("accepted_steps", "policy_version")
