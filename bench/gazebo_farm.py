@@ -1,0 +1,137 @@
+"""Speed of Gazebo worlds through simbridge: one world with and without the plugin, and N worlds on one trainer.
+
+    python bench/gazebo_farm.py [--worlds 1,2,3,4] [--seconds 30] [--policy random|dqn] [--out FILE]
+
+Needs a gz-sim 8 (Harmonic) prefix (GZ_PREFIX, ~/.cache/simbridge/gz-harmonic, or gz on PATH; docs/gazebo.md)
+and builds the plugin into build/gazebo-gz as tests/sims/test_gazebo_sim.py does. Prints one JSON object:
+
+- `no_plugin`: the cart-pole world with its simbridge <plugin> block removed, `gz sim -s -r --iterations N`
+  timed for two N (the difference cancels start-up): iterations/s, the real-time factor, and the
+  actions/s it would be at the world's steps_per_action (the ceiling physics alone sets).
+- `bridge`: for each N in --worlds, N `gz sim -s -r` processes (each its own GZ_PARTITION) feeding one
+  `simbridge-trainer run` (the random policy by default: the bridge and the plugin, not a learner), the
+  aggregate env steps/s over --seconds after every world's session is up, and per world.
+"""
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sims"))
+
+from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix,  # noqa: E402
+                            gz_env, wait_until)
+
+RANDOM = """
+[server]
+address = "127.0.0.1:50051"
+rollout_fragment_length = 32
+[run]
+logdir = "runs/unused"
+checkpoint_every_env_steps = 10000000
+print_every_s = 0.5
+[policies.default_policy]
+algorithm = "random"
+"""
+
+
+def world_numbers(sdf: Path):
+    text = sdf.read_text()
+    step = float(re.search(r"<max_step_size>([\d.]+)</max_step_size>", text).group(1))
+    per_action = int(re.search(r"<steps_per_action>(\d+)</steps_per_action>", text).group(1))
+    return step, per_action
+
+
+def without_plugin(sdf: Path, out: Path) -> Path:
+    text = re.sub(r"\s*<plugin filename=\"simbridge-gz-system\".*?</plugin>", "", sdf.read_text(), flags=re.S)
+    out.write_text(text)
+    return out
+
+
+def time_iterations(prefix: Path, plugin_dir: Path, sdf: Path, iterations: int) -> float:
+    env = gz_env(prefix, plugin_dir, "127.0.0.1:1")
+    start = time.monotonic()
+    subprocess.run([str(prefix / "bin" / "gz"), "sim", "-s", "-r", "--iterations", str(iterations), str(sdf)],
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900, check=True)
+    return time.monotonic() - start
+
+
+def no_plugin(prefix, plugin_dir, sdf, tmp: Path) -> dict:
+    bare = without_plugin(sdf, tmp / "bare.sdf")
+    step, per_action = world_numbers(sdf)
+    small, large = 2000, 42000
+    t_small = time_iterations(prefix, plugin_dir, bare, small)
+    t_large = time_iterations(prefix, plugin_dir, bare, large)
+    rate = (large - small) / (t_large - t_small)
+    return {"iterations_per_s": round(rate), "real_time_factor": round(rate * step, 1),
+            "actions_per_s_ceiling": round(rate / per_action), "startup_s": round(t_small - small / rate, 2),
+            "command": f"gz sim -s -r --iterations {large} (and {small}) {sdf.name} without the simbridge plugin"}
+
+
+def farm(prefix, plugin_dir, sdf, n: int, seconds: float, policy: str, tmp: Path) -> dict:
+    run = tmp / f"farm{n}"
+    if policy == "random":
+        config = tmp / "random.toml"
+        config.write_text(RANDOM)
+        trainer = Trainer(run / "logs", config=config)
+    else:
+        trainer = Trainer(run / "logs", overrides=["run.print_every_s=0.5"])
+    worlds = []
+    try:
+        trainer.wait_serving()
+        worlds = [World(prefix, plugin_dir, sdf, trainer.address, run / f"gz{i}.log") for i in range(n)]
+        wait_until(lambda: trainer.last().get("sessions") == n, 180, f"{n} sessions",
+                   [(f"world {i}", w.proc, w.log) for i, w in enumerate(worlds)])
+        time.sleep(3.0)   # past the first episodes' start
+        first = trainer.last()
+        time.sleep(seconds)
+        last = trainer.last()
+        dt = last["wall_s"] - first["wall_s"]
+        steps = last["env_steps"] - first["env_steps"]
+        step, per_action = world_numbers(sdf)
+        return {"worlds": n, "policy": policy, "env_steps": steps, "seconds": round(dt, 1),
+                "steps_per_s": round(steps / dt, 1), "per_world_steps_per_s": round(steps / dt / n, 1),
+                "real_time_factor_per_world": round(steps / dt / n * per_action * step, 2)}
+    finally:
+        for w in worlds:
+            w.stop()
+        trainer.stop()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="1,2,3,4", help="comma-separated N: worlds feeding one trainer")
+    ap.add_argument("--seconds", type=float, default=30.0, help="measured window per N")
+    ap.add_argument("--policy", choices=("random", "dqn"), default="random")
+    ap.add_argument("--world", default=str(WORLDS / "cartpole.sdf"))
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    prefix = find_prefix()
+    if prefix is None:
+        sys.exit(NO_PREFIX)
+    built = configure_and_build(prefix, ROOT / "build" / "gazebo-gz")
+    if built.get("build_rc") != 0 or built.get("plugin") is None:
+        sys.exit("the plugin did not build:\n" + built.get("build", built["configure"])[-3000:])
+    plugin_dir = built["plugin"].parent
+    sdf = Path(args.world)
+    with tempfile.TemporaryDirectory(prefix="gzfarm-") as tmp:
+        tmp = Path(tmp)
+        result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
+                  "cpus": __import__("os").cpu_count(), "load_avg": __import__("os").getloadavg(),
+                  "prefix": str(prefix), "world": sdf.name,
+                  "no_plugin": no_plugin(prefix, plugin_dir, sdf, tmp),
+                  "bridge": [farm(prefix, plugin_dir, sdf, int(n), args.seconds, args.policy, tmp)
+                             for n in args.worlds.split(",")]}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

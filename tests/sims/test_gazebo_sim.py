@@ -1,0 +1,226 @@
+"""The Gazebo plugin for real: compiled against an installed gz-sim 8 (Harmonic), loaded by `gz sim -s`, and
+driving worlds against a real `simbridge-trainer run` on loopback.
+
+The prefix is $GZ_PREFIX, else ~/.cache/simbridge/gz-harmonic, else the one `gz` on PATH belongs to;
+without one every test here skips with one line naming docs/gazebo.md. Each world runs as its own
+process with GZ_IP=127.0.0.1 and a partition of its own (tests/sims/gazebo_harness.py).
+"""
+import re
+import signal
+
+import pytest
+
+from gazebo_harness import NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix, wait_until
+
+pytestmark = pytest.mark.timeout(900)
+
+CARTPOLE = WORLDS / "cartpole.sdf"
+PENDULUM = WORLDS / "pendulum.sdf"
+PENDULUM_SAC = WORLDS / "pendulum_sac.toml"
+
+# Learning budgets: wall seconds from the world's start (generous, for a loaded 2-core machine) and env steps
+# (the learning itself, what the machine's load does not change).
+CARTPOLE_TARGET, CARTPOLE_BUDGET_S, CARTPOLE_MAX_STEPS = 195.0, 420, 40000
+PENDULUM_TARGET, PENDULUM_BUDGET_S, PENDULUM_MAX_STEPS = 190.0, 420, 8000
+
+RANDOM = """
+[server]
+address = "127.0.0.1:50051"
+rollout_fragment_length = 16
+[run]
+logdir = "runs/unused"
+checkpoint_every_env_steps = {checkpoint}
+print_every_s = 0.25
+seed = 0
+[policies.default_policy]
+algorithm = "random"
+"""
+
+
+@pytest.fixture(scope="module")
+def prefix():
+    found = find_prefix()
+    if found is None:
+        pytest.skip(NO_PREFIX)
+    return found
+
+
+@pytest.fixture(scope="module")
+def plugin(prefix):
+    """Built once per run into build/gazebo-gz, the plugin's and the layer's sources compiled afresh."""
+    result = configure_and_build(prefix, ROOT / "build" / "gazebo-gz")
+    assert result["configure_rc"] == 0, result["configure"][-6000:]
+    assert result["build_rc"] == 0, result["build"][-6000:]
+    assert result["plugin"] is not None, result["build"][-3000:]
+    return result
+
+
+@pytest.fixture
+def random_config(tmp_path):
+    def make(checkpoint=100000):
+        path = tmp_path / "random.toml"
+        path.write_text(RANDOM.format(checkpoint=checkpoint))
+        return path
+    return make
+
+
+def world(prefix, plugin, sdf, trainer, log, **kw):
+    return World(prefix, plugin["plugin"].parent, sdf, trainer.address, log, **kw)
+
+
+def test_the_plugin_compiles_against_gz_sim_with_no_warning(plugin):
+    version = re.search(r"building the plugin simbridge-gz-system against gz-sim (8\.\d+\.\d+)", plugin["configure"])
+    assert version, plugin["configure"][-3000:]
+    # Its translation units were compiled in this run, under -Wall -Wextra -Wpedantic -Werror.
+    assert "simbridge_system.cpp.o" in plugin["build"] and "episode_logic.cpp.o" in plugin["build"]
+    warnings = [line for line in plugin["build"].splitlines() if "warning:" in line]
+    assert not warnings, "\n".join(warnings)
+
+
+def test_a_world_runs_its_episodes_counted_exactly_on_both_sides(prefix, plugin, random_config, tmp_path):
+    """A fixed number of iterations of the cart-pole under a random policy: every episode the plugin ended is
+    one the trainer counted, with the same number of actions, and the open one's actions too."""
+    trainer = Trainer(tmp_path / "run", config=random_config())
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log", iterations=4000)
+        assert gz.wait(300) == 0, gz.text()[-3000:]
+        summary = gz.summary()
+        assert summary is not None, gz.text()[-3000:]
+        ended = gz.episodes()
+        # 4000 iterations of 4 per action; each world reset costs a few iterations.
+        assert summary["episodes"] == len(ended) >= 20 and gz.episodes(by_reset=True) == []
+        assert [n for n, _ in ended] == list(range(1, len(ended) + 1))
+        assert summary["actions"] == sum(a for _, a in ended)
+        assert summary["sessions_lost"] == 0
+        assert all(5 <= a < 500 for _, a in ended), ended   # a random cart-pole falls; none hit the limit
+        actions = summary["actions"] + summary["open_actions"]
+        assert 900 < actions <= 1000
+        # The trainer: the ended episodes and the open one (truncated when the world's session closed), and
+        # every action of them.
+        episodes = summary["episodes"] + summary["open"]
+        wait_until(lambda: trainer.last().get("sessions") == 0 and trainer.last().get("episodes") == episodes,
+                   60, f"the trainer to count {episodes} episodes with the world gone")
+        last = trainer.last()
+        assert last["env_steps"] == actions
+        assert last["return_mean"]["default_policy"] == pytest.approx(actions / episodes)   # 1 per action
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+
+
+def test_two_worlds_in_their_own_partitions_feed_one_trainer(prefix, plugin, random_config, tmp_path):
+    """Two cart-pole worlds at once, same world name and control service, partitions apart: each resets
+    only itself (a reset request crossing over would cut the other's episodes short) and the trainer
+    counts both sessions' episodes exactly."""
+    trainer = Trainer(tmp_path / "run", config=random_config())
+    worlds = []
+    try:
+        trainer.wait_serving()
+        worlds = [world(prefix, plugin, CARTPOLE, trainer, tmp_path / f"gz{i}.log", iterations=2400) for i in range(2)]
+        assert worlds[0].partition != worlds[1].partition
+        wait_until(lambda: trainer.last().get("sessions") == 2, 120, "both worlds' sessions",
+                   [(f"world {i}", w.proc, w.log) for i, w in enumerate(worlds)])
+        for w in worlds:
+            assert w.wait(300) == 0, w.text()[-3000:]
+        summaries = [w.summary() for w in worlds]
+        assert all(s is not None for s in summaries), [w.text()[-2000:] for w in worlds]
+        for w, s in zip(worlds, summaries):
+            # Every episode ended by its own limits: none was cut short by the other world's reset request.
+            assert s["episodes"] == len(w.episodes()) >= 10
+            assert w.episodes(by_reset=True) == []
+        episodes = sum(s["episodes"] + s["open"] for s in summaries)
+        actions = sum(s["actions"] + s["open_actions"] for s in summaries)
+        wait_until(lambda: trainer.last().get("sessions") == 0 and trainer.last().get("episodes") == episodes,
+                   60, f"the trainer to count {episodes} episodes with both worlds gone")
+        assert trainer.last()["env_steps"] == actions
+    finally:
+        for w in worlds:
+            w.stop()
+        trainer.stop()
+
+
+def test_a_sigkilled_trainer_and_a_resumed_one_get_the_world_back(prefix, plugin, random_config, tmp_path):
+    """The trainer dies mid-episode (SIGKILL: no goodbye, no final checkpoint); the world waits in its
+    action call while the SDK reconnects, the resumed trainer knows no session, the plugin starts new
+    episodes and the world goes on, its counts going on from the checkpoint."""
+    config = random_config(checkpoint=500)
+    logdir = tmp_path / "run"
+    first = Trainer(logdir, config=config, name="trainer1")
+    second = gz = None
+    try:
+        first.wait_serving()
+        gz = world(prefix, plugin, CARTPOLE, first, tmp_path / "gz.log")
+        wait_until(lambda: first.last().get("env_steps", 0) > 1200, 180, "1200 env steps (a checkpoint at 500)",
+                   [("gz sim", gz.proc, gz.log), ("the trainer", first.proc, first.log)])
+        before = len(gz.episodes())
+        first.stop(signal.SIGKILL)
+        killed_at = first.last()["env_steps"]
+        second = Trainer(logdir, address=first.address, resume=True, name="trainer2")
+        second.wait_serving()
+        resumed = wait_until(lambda: [r for r in second.metrics() if r.get("event") == "resume"], 60,
+                             "the resume event")[0]
+        assert 500 <= resumed["env_steps"] <= killed_at   # the last checkpoint's counts
+        wait_until(lambda: second.last().get("env_steps", 0) > resumed["env_steps"] + 800
+                   and second.last().get("sessions") == 1, 180, "the world's steps on the resumed trainer",
+                   [("gz sim", gz.proc, gz.log), ("the trainer", second.proc, second.log)])
+        assert gz.proc.poll() is None, "the world must outlive its trainer"
+        assert "going on with new episodes" in gz.text()
+        assert "the plugin is inactive" not in gz.text()
+        assert len(gz.episodes()) > before
+        assert gz.stop() is not None
+        summary = gz.summary()
+        assert summary is not None and summary["sessions_lost"] == 1, gz.text()[-3000:]
+    finally:
+        if gz is not None:
+            gz.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def learn(trainer, gz, target, budget_s, what):
+    """Wait (bounded by budget_s of the world's time) until return(10) reaches target; the metrics row that did."""
+    def reached():
+        rows = [r for r in trainer.metrics() if (r.get("return_mean_10") or {}).get("default_policy", 0) >= target]
+        return rows[0] if rows else None
+    last = lambda: {k: trainer.last().get(k) for k in ("env_steps", "episodes", "return_mean_10", "wall_s")}  # noqa: E731
+    try:
+        return wait_until(reached, budget_s, f"{what} to reach return(10) {target}",
+                          [("gz sim", gz.proc, gz.log), ("the trainer", trainer.proc, trainer.log)], poll=1.0)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the trainer's last row: {last()}") from None
+
+
+def test_dqn_learns_the_cart_pole_world(prefix, plugin, tmp_path):
+    """The trainer's default config (DQN) against the cart-pole world, as docs/gazebo.md runs it."""
+    trainer = Trainer(tmp_path / "run", overrides=["run.print_every_s=1.0"])
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log")
+        row = learn(trainer, gz, CARTPOLE_TARGET, CARTPOLE_BUDGET_S, "DQN on the cart-pole world")
+        assert row["env_steps"] <= CARTPOLE_MAX_STEPS, row
+        assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+
+
+def test_sac_learns_the_pendulum_world_through_box_efforts(prefix, plugin, tmp_path):
+    """A Box(1) torque on the hinge, learned by SAC (sims/gazebo/worlds/pendulum_sac.toml) to hold the rod up."""
+    trainer = Trainer(tmp_path / "run", config=PENDULUM_SAC, overrides=["run.print_every_s=1.0"])
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, PENDULUM, trainer, tmp_path / "gz.log")
+        row = learn(trainer, gz, PENDULUM_TARGET, PENDULUM_BUDGET_S, "SAC on the pendulum world")
+        assert row["env_steps"] <= PENDULUM_MAX_STEPS, row
+        assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
