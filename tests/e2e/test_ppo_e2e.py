@@ -7,6 +7,8 @@ within ~10k env steps; the test allows 30k.
 """
 import time
 
+import pytest
+
 from support.learning import r10, run
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
@@ -14,6 +16,7 @@ from simbridge.trainer.learners.presets import PPO_CARTPOLE
 PRESET = toml_value({**PPO_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
 
+@pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10
 def test_ppo_learns_cartpole_through_the_bridge_and_drops_the_simulators_own_actions(tmp_path):
     tables = f"""[policies.default_policy]
 algorithm = "ppo"
@@ -21,7 +24,7 @@ config = {PRESET}"""
     sim = ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "0", "--off-policy-fraction", "0.3"]
     t0 = time.monotonic()
     recs = run(tmp_path, "", tables, [sim], budget=30_000, done=lambda rec: r10(rec, "default_policy") >= 150,
-               timeout=120)
+               timeout=240)
     assert recs, "no metrics were written"
     last = recs[-1]
     losses = last["losses"]["default_policy"]
