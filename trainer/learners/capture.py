@@ -6,9 +6,9 @@ The config key `update_path` (every learner, COMMON_DEFAULTS):
   "graph"    the whole update (replay gather, losses, backward, optimizer steps, target update,
              metrics) captured once as a torch.cuda.CUDAGraph and replayed: one launch per update.
              cuda only; elsewhere, or when capture fails, eager (the log says why)
-  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. Compiling
-             takes minutes on a small CPU (284 s for SAC's update on 2 loaded cores, then 0.4x eager
-             there: docs/benchmarks.md), so "auto" never picks it on the CPU.
+  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. On the
+             CPU compiling a step took 68-139 s on 2 loaded cores and won nothing certain (0.7x-1.6x
+             eager's CPU time per update: docs/benchmarks.md), so "auto" never picks it there.
 
 Why a graph: on a GPU a small-network update is bound by its ~100 kernel launches and by host
 synchronisation, not by arithmetic (an H200 ran SAC's eager update at ~200/s, at batch 256 as at
