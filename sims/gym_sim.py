@@ -20,7 +20,9 @@ budgets) the same K envs use get_actions / log_returns_batch / end_episodes.
 
 Time-limit ends are reported as truncated=True, true terminal states as
 truncated=False, as gymnasium's flags say. Stopping the simulator (SIGTERM,
-Ctrl-C, --max-steps) ends its open episodes as truncated.
+Ctrl-C, --max-steps) ends its open episodes as truncated and says it stops
+(end_episode's stopping=True): the trainer counts them apart (episodes_cut),
+out of the returns, as the summary's cut_at_exit does here.
 """
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
@@ -107,7 +109,7 @@ class GymExternalEnv(ExternalEnv):
             ret = 0.0
             while True:
                 if self.budget.must_stop():
-                    self.end_episode(eid, obs, truncated=True)
+                    self.end_episode(eid, obs, truncated=True, stopping=True)
                     stats.cut += 1
                     break
                 if args.off_policy_fraction and self.rng.random() < args.off_policy_fraction:
@@ -183,7 +185,8 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
         if not live:
             break
         if budget.must_stop():
-            client.end_episodes([eids[s] for s in live], tree.stack([obs[s] for s in live]), [True] * len(live))
+            client.end_episodes([eids[s] for s in live], tree.stack([obs[s] for s in live]), [True] * len(live),
+                                stopping=True)
             stats.cut += len(live)
             break
         off = [s for s in live if args.off_policy_fraction and rng.random() < args.off_policy_fraction]

@@ -81,7 +81,7 @@ def run_simultaneous(args, stats: Stats, stop: StopFlag) -> dict:
             t = 0
             while True:
                 if stop:
-                    client.end_episode(eid, {a: obs[a] for a in live}, truncated=True)
+                    client.end_episode(eid, {a: obs[a] for a in live}, truncated=True, stopping=True)
                     stats.cut += 1
                     break
                 actions = client.get_action(eid, {a: obs[a] for a in live})
@@ -137,7 +137,8 @@ def run_turn_based(args, stats: Stats, stop: StopFlag) -> dict:
             if stop:
                 # Cut short: each player that moved gets the position it would now see, so the
                 # learners bootstrap from the real state (a truncated end needs it).
-                client.end_episode(eid, {NIM_PLAYERS[p]: nim_obs(stones, p) for p in acted}, truncated=True)
+                client.end_episode(eid, {NIM_PLAYERS[p]: nim_obs(stones, p) for p in acted}, truncated=True,
+                                   stopping=True)
                 stats.cut += 1
                 break
             me = NIM_PLAYERS[turn]

@@ -51,8 +51,8 @@ class ExternalEnv(threading.Thread):
     def log_returns(self, episode_id: str, reward, info=None) -> None:
         self.client.log_returns(episode_id, reward, info)
 
-    def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
-        self.client.end_episode(episode_id, observation, truncated)
+    def end_episode(self, episode_id: str, observation, truncated: bool = False, stopping: bool = False) -> None:
+        self.client.end_episode(episode_id, observation, truncated, stopping=stopping)
 
     def close(self) -> None:
         if self._client is not None:
@@ -78,5 +78,6 @@ class ExternalMultiAgentEnv(ExternalEnv):
         self.client.log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict, truncated_dict,
                                 final_observation_dict)
 
-    def end_episode(self, episode_id: str, observation_dict=None, truncated: bool = False) -> None:
-        self.client.end_episode(episode_id, observation_dict, truncated)
+    def end_episode(self, episode_id: str, observation_dict=None, truncated: bool = False,
+                    stopping: bool = False) -> None:
+        self.client.end_episode(episode_id, observation_dict, truncated, stopping=stopping)

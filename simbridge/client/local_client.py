@@ -221,14 +221,15 @@ class LocalPolicyClient(ServerSync):
             ep.reward_acc += r
             ep.total += r
 
-    def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
+    def end_episode(self, episode_id: str, observation, truncated: bool = False, stopping: bool = False) -> None:
+        """stopping: as PolicyClient.end_episode's (its summary says so: not a return of the policy)."""
         with self._lock:
             self._raise_failures()
             ep = self._episode(episode_id)
             obs = self._checked_obs(observation, "final observation")
             if ep.pending:
                 self._complete(ep, obs, not truncated, bool(truncated))
-            self._end(ep, bool(truncated))
+            self._end(ep, bool(truncated), stopping)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Hand over everything recorded so far and wait until the server accepted it.
@@ -269,9 +270,9 @@ class LocalPolicyClient(ServerSync):
         return out
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Ends the open episodes (truncated; their last actions had no outcome and are dropped,
-        as the server does for a closed session), uploads everything (waiting up to
-        `timeout_s`) and closes the session."""
+        """Ends the open episodes (truncated and cut short, out of the returns; their last actions
+        had no outcome and are dropped, as the server does for a closed session), uploads
+        everything (waiting up to `timeout_s`) and closes the session."""
         if self._closed:
             return
         self._closed = True
@@ -279,7 +280,7 @@ class LocalPolicyClient(ServerSync):
             try:
                 for ep in list(self._episodes.values()):
                     ep.pending = False
-                    self._end(ep, truncated=True)
+                    self._end(ep, truncated=True, stopping=True)
             except BridgeError:  # the server is gone: these summaries cannot be delivered
                 pass
         with self._cond:
@@ -371,13 +372,14 @@ class LocalPolicyClient(ServerSync):
             self._n_transitions += 1
         ep.t += 1
 
-    def _end(self, ep: EpisodeState, truncated: bool) -> None:
+    def _end(self, ep: EpisodeState, truncated: bool, stopping: bool = False) -> None:
         """Lock held. The episode's summary goes with the chunk of its last transition."""
         del self._episodes[ep.id]
         self._finished[ep.id] = None
         while len(self._finished) > _FINISHED_KEPT:
             self._finished.popitem(last=False)
-        summary = pb.EpisodeSummary(episode_id=ep.id, total_reward=ep.total, length=ep.length, truncated=truncated)
+        summary = pb.EpisodeSummary(episode_id=ep.id, total_reward=ep.total, length=ep.length, truncated=truncated,
+                                    stopping=stopping and truncated)
         with self._cond:
             c = self._writable()
             if c.empty():

@@ -97,15 +97,18 @@ class PolicyClient(RowCalls):
             rows.infos.extend(_struct(i) for i in infos)
         self._queue_rewards(rows)
 
-    def end_episode(self, episode_id: str, observation, truncated: bool = False) -> None:
-        self.end_episodes([episode_id], sb_spaces.batch_row0(self.observation_space, observation), [truncated])
+    def end_episode(self, episode_id: str, observation, truncated: bool = False, stopping: bool = False) -> None:
+        self.end_episodes([episode_id], sb_spaces.batch_row0(self.observation_space, observation), [truncated],
+                          stopping=stopping)
 
     def end_episodes(self, episode_ids: Sequence[str], observations, truncated: Sequence[bool],
                      start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True,
-                     evaluation: bool = False) -> None:
+                     evaluation: bool = False, stopping: bool = False) -> None:
         """End N episodes; `start_episode_ids` starts new ones in the same message
-        (per-slot auto-reset for a batched simulator)."""
-        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        (per-slot auto-reset for a batched simulator). stopping: the simulator ends them because it
+        stops, not its environment: truncated for the learners, not returns of the policy."""
+        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)),
+                                   stopping=stopping)
         if start_episode_ids:
             msg.start_episode_ids.extend(start_episode_ids)
             msg.start_training_enabled = training_enabled
@@ -208,8 +211,9 @@ class MultiAgentPolicyClient(RowCalls):
             self._ended([episode_id])
 
     def end_episode(self, episode_id: str, observation_dict: Optional[Dict[str, Any]] = None,
-                    truncated: bool = False) -> None:
-        msg = pb.EndEpisodeRequest(episode_ids=[episode_id], truncated=[truncated])
+                    truncated: bool = False, stopping: bool = False) -> None:
+        """stopping: as PolicyClient.end_episodes'."""
+        msg = pb.EndEpisodeRequest(episode_ids=[episode_id], truncated=[truncated], stopping=stopping)
         if observation_dict:
             for aids in self._groups(observation_dict).values():
                 self._fill_rows(msg.final_observations.add(), episode_id, aids, observation_dict)
@@ -255,11 +259,13 @@ class MultiAgentPolicyClient(RowCalls):
     def end_episodes(self, episode_ids: Sequence[str], truncated: Sequence[bool],
                      final_agent_ids: Optional[Sequence[str]] = None, final_observations=None,
                      start_episode_ids: Optional[Sequence[str]] = None, training_enabled: bool = True,
-                     evaluation: bool = False) -> None:
+                     evaluation: bool = False, stopping: bool = False) -> None:
         """End N episodes in one pipelined message. final_observations (batched, one row per
         ended episode, for the agent final_agent_ids names) are what truncated episodes
-        bootstrap from; start_episode_ids starts new episodes in the same message."""
-        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)))
+        bootstrap from; start_episode_ids starts new episodes in the same message; stopping:
+        as PolicyClient.end_episodes'."""
+        msg = pb.EndEpisodeRequest(episode_ids=list(episode_ids), truncated=list(map(bool, truncated)),
+                                   stopping=stopping)
         if final_observations is not None:
             rows = msg.final_observations.add()
             rows.episode_ids.extend(episode_ids)

@@ -182,7 +182,7 @@ class BehaviorBridge:
                                             if ep.in_group})
             masked = None if decision.action_mask is None else np.concatenate(decision.action_mask, axis=1)[idx]
             finals = self.spaces.observations([o[idx] for o in decision.obs], masked)
-            self.client.end_episodes(ids, [True] * len(ids), aids, finals)
+            self.client.end_episodes(ids, [True] * len(ids), aids, finals, stopping=True)
         return len(cut)
 
     def close(self) -> int:
