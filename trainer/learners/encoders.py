@@ -77,6 +77,8 @@ def has_images(space: gym.Space) -> bool:
 
 def byte_rows(space: gym.Space) -> bool:
     """Whether rows keep the observation as uint8: every part a uint8 Box, one of them an image."""
+    if isinstance(space, gym.spaces.Box):   # the common case, on every acting call: no lists
+        return len(space.shape) == 3 and space.dtype == np.uint8
     parts = leaves(space)
     return (any(is_image(s) for s in parts)
             and all(isinstance(s, gym.spaces.Box) and s.dtype == np.uint8 for s in parts))
