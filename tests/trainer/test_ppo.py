@@ -11,7 +11,6 @@ import torch
 
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.trainer.config.trainer_config import ALGORITHMS, DEFAULT_CONFIG, load_config
-from simbridge.trainer.run.inprocess import first_reach, run_inprocess
 from simbridge.trainer.learners.ppo import PPOLearner
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from simbridge.wire import preprocess
@@ -262,14 +261,3 @@ def test_checkpoint_round_trip_gives_identical_actions_and_counters():
     assert other.counters == learner.counters and other.counters["rows_dropped_logged"] == 4
     for p, q in zip(learner.optimizer.state_dict()["state"].values(), other.optimizer.state_dict()["state"].values()):
         assert torch.equal(p["exp_avg"], q["exp_avg"])
-
-
-# ------------------------------------------------------------------ learning
-
-def test_cartpole_learns_in_process_with_the_preset():
-    """Seeds 0-4 pass 150 at 2.9k-11k env steps and 475 at 18k-29k (fragments of 32)."""
-    env = gym.make("CartPole-v1")
-    learner = PPOLearner(env.observation_space, env.action_space, {**PPO_CARTPOLE, "seed": 0}, device="cpu")
-    out = run_inprocess(learner, "CartPole-v1", 25_000, seed=0, fragment=32, stop_at_return=150)
-    assert out["reached_step"] is not None, f"mean(10) {np.mean(out['returns'][-10:]):.1f} after 25k steps"
-    assert first_reach(out, 150) <= 25_000 and learner.counters["rows_dropped_logged"] == 0
