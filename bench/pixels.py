@@ -100,16 +100,13 @@ def run(args) -> dict:
                                        "--address", address, "--quiet", "--seed", str(args.seed)],
                                       env=env, cwd=str(ROOT), stdout=log, stderr=log))
         deadline = time.monotonic() + args.timeout_s
-        recs: List[dict] = []
-        while time.monotonic() < deadline and procs[0].poll() is None:
-            path = logdir / METRICS
-            recs = [r for r in reporting.read_metrics(path) if r.get("event") != "stop"] if path.exists() else []
-            if any(p.poll() is not None for p in procs[1:]):
-                break
+        while time.monotonic() < deadline and procs[0].poll() is None and procs[1].poll() is None:
             time.sleep(1.0)
     finally:
         stop_all(list(reversed(procs)))
         log.close()
+    path = logdir / METRICS   # read once the daemon is done: its last record is the budget's end
+    recs = reporting.read_metrics(path) if path.exists() else []   # the last: the "stop" record, at the end
     if not recs:
         raise SystemExit(f"pixels.py: no metrics were written; see {tmp / 'processes.log'}")
     start = max([r["wall_s"] for r in recs if r["env_steps"] == 0], default=0.0)

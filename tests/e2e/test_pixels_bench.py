@@ -1,0 +1,25 @@
+"""bench/pixels.py runs end to end for a short budget (ale-py as the simulator process, the trainer
+daemon on loopback) and prints its JSON. Skipped without the atari extra (ale-py, OpenCV)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(240)
+def test_the_pixels_bench_runs_pong_through_the_bridge_and_prints_its_curve():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pixels.py"), "--env-steps", "300", "--timeout-s", "180"],
+                         capture_output=True, text=True, timeout=230, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["game"] == "PongNoFrameskip-v4" and res["config"]["vis_encode_type"] == "nature_cnn"
+    assert 300 <= res["env_steps"] <= 400 and res["curve"] and res["curve"][-1]["env_steps"] == res["env_steps"]
+    assert res["reference"]["mean_return"] == 17.8
+    log = (Path(res["logs"]) / "processes.log").read_text()
+    assert "4x84x84 uint8 image through nature_cnn" in log   # the frames arrived as bytes, stacked
