@@ -11,7 +11,9 @@ ends at the limit with a return of exactly -LIMIT (a random walk never reaches t
 soon), so any cut episode in the returns shows.
 """
 import json
+import os
 import signal
+import subprocess
 
 import gymnasium as gym
 import numpy as np
@@ -126,3 +128,27 @@ def test_a_closing_local_client_cuts_its_open_episodes(make_server):
     assert snap["episodes"] == 2 and snap["episodes_cut"] == 1, snap
     assert snap["policy_return_mean"] == {"default_policy": 5.0}, snap
     assert [s["end_reason"] for s in runtime.metrics.recent] == ["truncated", "simulator_stopped"]
+
+
+def test_the_cpp_mujoco_simulator_cuts_its_last_episode_at_its_budget(cpp_build, make_server):
+    """The C++ SDK's end_episode(..., stopping): mujoco_pendulum_sim ends the episode its
+    --max-steps cuts short with it; the server's returns are the finished episodes' only."""
+    sim = os.path.join(cpp_build, "mujoco", "mujoco_pendulum_sim")
+    if not os.path.exists(sim):
+        pytest.skip("MuJoCo is not installed: mujoco_pendulum_sim was not built")
+    for _ in range(ATTEMPTS):   # the budget may fall on an episode's natural end: nothing cut then
+        runtime = BridgeRuntime(BridgeConfig(experience_queue_size=100_000))
+        srv = make_server(runtime)
+        out = subprocess.run([sim, "--address", srv.address, "--max-steps", "60"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        said = json.loads(out.stdout.strip().splitlines()[-1])
+        if said["cut_episodes"]:
+            break
+    else:
+        pytest.fail(f"{ATTEMPTS} budgets all fell on an episode's end: nothing cut")
+    snap = runtime.snapshot()
+    assert said["cut_episodes"] == 1 and said["episodes"] >= 1, said
+    assert snap["episodes"] == said["episodes"] + 1 and snap["episodes_cut"] == 1, snap
+    assert [s["end_reason"] for s in runtime.metrics.recent][-1] == "simulator_stopped"
+    assert snap["episode_return_mean"] == pytest.approx(said["mean_return"], rel=1e-5), (snap, said)

@@ -156,8 +156,9 @@ void run(const Options& o, Summary& summary) {
         client.log_returns(episode, out.reward);
         bool natural_end = out.terminated || out.truncated;
         if (natural_end || stop_signal || out_of_budget()) {
-          // An episode cut short here ends like a time limit: truncated, so learners bootstrap from it.
-          client.end_episode(episode, to_floats(out.observation), !out.terminated);
+          // An episode cut short here ends like a time limit: truncated, so learners bootstrap from it;
+          // `stopping` keeps it out of the returns (the policy did not end it).
+          client.end_episode(episode, to_floats(out.observation), !out.terminated, !natural_end);
           if (natural_end) summary.returns.push_back(episode_return);
           else ++summary.cut_episodes;
           break;

@@ -188,11 +188,12 @@ void MultiAgentPolicyClient::log_returns(const std::string& episode_id, const st
 }
 
 void MultiAgentPolicyClient::end_episode(const std::string& episode_id, const AgentRows& final_observations,
-                                         bool truncated) {
+                                         bool truncated, bool stopping) {
   pb::StreamRequest req;
   auto* msg = req.mutable_end_episode();
   msg->add_episode_ids(episode_id);
   msg->add_truncated(truncated);
+  msg->set_stopping(stopping);
   for (const auto& aids : groups(keys(final_observations))) {
     auto* rows = msg->add_final_observations();
     rows->add_episode_ids(episode_id);

@@ -206,12 +206,14 @@ void PolicyClient::log_returns(const std::string& episode_id, double reward) {
   rows_->queue_rewards(std::move(rows));
 }
 
-void PolicyClient::end_episode(const std::string& episode_id, const Floats& final_observation, bool truncated) {
+void PolicyClient::end_episode(const std::string& episode_id, const Floats& final_observation, bool truncated,
+                               bool stopping) {
   check_rows(observation_space_, final_observation.size(), 1, "final_observation");
   pb::StreamRequest req;
   auto* msg = req.mutable_end_episode();
   msg->add_episode_ids(episode_id);
   msg->add_truncated(truncated);
+  msg->set_stopping(stopping);
   auto* rows = msg->add_final_observations();
   rows->add_episode_ids(episode_id);
   fill_value(rows->mutable_observations(), observation_space_, final_observation.data(), 1, "final_observation");

@@ -43,7 +43,9 @@ class MultiAgentPolicyClient {
   void log_returns(const std::string& episode_id, const std::map<std::string, double>& rewards,
                    const std::map<std::string, bool>& terminated = {},
                    const std::map<std::string, bool>& truncated = {}, const AgentRows& final_observations = {});
-  void end_episode(const std::string& episode_id, const AgentRows& final_observations = {}, bool truncated = false);
+  // stopping: as PolicyClient::end_episode's.
+  void end_episode(const std::string& episode_id, const AgentRows& final_observations = {}, bool truncated = false,
+                   bool stopping = false);
   void flush();
   void close();
   std::string session_id() const;

@@ -42,7 +42,10 @@ class PolicyClient {
   void log_action(const std::string& episode_id, const Floats& observation, const Floats& action);
   void log_action(const std::string& episode_id, const Floats& observation, const Action& action);
   void log_returns(const std::string& episode_id, double reward);
-  void end_episode(const std::string& episode_id, const Floats& final_observation, bool truncated = false);
+  // stopping: the simulator ends the episode because it stops (a signal, a budget), not its
+  // environment: truncated for the learners, but not a return of the policy (episodes_cut).
+  void end_episode(const std::string& episode_id, const Floats& final_observation, bool truncated = false,
+                   bool stopping = false);
   void flush();  // wait until the server applied every call so far; raise the first error
   void close();
 
