@@ -12,6 +12,8 @@ Measured on the 2-core VM (8 agents per behavior, 3 runs): ball's mean of the la
 went from 2.6-2.7 to 9.4-10 and reach's mean of the last 100 from -11.6 to -2.4..-2.9, both by
 4.7-5.1k env steps and 14-18 s of training; the test takes 21-24 s.
 """
+import pytest
+
 from unity_peer.harness import ROOT, train_through_connector
 
 CONFIG = ROOT / "trainer" / "configs" / "unity_peer.toml"
@@ -32,6 +34,7 @@ def reached(rec) -> bool:
         (score(rec, pid) if score(rec, pid) is not None else -1e9) >= target for pid, (_, target) in TARGETS.items())
 
 
+@pytest.mark.timeout(360)   # the harness waits up to 120 s for the trainer, then trains
 def test_dqn_and_sac_learn_two_behaviors_of_one_build_through_the_unity_connector(tmp_path):
     recs, connector_err = train_through_connector(tmp_path, CONFIG, "ball,reach", BUDGET, 180,
                                                   reached)

@@ -11,6 +11,8 @@ build (three processes, loopback gRPC), with the shipped trainer/configs/unity_p
 Measured on the 2-core VM (8 agents per behavior): hybrid's mean of the last 10 went from 0.1 to 6.1
 at 6.1k env steps (both behaviors), 11 s of training; masked held 0.6 throughout.
 """
+import pytest
+
 from unity_peer.harness import ROOT, train_through_connector
 
 CONFIG = ROOT / "trainer" / "configs" / "unity_peer_ppo.toml"
@@ -22,6 +24,7 @@ def r10(rec, pid):
     return (rec.get("return_mean_10") or {}).get(pid)
 
 
+@pytest.mark.timeout(360)   # the harness waits up to 120 s for the trainer, then trains
 def test_ppo_learns_hybrid_actions_and_never_takes_a_masked_action_through_the_unity_connector(tmp_path):
     def done(rec):
         return (r10(rec, "hybrid") or -1e9) >= HYBRID_TARGET and rec["versions"]["masked"] > 0

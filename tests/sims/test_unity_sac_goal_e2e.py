@@ -12,6 +12,8 @@ alpha over the horizon) outweighed the goal's +1: the agents learned to stay awa
 learn. The config is trainer/configs/unity_peer.toml's "reach" policy (network and replay ratio
 sized for a quick test); nothing about the temperature is set.
 """
+import pytest
+
 from unity_peer.harness import train_through_connector
 
 BUDGET = 10_000       # env steps (agent decisions, 8 agents)
@@ -48,6 +50,7 @@ def score(rec):
     return (rec.get("return_mean") or {}).get("goal")
 
 
+@pytest.mark.timeout(360)   # the harness waits up to 120 s for the trainer, then trains
 def test_sac_defaults_learn_a_sparse_goal_scene_through_the_unity_connector(tmp_path):
     config = tmp_path / "goal_sac.toml"
     config.write_text(CONFIG)
