@@ -107,7 +107,8 @@ def _rows(space, n, rng):
                        action_logp=np.full(n, -1.1, np.float32))
 
 
-@pytest.mark.parametrize("space", [CAMERA, gym.spaces.Dict({"cam": CAMERA, "left": image((1, 20, 20))})])
+@pytest.mark.parametrize("space", [CAMERA, gym.spaces.Dict({"cam": CAMERA, "left": image((1, 20, 20)),
+                                                             "bytes": gym.spaces.Box(0, 255, (3,), np.uint8)})])
 def test_dqn_keeps_uint8_in_replay_and_trains_a_cnn(space):
     learner = DQNLearner(space, gym.spaces.Discrete(3), OFF)
     learner.add(_rows(space, 32, np.random.default_rng(0)))

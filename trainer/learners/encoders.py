@@ -91,14 +91,16 @@ def row_bytes(space: gym.Space) -> int:
 
 def obs_rows(space: gym.Space, value: Any) -> np.ndarray:
     """Batched observations -> rows (N, flat_dim): uint8 where byte_rows(space), float32 otherwise."""
-    if not byte_rows(space):
-        return flatten(space, value)
+    return _byte_rows(space, value) if byte_rows(space) else flatten(space, value)
+
+
+def _byte_rows(space: gym.Space, value: Any) -> np.ndarray:
     if isinstance(space, gym.spaces.Box):
         v = np.asarray(value)
         return v.reshape(len(v), -1).astype(np.uint8, copy=False)
-    values = list(value.values()) if isinstance(space, gym.spaces.Dict) else list(value)
-    subs = list(space.spaces.values()) if isinstance(space, gym.spaces.Dict) else list(space.spaces)
-    return np.concatenate([obs_rows(s, v) for s, v in zip(subs, values)], axis=1)
+    if isinstance(space, gym.spaces.Dict):
+        return np.concatenate([_byte_rows(s, value[k]) for k, s in space.spaces.items()], axis=1)
+    return np.concatenate([_byte_rows(s, v) for s, v in zip(space.spaces, value)], axis=1)
 
 
 def choose(vis_encode_type: str, shape, where: str = "the observation") -> str:
@@ -110,7 +112,7 @@ def choose(vis_encode_type: str, shape, where: str = "the observation") -> str:
         return next(name for name in AUTO_ORDER if min(h, w) >= MIN_SIDE[name])
     need = MIN_SIDE[vis_encode_type]
     if min(h, w) < need:
-        fits = [name for name in AUTO_ORDER if min(h, w) >= MIN_SIDE[name]]
+        fits = [name for name in MIN_SIDE if min(h, w) >= MIN_SIDE[name]]
         raise ValueError(f"{where} is a {h}x{w} image ({image_layout(shape).upper()} {tuple(shape)}); "
                          f"vis_encode_type {vis_encode_type!r} needs at least {need}x{need}: send a larger "
                          f"image or set vis_encode_type to one of {fits} (or \"auto\")")
