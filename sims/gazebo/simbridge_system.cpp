@@ -2,7 +2,9 @@
 // model through simbridge. Glue only: gz-sim reads and writes here, every decision is in
 // episode_logic.cpp (built and tested without Gazebo), the trainer is reached through the C++ SDK.
 //
-// Compiled only where gz-sim 8 is installed (docker/gazebo.Dockerfile); see docs/gazebo.md.
+// Compiled where gz-sim 8 is installed (docker/gazebo.Dockerfile; tests/sims/test_gazebo_sim.py against a
+// prefix, warnings as errors); see docs/gazebo.md.
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -50,6 +52,15 @@ class PolicyClientAgent final : public simbridge_gz::Agent {
   simbridge::PolicyClient& client_;
 };
 
+// The SDK's diagnostics (reconnects, moves to another host) into gz-sim's own log.
+void to_gz_log(simbridge::LogLevel level, const std::string& message) {
+  switch (level) {
+    case simbridge::LogLevel::Error: gzerr << "simbridge: " << message << std::endl; break;
+    case simbridge::LogLevel::Warning: gzwarn << "simbridge: " << message << std::endl; break;
+    default: gzmsg << "simbridge: " << message << std::endl; break;
+  }
+}
+
 void on_reset_reply(const gz::msgs::Boolean& reply, const bool result) {
   if (!result || !reply.data()) gzerr << "simbridge: the world refused the reset request" << std::endl;
 }
@@ -76,6 +87,7 @@ class SimbridgeSystem : public gz::sim::System,
 
       simbridge::ClientOptions options;
       options.client_name = config.client_name;
+      options.log = to_gz_log;
       options.tls_ca_file = config.tls_ca;
       options.tls_cert_file = config.tls_cert;
       options.tls_key_file = config.tls_key;
@@ -86,7 +98,8 @@ class SimbridgeSystem : public gz::sim::System,
       client_ = std::make_unique<simbridge::PolicyClient>(config.address, to_space(simbridge_gz::observation_space(config)),
                                                           to_space(simbridge_gz::action_space(config)), options);
       agent_ = std::make_unique<PolicyClientAgent>(*client_);
-      driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config, *agent_);
+      config_ = config;
+      driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_);
     } catch (const std::exception& e) {
       stop(std::string("not started: ") + e.what());
     }
@@ -121,6 +134,9 @@ class SimbridgeSystem : public gz::sim::System,
     }
     try {
       driver_->after_step(readings);   // may block on the trainer: the world waits for its action
+      count_ended_episodes("its limits");
+    } catch (const simbridge::SessionLost& e) {
+      new_session(e.what());
     } catch (const std::exception& e) {
       stop(e.what());
     }
@@ -131,9 +147,20 @@ class SimbridgeSystem : public gz::sim::System,
     enable_state_checks(ecm);   // the reset restored the ECM as it was before Configure asked for them
     try {
       driver_->on_world_reset();
+      count_ended_episodes("a world reset from outside");
+    } catch (const simbridge::SessionLost& e) {
+      new_session(e.what());
     } catch (const std::exception& e) {
       stop(e.what());
     }
+  }
+
+  ~SimbridgeSystem() override {
+    if (!driver_) return;
+    const bool open = !driver_->episode_id().empty();
+    gzmsg << "simbridge: " << episodes_ << " episodes ended (" << actions_ << " actions), " << (open ? 1 : 0)
+          << " open (" << (open ? driver_->episode_steps() : 0) << " actions), " << sessions_lost_ << " sessions lost"
+          << std::endl;
   }
 
  private:
@@ -165,6 +192,25 @@ class SimbridgeSystem : public gz::sim::System,
     }
   }
 
+  // The plugin's own count, logged at gzmsg level (gz sim -v 3): what the trainer's metrics must match.
+  void count_ended_episodes(const char* by) {
+    if (driver_->episodes_ended() == counted_) return;
+    counted_ = driver_->episodes_ended();
+    ++episodes_;
+    actions_ += driver_->episode_steps();
+    gzmsg << "simbridge: episode " << episodes_ << " ended after " << driver_->episode_steps() << " actions, by " << by
+          << std::endl;
+  }
+
+  // The trainer restarted (or moved hosts): the SDK reconnected with a new session and the open episode
+  // is gone. A fresh driver starts the next episode from a new start state; the world goes on.
+  void new_session(const std::string& why) {
+    gzwarn << "simbridge: " << why << "; going on with new episodes" << std::endl;
+    driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_);
+    counted_ = 0;
+    ++sessions_lost_;
+  }
+
   // A failure stops this plugin, not the simulation: the world runs on without efforts.
   void stop(const std::string& why) {
     gzerr << "simbridge: " << why << "; the plugin is inactive from now on" << std::endl;
@@ -180,6 +226,9 @@ class SimbridgeSystem : public gz::sim::System,
   }
 
   std::vector<gz::sim::Joint> observed_, actuated_;
+  simbridge_gz::Config config_;
+  int64_t counted_ = 0;    // the current driver's episodes_ended() already counted
+  int64_t episodes_ = 0, actions_ = 0, sessions_lost_ = 0;
   std::string control_service_;
   gz::transport::Node node_;
   std::unique_ptr<simbridge::PolicyClient> client_;

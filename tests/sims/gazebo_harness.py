@@ -195,7 +195,8 @@ class World:
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """The world's output, gz's console colours taken out."""
+        return re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace")) if self.log.exists() else ""
 
     def episodes(self, by_reset: bool = False) -> list:
         """(number, actions) of every episode the plugin logged as ended by its limits (by_reset: those a
