@@ -189,8 +189,11 @@ def learn(trainer, gz, target, budget_s, what):
         return rows[0] if rows else None
     last = lambda: {k: trainer.last().get(k) for k in ("env_steps", "episodes", "return_mean_10", "wall_s")}  # noqa: E731
     try:
-        return wait_until(reached, budget_s, f"{what} to reach return(10) {target}",
-                          [("gz sim", gz.proc, gz.log), ("the trainer", trainer.proc, trainer.log)], poll=1.0)
+        row = wait_until(reached, budget_s, f"{what} to reach return(10) {target}",
+                         [("gz sim", gz.proc, gz.log), ("the trainer", trainer.proc, trainer.log)], poll=1.0)
+        print(f"{what}: return(10) {row['return_mean_10']['default_policy']:.1f} at {row['env_steps']} env steps, "
+              f"{row['wall_s']:.0f} s of the trainer's wall time")   # shown by pytest -s
+        return row
     except AssertionError as e:
         raise AssertionError(f"{e}; the trainer's last row: {last()}") from None
 
