@@ -159,31 +159,24 @@ class Reporter:
         w.add_scalar("env/episodes_cut", rec["episodes_cut"], step)
         if rec["episode_return_mean"] is not None:
             w.add_scalar("env/episode_return_mean", rec["episode_return_mean"], step)
-        for pid, v in rec["return_mean"].items():
-            w.add_scalar(f"env/return_mean/{pid}", v, step)
-        for pid, v in rec["return_mean_10"].items():
-            w.add_scalar(f"env/return_mean_10/{pid}", v, step)
-        for pid, v in rec["episode_length_mean_10"].items():
-            w.add_scalar(f"env/episode_length_mean_10/{pid}", v, step)
-        for pid, v in rec["lr"].items():
-            w.add_scalar(f"learner/{pid}/lr", v, step)
-        for pid, v in rec.get("eval_return_mean", {}).items():
-            w.add_scalar(f"eval/return_mean/{pid}", v, step)
+        for key, tag in _KEYED_SCALARS:
+            for k, v in rec.get(key, {}).items():
+                w.add_scalar(tag.format(k=k), v, step)
         for k in ("experience_blocked_s", "empty_episodes", "sessions_timed_out", "upload_refused_chunks",
                   "upload_refused_steps"):
             w.add_scalar(f"health/{k}", rec[k], step)
-        for code, v in rec["errors"].items():
-            w.add_scalar(f"health/errors/{code}", v, step)
-        for reason, v in rec["refused"].items():
-            w.add_scalar(f"health/refused/{reason}", v, step)
-        for pid, v in rec["updates"].items():
-            w.add_scalar(f"learner/{pid}/updates", v, step)
-        for pid, v in rec["versions"].items():
-            w.add_scalar(f"learner/{pid}/version", v, step)
         for pid, m in rec["losses"].items():
             for k, v in m.items():
                 w.add_scalar(f"learner/{pid}/{k}", v, step)
         w.flush()
+
+
+# The record's per-policy (or per-code) tables and their TensorBoard tags: one scalar per entry.
+_KEYED_SCALARS = (("return_mean", "env/return_mean/{k}"), ("return_mean_10", "env/return_mean_10/{k}"),
+                  ("episode_length_mean_10", "env/episode_length_mean_10/{k}"), ("lr", "learner/{k}/lr"),
+                  ("eval_return_mean", "eval/return_mean/{k}"), ("errors", "health/errors/{k}"),
+                  ("refused", "health/refused/{k}"), ("updates", "learner/{k}/updates"),
+                  ("versions", "learner/{k}/version"))
 
 
 def progress_line(rec: dict, queue_max: int) -> str:
