@@ -106,6 +106,9 @@ class Stats:
         self.agent_returns: Dict[str, list] = collections.defaultdict(list)
         self.connected = False
         self.kept: Dict[str, object] = {}   # the body's clients, across its runs (keep_client)
+        # Sections read when the summary is made, whichever way the run ends (a normal end, a signal
+        # while the client waited for a server, an error): a local client's own counts, say.
+        self.reports: Dict[str, Callable[[], dict]] = {}
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_steps = 0
@@ -141,6 +144,8 @@ class Stats:
         if self.agent_returns:
             out["agent_return_mean"] = {a: round(float(np.mean(v)), 4)
                                         for a, v in sorted(self.agent_returns.items())}
+        for key, report in self.reports.items():
+            out[key] = report()
         out.update(extra)
         return out
 

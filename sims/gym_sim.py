@@ -137,17 +137,13 @@ class LocalGymExternalEnv(GymExternalEnv):
     def _make_client(self):
         from simbridge.client.local_client import LocalPolicyClient
         a = self.args
-        return LocalPolicyClient(self.address, self.observation_space, self.action_space,
-                                 update_interval_s=a.update_interval, chunk_steps=a.chunk_steps,
-                                 max_buffered_steps=a.max_buffered_steps, connect_timeout_s=a.connect_timeout,
-                                 client_name=f"{PROG}[{a.env}]local", seed=a.seed,
-                                 security=client_security(a))
-
-    def close(self) -> None:
-        if self._client is not None:
-            client = self._client
-            super().close()  # uploads what is left first
-            self.local_stats = client.stats()
+        client = LocalPolicyClient(self.address, self.observation_space, self.action_space,
+                                   update_interval_s=a.update_interval, chunk_steps=a.chunk_steps,
+                                   max_buffered_steps=a.max_buffered_steps, connect_timeout_s=a.connect_timeout,
+                                   client_name=f"{PROG}[{a.env}]local", seed=a.seed,
+                                   security=client_security(a))
+        self.stats.reports["local"] = client.stats   # in the summary also when a stop cuts the upload short
+        return client
 
 
 def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None:
@@ -379,9 +375,8 @@ def main(argv=None) -> int:
 
     def body(stop: StopFlag, stats: Stats) -> dict:
         if args.slots == 1 and args.inference == "local":
-            sim = LocalGymExternalEnv(envs[0], args, stats, stop)
-            sim.run()
-            return {"env": args.env, "slots": 1, "inference": "local", "local": getattr(sim, "local_stats", {})}
+            LocalGymExternalEnv(envs[0], args, stats, stop).run()
+            return {"env": args.env, "slots": 1, "inference": "local"}
         if args.slots == 1:
             GymExternalEnv(envs[0], args, stats, stop).run()  # run the loop on this thread
         elif protocol == "rows":

@@ -8,6 +8,7 @@ BridgeServer in this process.
   opens it and the simulator goes on with it (it used to close it and open a second).
 """
 import contextlib
+import json
 import logging
 import signal
 import subprocess
@@ -80,11 +81,14 @@ def sim(address: str, *args: str):
         s.close()
 
 
-def _stopped_cleanly(s: Sim, waiting_for: str) -> None:
+def _stopped_cleanly(s: Sim, waiting_for: str) -> dict:
+    """Asserts the stop was clean and said what it waited for; returns the JSON summary."""
     assert s.proc.returncode == 0, "".join(s.err)
     said = "".join(s.err)
     assert f"stopped while {waiting_for}" in said and "(SIGINT)" in said and "Traceback" not in said, said
-    assert '"stopped": ' in s.proc.stdout.read()   # the JSON summary says so too
+    summary = json.loads(s.proc.stdout.read().strip().splitlines()[-1])
+    assert "stopped" in summary, summary   # the JSON summary says so too
+    return summary
 
 
 def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet():
@@ -108,7 +112,13 @@ def test_ctrl_c_while_reconnecting_to_a_stopped_trainer(args):
         s.wait_for("reconnecting")
         time.sleep(1.0)   # into the backoff
         s.interrupt()
-        _stopped_cleanly(s, f"reconnecting to the simbridge trainer at {server.address}")
+        summary = _stopped_cleanly(s, f"reconnecting to the simbridge trainer at {server.address}")
+    if "local" in args:
+        # The local client's own counts are in the summary on a stop too (CI once found them
+        # missing: they were read only on a normal end), and they agree with the server's.
+        uploaded = server.runtime.snapshot()["uploaded_steps"]
+        assert uploaded > 0 and summary["local"]["uploaded_steps"] == uploaded, (summary, uploaded)
+        assert summary["local"]["policy_version"] >= 0
 
 
 @pytest.mark.parametrize("transport", ["stream", "unary", "shm"])
