@@ -80,6 +80,8 @@ class TrainerDaemon:
             self.runtime = server.runtime
             self.runtime.policy_mapping_fn = self.factory.mapping_fn()
             self.runtime.policy_factory = self.factory
+        # Before any policy is built or served: the policies that stack frames (frame_stack.py).
+        self.runtime.frame_stacks = {pid: p.frame_stack for pid, p in cfg.policies.items() if p.frame_stack > 1}
         self.runtime.episode_end_callbacks.append(self._on_episode_end)
         self.journal = None
         self.resume_info: dict = {}
@@ -92,10 +94,10 @@ class TrainerDaemon:
             if pid in self.runtime.policies or spec.observation_space is None:
                 continue
             try:
-                policy = self.factory.build(pid, spec.observation_space, spec.action_space)
+                policy = self.factory.build(pid, spec.policy_observation_space, spec.action_space)
             except (ValueError, TypeError) as e:
                 raise ConfigError(f"[policies.{pid}]: cannot create it for observation "
-                                  f"{spec.observation_space}, action {spec.action_space}: {e}") from None
+                                  f"{spec.policy_observation_space}, action {spec.action_space}: {e}") from None
             self.runtime.add_policy(pid, policy)
         self.resumed_env_steps = state["counters"]["env_steps"] if state else 0
         if rank is None:

@@ -138,6 +138,15 @@ class AgentState:
         self.done = False
         self.info: Any = None
 
+    def move_to(self, spec, table: SlotTable) -> None:
+        """Before its first action: a slot in `table` instead, its rewards so far carried (an agent
+        rewarded before it acted got the simulator's spaces; its policy may see stacked ones)."""
+        old, sl = self.table, self.slot
+        new = table.alloc(int(old.eps_id[sl]), self.index)
+        table.reward_acc[new], table.reward_total[new] = old.reward_acc[sl], old.reward_total[sl]
+        old.free(sl)
+        self.spec, self.table, self.slot = spec, table, new
+
     @property
     def pending(self) -> bool:
         return bool(self.table.pending[self.slot])

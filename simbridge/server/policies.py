@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import gymnasium as gym
 import numpy as np
 
+from simbridge.server.frame_stack import stacker
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import Reason, failed_precondition, invalid_argument
 from simbridge.wire.tree import rows
@@ -143,8 +144,10 @@ class PolicyRegistry(Mapping):
     batcher per call); views that walk the registry (items(), iteration) take a snapshot.
     """
 
-    def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable):
+    def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable,
+                 frame_stack: Callable[[str], int] = lambda policy_id: 1):
         self._factory = factory
+        self.frame_stack = frame_stack       # policy id -> how many frames it stacks (frame_stack.py)
         self._space_key = space_key          # (obs_space, act_space) -> comparable key
         self._make_batcher = make_batcher    # (policy, explore=True) -> DynamicBatcher
         self._entries: Dict[str, _Entry] = {}
@@ -158,9 +161,17 @@ class PolicyRegistry(Mapping):
         with self._lock:
             self._entries = {**self._entries, policy_id: entry}   # readers see old or new, whole
 
+    def spec_for(self, policy_id: str, spec):
+        """The spaces the policy sees for agents of `spec` (a sessions.SpaceSpec): `spec` itself,
+        or its stacked view when the policy stacks frames (frame_stack.py)."""
+        k = self.frame_stack(policy_id)
+        return spec if k <= 1 else stacker(spec, k, policy_id)
+
     def ensure(self, policy_id: str, spec, agent_id: str) -> None:
-        """Create the policy on first use (spec: a sessions.SpaceSpec); refuse agents whose
-        spaces differ from it. The caller must not hold the runtime's lock."""
+        """Create the policy on first use (spec: a sessions.SpaceSpec, as the simulator declared
+        it; the policy gets spec_for's); refuse agents whose spaces differ from it. The caller
+        must not hold the runtime's lock."""
+        spec = self.spec_for(policy_id, spec)
         entry = self._entries.get(policy_id)
         if entry is None:
             with self._lock:
@@ -179,7 +190,8 @@ class PolicyRegistry(Mapping):
             raise invalid_argument(
                 f"agent {agent_id!r} maps to policy {policy_id!r}, whose spaces are "
                 f"observation {p.observation_space}, action {p.action_space}; this session declared "
-                f"observation {spec.obs_space}, action {spec.act_space} for it. To serve it: map its agents to "
+                f"observation {spec.obs_space}, action {spec.act_space} for it"
+                f"{_stacked_note(spec)}. To serve it: map its agents to "
                 f"another policy id, created with these spaces on first use (the trainer's [mapping] rules = "
                 f"[\"{agent_id}=<policy id>\"] beside a [policies.<policy id>] table), or give this simulator a "
                 f"trainer of its own", Reason.SPACE_MISMATCH)
@@ -210,3 +222,8 @@ class PolicyRegistry(Mapping):
 
     def __repr__(self) -> str:
         return f"PolicyRegistry({dict(self.items())!r})"
+
+
+def _stacked_note(spec) -> str:
+    frames = spec.frames
+    return "" if frames is None else f" (its last {frames.k} frames stacked: the policy's frame_stack)"

@@ -19,7 +19,7 @@ from simbridge.wire.errors import (Reason, already_exists, failed_precondition, 
 class Rows:
     """One AgentRows (or RewardRows) resolved against a session."""
     __slots__ = ("eids", "aids", "spec", "n", "obs", "actions", "episodes", "states", "policy_ids",
-                 "unique_episodes")
+                 "unique_episodes", "idx")
 
     def __init__(self, eids, aids, spec, n):
         self.eids, self.aids, self.spec, self.n = eids, aids, spec, n
@@ -28,6 +28,7 @@ class Rows:
         self.states: List[Optional[AgentState]] = []   # None: the agent's first appearance
         self.policy_ids: List[str] = []
         self.unique_episodes = False   # known: no episode appears twice in these rows
+        self.idx = None   # a part of stacked rows (frame_stack.stack_rows): its positions in the whole
 
 
 class _NewPolicy(Exception):

@@ -18,6 +18,7 @@ from simbridge.wire import checks
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tree
 from simbridge.wire.columns import ALL_AGENTS
+from simbridge.server.frame_stack import stack_rows
 from simbridge.server.row_checks import RowChecks, Rows, done_in
 from simbridge.server.sessions import Session
 from simbridge.server.transitions import Transitions
@@ -49,17 +50,22 @@ class RowCalls:
         ctx = self.ctx
         rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
         ended_before = s.episodes_ended
+        with ctx.lock:   # the observations as the policies see them (frame_stack.py)
+            parts = [stack_rows(ctx.policies, r) for r in rows]
+        acting = [p for ps in parts for p in ps]
         # Forward passes, outside the lock, batched across simulators per policy.
         results = []
-        for r in rows:
-            results.append(self._compute(r))
+        for p in acting:
+            results.append(self._compute(p))
         with ctx.lock:
             self.checks.check_still_open(s, rows, plans, ended_before)
             s.settle()   # another thread's call on this session (unary), if any
-            s.pending = functools.partial(self._commit_actions, s, rows, plans, results)
+            s.pending = functools.partial(self._commit_actions, s, rows, acting, plans, results)
         if not defer:
             ctx.settle(s)
         resp = pb.GetActionResponse()
+        if len(acting) > len(rows):   # some AgentRows were split by their policies' frame stacks
+            results = _merged(rows, parts, results)
         for r, (actions, _, versions) in zip(rows, results):
             out = resp.actions.add()
             sb_spaces.fill_value(out.actions, r.spec.act_space, actions)
@@ -67,11 +73,14 @@ class RowCalls:
             out.policy_ids.extend(r.policy_ids)
         return resp
 
-    def _commit_actions(self, s: Session, rows, plans, results) -> None:
-        """Lock held. A validated GetAction's effect: its rewards, then the actions it answered."""
+    def _commit_actions(self, s: Session, rows, acting, plans, results) -> None:
+        """Lock held. A validated GetAction's effect: its rewards, then the actions it answered
+        (acting: the rows as their policies saw them, frame_stack.stack_rows)."""
         self.transitions.apply_returns(s, plans)
+        if len(acting) > len(rows):
+            self.transitions.add_agents(rows)
         stepped = set()
-        for r, (actions, logp, versions) in zip(rows, results):
+        for r, (actions, logp, versions) in zip(acting, results):
             self.transitions.act(r, actions, logp, versions, stepped)
 
     def _resolve_with_returns(self, s: Session, req, what: str):
@@ -122,10 +131,13 @@ class RowCalls:
             sb_spaces.check_contains(r.spec.act_space, r.actions, r.n, what)
         with self.ctx.lock:
             self.checks.check_still_open(s, rows, plans)
+            parts = [p for r in rows for p in _with_actions(r, stack_rows(self.ctx.policies, r))]
             self.transitions.apply_returns(s, plans)
+            if len(parts) > len(rows):
+                self.transitions.add_agents(rows)
             stepped = set()
-            for r in rows:
-                self.transitions.act(r, r.actions, None, [-1] * r.n, stepped)  # version -1: the simulator's own choice
+            for p in parts:
+                self.transitions.act(p, p.actions, None, [-1] * p.n, stepped)  # version -1: the simulator's own choice
             batch = self.ctx.collector.ready()
         self.ctx.deliver(batch)
         return pb.LogActionResponse()
@@ -194,3 +206,30 @@ class RowCalls:
         for ep in list(s.episodes.values()):
             self.transitions.finish_episode(s, ep, {}, truncated=True, reason=reason, drop_pending=True)
         return ended
+
+
+def _with_actions(r: Rows, parts: List[Rows]) -> List[Rows]:
+    """LogAction: each part of r (frame_stack.stack_rows) with its rows' logged actions."""
+    for p in parts:
+        p.actions = r.actions if p.idx is None else tree.take(r.actions, p.idx)
+    return parts
+
+
+def _merged(rows: List[Rows], parts: List[List[Rows]], results: list) -> list:
+    """The results of the parts, back in their AgentRows' row order: (actions, None, versions) per rows."""
+    out, it = [], iter(results)
+    for r, ps in zip(rows, parts):
+        got = [next(it) for _ in ps]
+        if len(ps) == 1 and ps[0].idx is None:
+            out.append(got[0])
+            continue
+        actions = sb_spaces.zeros_like_space(r.spec.act_space, r.n)
+        versions = [0] * r.n
+        for p, (a, _, v) in zip(ps, got):
+            def put(dst, src, ix=p.idx):
+                dst[ix] = src
+            tree.map_structure(put, actions, a)
+            for i, j in enumerate(p.idx.tolist()):
+                versions[j] = v[i]
+        out.append((actions, None, versions))
+    return out

@@ -12,7 +12,7 @@ changing any state.
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import grpc
 import numpy as np
@@ -77,13 +77,17 @@ class BridgeRuntime:
     def __init__(self, config: Optional[BridgeConfig] = None,
                  policy_mapping_fn: Optional[PolicyMappingFn] = None,
                  policy_factory: Optional[PolicyFactory] = None,
-                 experience: Optional[ExperienceQueue] = None):
+                 experience: Optional[ExperienceQueue] = None,
+                 frame_stacks: Optional[Dict[str, int]] = None):
         self.config = c = config or BridgeConfig()
         self.policy_factory = policy_factory or random_policy_factory
+        # Policy id -> the frames it stacks per agent (frame_stack.py; absent: 1). Set before serving.
+        self.frame_stacks: Dict[str, int] = dict(frame_stacks or {})
         # The registry calls the factory through the runtime: it may be replaced after start.
         self.policies = PolicyRegistry(
             lambda pid, obs_space, act_space: self.policy_factory(pid, obs_space, act_space),
-            space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore))
+            space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore),
+            lambda pid: self.frame_stacks.get(pid, 1))
         self.episode_end_callbacks: List[Callable[[dict], None]] = []
         self.ctx = ServerContext(c, self.policies,
                                  policy_mapping_fn or (lambda agent_id, episode: DEFAULT_POLICY),

@@ -53,6 +53,9 @@ class SpaceSpec:
             + EPISODE_OVERHEAD_BYTES
         # The spaces themselves (Box bounds): the wire form, and gymnasium's arrays.
         self.space_bytes = 3 * (len(self.key[0]) + len(self.key[1]))
+        # frame_stack.py: this spec's stacked views by depth k, and, on such a view, its Stacker.
+        self.stacked: Dict[int, "SpaceSpec"] = {}
+        self.frames = None
 
 
 # An open episode's Python objects (Episode, AgentState, dicts) and its id, measured ~1.5 KB.

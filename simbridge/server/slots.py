@@ -64,6 +64,8 @@ class SlotBank:
         probe = Episode(f"{session.session_id}/slots", -1, session.session_id, training)
         self.policy_id = ctx.policy_mapping_fn(SINGLE_AGENT_ID, probe)
         ctx.policies.ensure(self.policy_id, self.spec, SINGLE_AGENT_ID)
+        # The policy's frame stacking (frame_stack.py), or None: prev_obs then holds the stacks.
+        self.frames = ctx.policies.spec_for(self.policy_id, self.spec).frames
         self.eps_index = np.array([ctx.next_eps_id() for _ in range(n)], np.int64)
         self.t = np.zeros(n, np.int64)               # actions taken in the slot's episode
         self.returns = np.zeros(n, np.float64)
@@ -179,6 +181,9 @@ class SlotCalls:
                                        f"final_observations (learners bootstrap from them)")
             else:
                 finals = None   # all terminated: the value of their last observation never matters
+
+        if bank.frames is not None:   # the observations as the policy sees them: stacked per slot
+            obs, finals = _stacked(bank, first, obs, done_idx, finals)
 
         # ---- act first: one forward pass for all slots (shared with other simulators by the
         # batcher). Should the policy fail, nothing has changed and the Step can be sent again.
@@ -331,6 +336,21 @@ class SlotCalls:
         if len(live):
             self._end_slot_episodes(session, bank, live, np.ones(bank.n, bool), reason)
         return len(live)
+
+
+def _stacked(bank: SlotBank, first: bool, obs, done_idx, finals):
+    """A Step's observations and finals onto the slots' last stacks; a slot whose episode starts
+    (the session's first Step, an auto-reset) starts its stack with its first frame."""
+    frames, prev = bank.frames, bank.prev_obs
+    if finals is not None:
+        finals = frames.push(prev[done_idx], finals)
+    if obs is not None:
+        fresh = None
+        if not first:
+            fresh = np.zeros(bank.n, bool)
+            fresh[done_idx] = True
+        obs = frames.next(prev, obs, fresh)
+    return obs, finals
 
 
 def _flags(req: pb.StepRequest, name: str, n: int) -> np.ndarray:

@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 from simbridge.wire import tree
 from simbridge.server.episodes import AgentState, Episode, SlotTable
+from simbridge.server.frame_stack import stack_final
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, ALL_AGENTS, EPS_ID, NEW_OBS, OBS,
                                     POLICY_VERSION, REWARDS, T, TERMINATEDS, TRUNCATEDS)
 from simbridge.server.row_checks import Rows
@@ -44,6 +45,15 @@ class Transitions:
             ep.client, ep.charged = s.client, charge
         s.client.state_bytes += charge * len(ids)
 
+    def add_agents(self, rows: List[Rows]) -> None:
+        """The rows' agents not seen before in their episodes, in row order: rows split by their
+        policies' frame stacks then act part by part, and agent_index stays the order of first
+        mention (act moves each to its part's slot table)."""
+        for r in rows:
+            for ep, aid in zip(r.episodes, r.aids):
+                if aid not in ep.agents:
+                    ep.add_agent(aid, r.spec, self._table(r.spec))
+
     def act(self, r: Rows, actions, logp, versions, stepped: set) -> None:
         """Record observation + action per row; completes each agent's previous transition.
 
@@ -59,6 +69,8 @@ class Transitions:
                     ep = r.episodes[i]
                     st = sts[i] = ep.agents.get(r.aids[i]) or ep.add_agent(r.aids[i], r.spec, table)
                 if st.policy_id is None:
+                    if st.table is not table:   # rewarded before it acted; its policy stacks frames
+                        st.move_to(r.spec, table)
                     st.policy_id = r.policy_ids[i]
         slots = np.fromiter([st.slot for st in sts], np.int64, n)
         pend = table.pending[slots]
@@ -162,7 +174,8 @@ class Transitions:
                     st.info = json_format.MessageToDict(m.infos[j])
                 if term[j] or trunc[j]:
                     if st.pending:
-                        new_obs = tree.take(final, j) if final is not None else st.table.row(st.slot, "obs")
+                        new_obs = (stack_final(st, tree.take(final, j)) if final is not None
+                                   else st.table.row(st.slot, "obs"))
                         self._emit(ep, st, new_obs, terminated=bool(term[j]), truncated=not term[j])
                     st.done = True
         for ep, truncated in ending.values():
@@ -177,8 +190,7 @@ class Transitions:
                     st.table.pending[st.slot] = False  # its outcome was never observed
                 else:
                     final = finals.get(aid)
-                    if final is None:
-                        final = st.table.row(st.slot, "obs")
+                    final = st.table.row(st.slot, "obs") if final is None else stack_final(st, final)
                     self._emit(ep, st, final, terminated=not truncated, truncated=truncated)
             st.done = True
         del s.episodes[ep.episode_id]

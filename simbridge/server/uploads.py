@@ -117,6 +117,14 @@ class UploadCalls:
                     probe = Episode(f"{session.session_id}/local", -1, session.session_id, True)
                     pid = self.ctx.policy_mapping_fn(SINGLE_AGENT_ID, probe)
                     self.ctx.policies.ensure(pid, session.default, SINGLE_AGENT_ID)
+                    k = self.ctx.policies.frame_stack(pid)
+                    if k > 1:   # refused on every call: nothing is bound
+                        raise failed_precondition(
+                            f"policy {pid!r} stacks each agent's last {k} frames on the trainer "
+                            f"(frame_stack = {k} in its [policies.{pid}] table), which a client acting "
+                            f"locally does not do: use remote inference for it (PolicyClient, SlotClient; "
+                            f"simbridge-sim without --inference local), or stack the frames in the "
+                            f"simulator and set frame_stack = 1", Reason.POLICY_NOT_PORTABLE)
                     st.policy_id = pid
         return st.policy_id
 

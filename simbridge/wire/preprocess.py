@@ -8,6 +8,12 @@ import gymnasium as gym
 import numpy as np
 
 
+def image_layout(shape) -> str:
+    """"chw" or "hwc" for a rank-3 shape: the channels are the smaller of the first and last sides
+    (CHW when equal). The trainer's encoders read images by it, the bridge stacks frames by it."""
+    return "chw" if shape[0] <= shape[2] else "hwc"
+
+
 def flat_dim(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))

@@ -32,6 +32,8 @@
     [policies.default_policy]
     algorithm = "dqn"                  # "dqn", "sac", "random" or "package.module:Class"
     config = { learning_starts = 500 } # overrides of the learner's defaults
+    frame_stack = 1                    # the policy sees each agent's last k observations as one
+                                       # (cameras sending one frame per step: 4; docs/trainer.md)
     # observation_space = { type = "Box", low = -1.0, high = 1.0, shape = [4] }
     # action_space = { type = "Discrete", n = 2 }
 
@@ -69,6 +71,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 
+from simbridge.server.frame_stack import MAX_FRAME_STACK, Stacker, stack_problem
 from simbridge.server.mapping import DEFAULT_POLICY, parse_rules
 from simbridge.trainer.config.algorithms import ALGORITHMS, RANDOM, is_import_path, known_algorithms
 # Re-exported: `from simbridge.trainer.config.trainer_config import resolve_algorithm` (scripts, tests) goes on working.
@@ -90,10 +93,17 @@ class PolicySpec:
     observation_space: Optional[gym.Space] = None
     action_space: Optional[gym.Space] = None
     config: Dict[str, Any] = field(default_factory=dict)
+    frame_stack: int = 1   # the last k observations of each agent, stacked (simbridge/server/frame_stack.py)
 
     @property
     def is_random(self) -> bool:
         return self.algorithm == RANDOM
+
+    @property
+    def policy_observation_space(self) -> Optional[gym.Space]:
+        """The declared observation space as the policy sees it: stacked frame_stack deep."""
+        obs = self.observation_space
+        return obs if obs is None or self.frame_stack <= 1 else Stacker(obs, self.frame_stack).space
 
 
 @dataclass
@@ -196,7 +206,7 @@ def parse_config(text: str, source: str = "<config>", overrides: Sequence[Overri
 def _policy(pid: str, raw, where: str) -> PolicySpec:
     what = f"{where}: [policies.{pid}]"
     require_type(raw, dict, what)
-    check_table_keys(raw, {"algorithm", "observation_space", "action_space", "config"}, what)
+    check_table_keys(raw, {"algorithm", "observation_space", "action_space", "config", "frame_stack"}, what)
     if "algorithm" not in raw:
         raise ConfigError(f"{what}: no algorithm: add algorithm = one of {known_algorithms()} "
                           f"or \"package.module:Class\"")
@@ -212,7 +222,18 @@ def _policy(pid: str, raw, where: str) -> PolicySpec:
     if (obs is None) != (act is None):
         raise ConfigError(f"{what}: declare both observation_space and action_space, or neither "
                           f"(then the first simulator's handshake provides them)")
-    return PolicySpec(pid, algo, obs, act, cfg)
+    k = _frame_stack(raw.get("frame_stack", 1), what)
+    if obs is not None and k > 1 and stack_problem(obs, k):
+        raise ConfigError(f"{what} frame_stack = {k}: {stack_problem(obs, k)}")
+    return PolicySpec(pid, algo, obs, act, cfg, k)
+
+
+def _frame_stack(k, what: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_FRAME_STACK:
+        raise ConfigError(f"{what} frame_stack = {k!r}: give a whole number from 1 (no stacking) to "
+                          f"{MAX_FRAME_STACK}, how many of each agent's last observations the policy sees "
+                          f"as one, e.g. frame_stack = 4")
+    return k
 
 
 def _mapping(raw, policies: Dict[str, PolicySpec], where: str) -> MappingSection:

@@ -15,6 +15,8 @@ def config_tables(cfg) -> Dict[str, Dict[str, Any]]:
         t: Dict[str, Any] = {"algorithm": spec.algorithm}
         if spec.config:
             t["config"] = dict(spec.config)
+        if spec.frame_stack != 1:
+            t["frame_stack"] = spec.frame_stack
         if spec.observation_space is not None:
             t["observation_space"] = space_table(spec.observation_space)
             t["action_space"] = space_table(spec.action_space)

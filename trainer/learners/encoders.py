@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge.wire.preprocess import flat_dim, flatten
+from simbridge.wire.preprocess import flat_dim, flatten, image_layout
 
 log = logging.getLogger("simbridge.trainer")
 
@@ -51,11 +51,6 @@ VIS_ENCODE_TYPE = Literal[VIS_ENCODE_TYPES]   # the config key's type (checked w
 
 def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
-
-
-def image_layout(shape) -> str:
-    """"chw" or "hwc" for a rank-3 shape: the channels are the smaller of the first and last sides."""
-    return "chw" if shape[0] <= shape[2] else "hwc"
 
 
 def chw(shape) -> Tuple[int, int, int]:

@@ -143,10 +143,10 @@ class Checkpoints:
                                   f"start a new run with another --logdir")
             obs, act = space_from_bytes(entry["observation_space"]), space_from_bytes(entry["action_space"])
             if spec.observation_space is not None and (
-                    space_bytes(spec.observation_space) != entry["observation_space"]
+                    space_bytes(spec.policy_observation_space) != entry["observation_space"]
                     or space_bytes(spec.action_space) != entry["action_space"]):
-                raise ConfigError(f"[policies.{pid}] declares observation {spec.observation_space}, action "
-                                  f"{spec.action_space}; the checkpoint's has observation {obs}, action {act}")
+                raise ConfigError(f"[policies.{pid}] declares observation {spec.policy_observation_space}, "
+                                  f"action {spec.action_space}; the checkpoint's has observation {obs}, action {act}")
             policy = build(pid, obs, act)
             if entry.get("state") is not None:
                 try:
