@@ -1,12 +1,15 @@
 """DQN on an Atari game from pixels, through the bridge: the trainer daemon and an ale-py simulator process.
 
-    python bench/pixels.py [--game Pong] [--env-steps 20000] [--seed 0] [--set KEY=VALUE ...] [--out FILE]
+    python bench/pixels.py [--game Pong] [--env-steps 20000] [--seed 0] [--stack-in simulator|trainer]
+                           [--set KEY=VALUE ...] [--out FILE]
 
 Needs ale-py (`pip install ale-py`, or the `atari` extra: it ships the ROMs). The simulator is
 simbridge-sim's loop (sims/gym_sim.py) on `<Game>NoFrameskip-v4` preprocessed as CleanRL's
 dqn_atari.py does, with gymnasium's wrappers: up to 30 no-op starts, frame skip 4 (max over the
 last two frames), 84x84 grayscale, 4 frames stacked in the simulator, so the trainer receives
-uint8 (4, 84, 84) observations (CHW: "auto" takes nature_cnn). Not copied: CleanRL's episodic life
+uint8 (4, 84, 84) observations (CHW: "auto" takes nature_cnn). `--stack-in trainer` sends single
+frames, uint8 (84, 84, 1), and the trainer stacks them (the policy's `frame_stack = 4`): the network
+reads (84, 84, 4), the same four frames in HWC. Not copied: CleanRL's episodic life
 and FIRE reset wrappers, and reward clipping (Pong's rewards are +-1 already, so its returns are
 the game's score either way).
 
@@ -44,19 +47,21 @@ from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_fo
 from simbridge.trainer.run.rundir import METRICS  # noqa: E402
 
 ENV_ID = "simbridge/AtariPixels-v0"
+FRAMES = 4   # stacked, in the simulator or by the trainer (--stack-in)
 REFERENCE = {"source": "huggingface.co/cleanrl/PongNoFrameskip-v4-dqn_atari-seed1 (CleanRL dqn_atari.py)",
              "env": "PongNoFrameskip-v4", "env_steps": 10_000_000, "mean_return": 17.8, "std": 1.83}
 
 
-def make_env(game: str = "Pong"):
-    """<game>NoFrameskip-v4 with CleanRL's observation preprocessing (see the module's docstring)."""
+def make_env(game: str = "Pong", stack: bool = True):
+    """<game>NoFrameskip-v4 with CleanRL's observation preprocessing (see the module's docstring);
+    stack=False: single frames (84, 84, 1), for the trainer to stack."""
     import ale_py
     import gymnasium as gym
     gym.register_envs(ale_py)
     env = gym.make(f"{game}NoFrameskip-v4")
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
-                                          terminal_on_life_loss=False, scale_obs=False)
-    return gym.wrappers.FrameStackObservation(env, 4)
+                                          grayscale_newaxis=not stack, terminal_on_life_loss=False, scale_obs=False)
+    return gym.wrappers.FrameStackObservation(env, FRAMES) if stack else env
 
 
 def learner_config(env_steps: int, seed: int, overrides: dict) -> dict:
@@ -73,9 +78,10 @@ def simulator(argv: List[str]) -> int:
     from simbridge.sims import gym_sim
     p = argparse.ArgumentParser()
     p.add_argument("--game", default="Pong")
+    p.add_argument("--stack-in", default="simulator")
     args, rest = p.parse_known_args(argv)
     gym.registry.pop(ENV_ID, None)
-    gym.register(ENV_ID, entry_point=make_env, kwargs={"game": args.game})
+    gym.register(ENV_ID, entry_point=make_env, kwargs={"game": args.game, "stack": args.stack_in == "simulator"})
     return gym_sim.main(["--env", ENV_ID, *rest])
 
 
@@ -88,7 +94,8 @@ def run(args) -> dict:
         f"max_policy_memory_mb = {args.max_memory_mb}",
         "[run]", f'logdir = "{logdir}"', f"total_env_steps = {args.env_steps}", f"seed = {args.seed}",
         "checkpoint_every_env_steps = 100000000", "print_every_s = 5",
-        "[policies.default_policy]", 'algorithm = "dqn"', f"config = {toml_value(cfg)}"]) + "\n")
+        "[policies.default_policy]", 'algorithm = "dqn"', f"config = {toml_value(cfg)}",
+        f"frame_stack = {FRAMES if args.stack_in == 'trainer' else 1}"]) + "\n")
     env = child_env()
     log = open(tmp / "processes.log", "w")
     procs: List[subprocess.Popen] = []
@@ -97,7 +104,7 @@ def run(args) -> dict:
                                        str(tmp / "config.toml")], env=env, cwd=str(ROOT), stdout=log, stderr=log))
         wait_for_health(address, timeout=120)
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--simulator", "--game", args.game,
-                                       "--address", address, "--quiet", "--seed", str(args.seed)],
+                                       "--stack-in", args.stack_in, "--address", address, "--quiet", "--seed", str(args.seed)],
                                       env=env, cwd=str(ROOT), stdout=log, stderr=log))
         deadline = time.monotonic() + args.timeout_s
         while time.monotonic() < deadline and procs[0].poll() is None and procs[1].poll() is None:
@@ -118,6 +125,7 @@ def run(args) -> dict:
                           "wall_s": round(r["wall_s"] - start, 1)})
     last = recs[-1]
     return {"bench": "pixels", "game": f"{args.game}NoFrameskip-v4", "algorithm": "dqn", "config": cfg,
+            "stack_in": args.stack_in,
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs", "env_steps": last["env_steps"],
             "episodes": last.get("episodes"), "updates": last.get("updates", {}).get("default_policy"),
             "final_return_mean_10": last.get("return_mean_10", {}).get("default_policy"),
@@ -134,6 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--game", default="Pong", help="an Atari game of ale-py (default: %(default)s)")
     p.add_argument("--env-steps", type=int, default=20_000, help="env steps (agent steps after frame skip)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stack-in", choices=("simulator", "trainer"), default="simulator",
+                   help="who stacks the 4 frames: the simulator (gymnasium's FrameStackObservation) or the "
+                        "trainer (the policy's frame_stack = 4) (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a learner config key, value as in TOML")
     p.add_argument("--max-memory-mb", type=int, default=8192, help="[server] max_policy_memory_mb")
     p.add_argument("--timeout-s", type=float, default=3600.0)
