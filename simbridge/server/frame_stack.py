@@ -5,11 +5,12 @@ direction, a paddle's speed) only if something stacks frames. `frame_stack = k` 
 table of the trainer config does it here, per policy, as gymnasium's FrameStackObservation or
 Stable-Baselines3's VecFrameStack do inside an env:
 
-* The policy's observation space is the stacked space (`stacked_space`): an image Box (rank 3)
+* The policy's observation space is the stacked space (`Stacker.space`): an image Box (rank 3)
   holds k times the frame's channels on its channel axis (CHW: the first, HWC: the last; read by
   the rule the trainer's encoders read images by, `wire.preprocess.image_layout`), oldest frame
   first; a flat vector Box (rank 1) is the k frames concatenated, oldest first. The dtype and the
-  bounds are the frame's (uint8 stays uint8). Any other space is refused.
+  bounds are the frame's (uint8 stays uint8). Any other space is refused, and so is a stack that
+  would change how the encoders read the image's layout (`stack_problem` names the fix).
 * Per (episode, agent) the stack is the observation the agent last acted on (the rows' slot
   table, a batched simulator's previous Step): its next frame drops the oldest and goes last, so
   frames of different agents, episodes and slots never mix and nothing else is kept.
@@ -23,8 +24,11 @@ observations, and thus obs/new_obs of every SampleBatch (replay, datasets and PP
 what the network saw). A client acting locally (GetPolicy, UploadExperience) keeps no stack on
 the bridge and is refused (uploads.py): it uses remote inference for such a policy.
 
-`stacker(spec, k)` is the one implementation every intake path uses (row_checks/rows.py for the
-row calls, transitions.py for finals, slots.py for Step); it is kept on the frame's SpaceSpec.
+One `Stacker` per (frame spaces, k) does the stacking for every intake path: `stack_rows` for the
+row calls' observations (rows.py), `stack_final` for their final observations (transitions.py), and
+the slot bank's own Stacker for Step (slots.py). `stacker(spec, k)` makes it once and keeps it on
+the simulator's SpaceSpec, with the stacked SpaceSpec the policy is created and compared with
+(PolicyRegistry.spec_for).
 """
 from typing import Optional
 
@@ -49,9 +53,10 @@ def stack_problem(space: gym.Space, k: int) -> Optional[str]:
         layout = image_layout(space.shape)
         shape = _stacked_shape(space.shape, layout, k)
         if image_layout(shape) != layout:
+            misread = "HWC" if layout == "chw" else "CHW"
             return (f"frame_stack = {k} turns {layout.upper()} frames {tuple(space.shape)} into "
-                    f"{shape}, which the encoders would read as {'HWC' if layout == 'chw' else 'CHW'} (the channels "
-                    f"are the smaller of the first and last sides): lower frame_stack")
+                    f"{shape}, which the encoders would read as {misread} (the channels are the "
+                    f"smaller of the first and last sides): lower frame_stack")
     return None
 
 

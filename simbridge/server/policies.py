@@ -144,10 +144,11 @@ class PolicyRegistry(Mapping):
     batcher per call); views that walk the registry (items(), iteration) take a snapshot.
     """
 
-    def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable,
-                 frame_stack: Callable[[str], int] = lambda policy_id: 1):
+    def __init__(self, factory: Callable, space_key: Callable, make_batcher: Callable):
         self._factory = factory
-        self.frame_stack = frame_stack       # policy id -> how many frames it stacks (frame_stack.py)
+        # Policy id -> how many frames it stacks per agent (frame_stack.py; absent: 1). Set before
+        # serving (BridgeRuntime.frame_stacks); empty, the row calls skip stacking altogether.
+        self.frame_stacks: Dict[str, int] = {}
         self._space_key = space_key          # (obs_space, act_space) -> comparable key
         self._make_batcher = make_batcher    # (policy, explore=True) -> DynamicBatcher
         self._entries: Dict[str, _Entry] = {}
@@ -160,6 +161,9 @@ class PolicyRegistry(Mapping):
                        self._make_batcher(policy), self._make_batcher(policy, explore=False))
         with self._lock:
             self._entries = {**self._entries, policy_id: entry}   # readers see old or new, whole
+
+    def frame_stack(self, policy_id: str) -> int:
+        return self.frame_stacks.get(policy_id, 1)
 
     def spec_for(self, policy_id: str, spec):
         """The spaces the policy sees for agents of `spec` (a sessions.SpaceSpec): `spec` itself,

@@ -50,9 +50,11 @@ class RowCalls:
         ctx = self.ctx
         rows, plans = self._resolve_with_returns(s, req, "GetAction rows")
         ended_before = s.episodes_ended
-        with ctx.lock:   # the observations as the policies see them (frame_stack.py)
-            parts = [stack_rows(ctx.policies, r) for r in rows]
-        acting = [p for ps in parts for p in ps]
+        acting = parts = rows
+        if ctx.policies.frame_stacks:   # the observations as the policies see them (frame_stack.py)
+            with ctx.lock:
+                parts = [stack_rows(ctx.policies, r) for r in rows]
+            acting = [p for ps in parts for p in ps]
         # Forward passes, outside the lock, batched across simulators per policy.
         results = []
         for p in acting:
@@ -131,7 +133,9 @@ class RowCalls:
             sb_spaces.check_contains(r.spec.act_space, r.actions, r.n, what)
         with self.ctx.lock:
             self.checks.check_still_open(s, rows, plans)
-            parts = [p for r in rows for p in _with_actions(r, stack_rows(self.ctx.policies, r))]
+            parts = rows
+            if self.ctx.policies.frame_stacks:   # as in get_action
+                parts = [p for r in rows for p in _with_actions(r, stack_rows(self.ctx.policies, r))]
             self.transitions.apply_returns(s, plans)
             if len(parts) > len(rows):
                 self.transitions.add_agents(rows)

@@ -81,13 +81,11 @@ class BridgeRuntime:
                  frame_stacks: Optional[Dict[str, int]] = None):
         self.config = c = config or BridgeConfig()
         self.policy_factory = policy_factory or random_policy_factory
-        # Policy id -> the frames it stacks per agent (frame_stack.py; absent: 1). Set before serving.
-        self.frame_stacks: Dict[str, int] = dict(frame_stacks or {})
         # The registry calls the factory through the runtime: it may be replaced after start.
         self.policies = PolicyRegistry(
             lambda pid, obs_space, act_space: self.policy_factory(pid, obs_space, act_space),
-            space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore),
-            lambda pid: self.frame_stacks.get(pid, 1))
+            space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore))
+        self.frame_stacks = frame_stacks or {}
         self.episode_end_callbacks: List[Callable[[dict], None]] = []
         self.ctx = ServerContext(c, self.policies,
                                  policy_mapping_fn or (lambda agent_id, episode: DEFAULT_POLICY),
@@ -114,6 +112,15 @@ class BridgeRuntime:
             "upload_experience": self.uploads.upload_experience,
             "close_session": lambda s, req, defer: self.close_session(s, req),
         }
+
+    @property
+    def frame_stacks(self) -> Dict[str, int]:
+        """Policy id -> the frames it stacks per agent (frame_stack.py; absent: 1). Set before serving."""
+        return self.policies.frame_stacks
+
+    @frame_stacks.setter
+    def frame_stacks(self, stacks: Dict[str, int]) -> None:
+        self.policies.frame_stacks = {pid: int(k) for pid, k in stacks.items() if k != 1}
 
     @property
     def policy_mapping_fn(self) -> PolicyMappingFn:

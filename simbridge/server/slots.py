@@ -64,7 +64,8 @@ class SlotBank:
         probe = Episode(f"{session.session_id}/slots", -1, session.session_id, training)
         self.policy_id = ctx.policy_mapping_fn(SINGLE_AGENT_ID, probe)
         ctx.policies.ensure(self.policy_id, self.spec, SINGLE_AGENT_ID)
-        # The policy's frame stacking (frame_stack.py), or None: prev_obs then holds the stacks.
+        # The policy's frame stacking (frame_stack.py; None: it stacks nothing); with it, prev_obs
+        # holds the slots' stacks.
         self.frames = ctx.policies.spec_for(self.policy_id, self.spec).frames
         self.eps_index = np.array([ctx.next_eps_id() for _ in range(n)], np.int64)
         self.t = np.zeros(n, np.int64)               # actions taken in the slot's episode

@@ -5,6 +5,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from simbridge.client.local_client import LocalPolicyClient
 from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.frame_stack import Stacker, stack_problem
@@ -227,3 +228,6 @@ def test_local_inference_is_refused_for_a_stacking_policy(make_server):
         assert err.code == grpc.StatusCode.FAILED_PRECONDITION and err.reason == Reason.POLICY_NOT_PORTABLE
         assert "frame_stack = 2" in err.message and "remote inference" in err.message
     raw.close()
+    with pytest.raises(BridgeError) as info:   # the SDK's local client: at once, with the same words
+        LocalPolicyClient(srv.address, VEC, ACT)
+    assert info.value.reason == Reason.POLICY_NOT_PORTABLE and "remote inference" in info.value.message
