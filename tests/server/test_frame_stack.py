@@ -163,6 +163,9 @@ def test_multi_agent_stacks_per_agent_and_per_policy(make_server):
     c.log_returns(e, {"a1": 1.0}, truncated_dict={"a1": True}, final_observation_dict={"a1": vec(12)})
     c.get_action(e, {"a0": vec(3), "b0": vec(102), "a2": vec(51)})
     c.end_episode(e, {"a0": vec(4), "b0": vec(103), "a2": vec(52)}, truncated=True)
+    logged = c.start_episode()   # LogAction's rows are split the same way, each with its own action
+    c.log_action(logged, {"a0": vec(7), "b0": vec(107)}, {"a0": 2, "b0": 0})
+    c.end_episode(logged, {"a0": vec(8), "b0": vec(108)}, truncated=True)
     c.flush()
     b = collected(srv).policy_batches
     stacked = by_episode(b["stacked"])
@@ -170,10 +173,14 @@ def test_multi_agent_stacks_per_agent_and_per_policy(make_server):
     assert stacked[(eid, 0)] == [([1, 1], [1, 2]), ([1, 2], [2, 3]), ([2, 3], [3, 4])]          # a0
     assert stacked[(eid, 2)] == [([10, 10], [10, 11]), ([10, 11], [11, 12])]                  # a1
     assert stacked[(eid, 3)] == [([50, 50], [50, 51]), ([50, 51], [51, 52])]                  # a2
+    logged_id = max(k[0] for k in stacked)
+    assert stacked[(logged_id, 0)] == [([7, 7], [7, 8])]
+    assert b["stacked"]["actions"][b["stacked"]["eps_id"] == logged_id].tolist() == [2]
     plain = b["plain"]
     assert plain["obs"].shape[1:] == (2,) and set(plain["agent_index"]) == {1}   # order of first mention
-    assert plain["obs"][:, 0].tolist() == [100, 101, 102] and plain["new_obs"][:, 0].tolist() == [101, 102, 103]
-    summary = rt.metrics.recent[-1]
+    assert plain["obs"][:, 0].tolist() == [100, 101, 102, 107] and plain["new_obs"][:, 0].tolist() == [101, 102, 103, 108]
+    assert plain["actions"].tolist() == [2, 2, 2, 0]
+    summary = next(x for x in rt.metrics.recent if x["episode_id"] == e)
     assert summary["agent_rewards"]["a2"] == 5.0   # its reward before acting still counts in the totals
     c.close()
 
