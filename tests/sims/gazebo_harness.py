@@ -224,17 +224,19 @@ class World:
             self._out.close()
 
 
-def configure_and_build(prefix: Path, build: Path, timeout: float = 900.0) -> dict:
+def configure_and_build(prefix: Path, build: Path, timeout: float = 900.0, sdk: Optional[Path] = None) -> dict:
     """Configure sims/gazebo against `prefix` with the plugin required and warnings as errors, then
     build. The plugin's and the layer's objects are removed first, so their files are compiled (and any
-    warning shows) on every call; the SDK (sims/cpp) is built once per build folder."""
+    warning shows) on every call. The SDK: the installed simbridge_client package at `sdk` (the test
+    run's one build, as an engine would link it), else sims/cpp built once per build folder."""
     build.mkdir(parents=True, exist_ok=True)
     for target in ("simbridge-gz-system.dir", "simbridge_gz_logic.dir"):
         shutil.rmtree(build / "CMakeFiles" / target, ignore_errors=True)
     for so in build.glob("libsimbridge-gz-system*"):
         so.unlink()
     configure = subprocess.run(
-        ["cmake", "-S", str(SOURCE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix}",
+        ["cmake", "-S", str(SOURCE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={prefix}" + (f";{sdk}" if sdk else ""), f"-DSIMBRIDGE_GZ_SDK_FROM_SOURCE={'OFF' if sdk else 'ON'}",
          "-DSIMBRIDGE_GZ_REQUIRE_PLUGIN=ON", "-DSIMBRIDGE_GZ_WERROR=ON"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     result = {"configure": configure.stdout + configure.stderr, "configure_rc": configure.returncode}

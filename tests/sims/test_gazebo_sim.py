@@ -46,9 +46,10 @@ def prefix():
 
 
 @pytest.fixture(scope="module")
-def plugin(prefix):
-    """Built once per run into build/gazebo-gz, the plugin's and the layer's sources compiled afresh."""
-    result = configure_and_build(prefix, ROOT / "build" / "gazebo-gz")
+def plugin(prefix, cpp_install):
+    """Built once per run into build/gazebo-gz, the plugin's and the layer's sources compiled afresh,
+    linked with the installed SDK of the run's one C++ build (not a second build of it)."""
+    result = configure_and_build(prefix, ROOT / "build" / "gazebo-gz", sdk=cpp_install)
     assert result["configure_rc"] == 0, result["configure"][-6000:]
     assert result["build_rc"] == 0, result["build"][-6000:]
     assert result["plugin"] is not None, result["build"][-3000:]
