@@ -1,3 +1,4 @@
+import fcntl
 import itertools
 import os
 import shutil
@@ -27,6 +28,36 @@ NETS = ("tcp", "uds")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "nets(*names): the transports a `net` test runs on (default tcp, uds)")
+    if os.environ.get("SIMBRIDGE_TEST_CPU"):
+        config.pluginmanager.register(_CpuLog(os.environ["SIMBRIDGE_TEST_CPU"]), "simbridge-cpu-log")
+
+
+# `make test` runs the suite on pytest-xdist workers (-n 3 --dist loadgroup: a 2-core machine's tests
+# wait on processes and timers about half their time). Two tables steer that and change no result:
+# - ONE_WORKER: files whose module fixtures build into one shared folder (a second worker would build
+#   over the first's) or are whole runs of their own, worth doing once: their tests stay together.
+# - SLOW_FIRST: learning runs and builds, handed out first so that no worker ends the run on a
+#   2-minute solve while the others idle. Serial runs keep this order too.
+ONE_WORKER = ("sims/test_gazebo_sim.py", "sims/test_gazebo_layer.py", "sims/test_unity_mapping.py",
+              "sims/test_cpp_package.py", "sims/test_mujoco_physics.py", "server/test_fuzz.py")
+SLOW_FIRST = ("sims/test_gazebo_sim.py", "trainer/test_distributed.py", "e2e/", "trainer/test_distributed_datasets.py",
+              "trainer/test_datasets.py", "trainer/test_learner_process.py", "trainer/test_user_errors.py",
+              "trainer/test_trainer_daemon.py", "sims/test_unity_", "trainer/test_resume_kill.py")
+
+
+def _tests_path(item) -> str:
+    return os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).replace(os.sep, "/")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _tests_path(item) in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(_tests_path(item)))
+
+    def rank(item) -> int:
+        path = _tests_path(item)
+        return next((i for i, p in enumerate(SLOW_FIRST) if path.startswith(p)), len(SLOW_FIRST))
+    items.sort(key=rank)   # stable: collection order within a rank
 
 
 def pytest_generate_tests(metafunc):
@@ -117,16 +148,21 @@ def _build_cpp_once():
     if _cpp_built or _missing_cpp_tools():
         return
     _cpp_built["error"] = None
-    for step, timeout in ((["-S", CPP_SOURCE, "-B", CPP_BUILD, "-DCMAKE_BUILD_TYPE=Release"], 300),
-                          (["--build", CPP_BUILD, "-j2"], 900)):
-        try:
-            out = subprocess.run(["cmake", *step], capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _cpp_built["error"] = f"cmake {' '.join(step)} ran past {timeout} s"
-            return
-        if out.returncode != 0:
-            _cpp_built["error"] = out.stdout[-4000:] + out.stderr[-4000:]
-            return
+    os.makedirs(CPP_BUILD, exist_ok=True)
+    # pytest-xdist's workers share build/cpp: one builds while the others wait, then finds it built
+    # (its own cmake run is then an up-to-date check of seconds).
+    with open(os.path.join(CPP_BUILD, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for step, timeout in ((["-S", CPP_SOURCE, "-B", CPP_BUILD, "-DCMAKE_BUILD_TYPE=Release"], 300),
+                              (["--build", CPP_BUILD, "-j2"], 900)):
+            try:
+                out = subprocess.run(["cmake", *step], capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _cpp_built["error"] = f"cmake {' '.join(step)} ran past {timeout} s"
+                return
+            if out.returncode != 0:
+                _cpp_built["error"] = out.stdout[-4000:] + out.stderr[-4000:]
+                return
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -136,6 +172,29 @@ def pytest_runtest_protocol(item, nextitem):
     if "cpp_build" in getattr(item, "fixturenames", ()):
         _build_cpp_once()
     yield
+
+
+# SIMBRIDGE_TEST_CPU=FILE: one JSON line per test with its wall time and the CPU seconds it cost,
+# this process's and its reaped children's (trainers, simulators, compilers), setup to teardown.
+# Wall time alone hides whether a slow test computes or waits: that decides how to make it cheaper.
+class _CpuLog:
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def _cpu_s() -> float:
+        import resource
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        import json
+        t0, c0 = time.monotonic(), self._cpu_s()
+        yield
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 3),
+                                "cpu_s": round(self._cpu_s() - c0, 3)}) + "\n")
 
 
 @pytest.fixture(scope="session")
