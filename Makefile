@@ -39,11 +39,11 @@ cpp-deps:
 	fi
 
 # The suite on TEST_WORKERS pytest-xdist workers: its tests wait on real processes and timers about half
-# their time, so 3 workers fill 2 cores (tests/conftest.py keeps what shares a build on one worker).
+# their time, so 3 workers fill 2 cores. A test file is one worker's (tests/conftest.py says why).
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 3
 test: $(STAMP) cpp-deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py

@@ -32,30 +32,20 @@ def pytest_configure(config):
         config.pluginmanager.register(_CpuLog(os.environ["SIMBRIDGE_TEST_CPU"]), "simbridge-cpu-log")
 
 
-# `make test` runs the suite on pytest-xdist workers (-n 3 --dist loadgroup: a 2-core machine's tests
-# wait on processes and timers about half their time). Two tables steer that and change no result:
-# - ONE_WORKER: files whose module fixtures build into one shared folder (a second worker would build
-#   over the first's) or are whole runs of their own, worth doing once: their tests stay together.
-# - SLOW_FIRST: learning runs and builds, handed out first so that no worker ends the run on a
-#   2-minute solve while the others idle. Serial runs keep this order too.
-ONE_WORKER = ("sims/test_gazebo_sim.py", "sims/test_gazebo_layer.py", "sims/test_unity_mapping.py",
-              "sims/test_cpp_package.py", "sims/test_mujoco_physics.py", "server/test_fuzz.py")
+# `make test` runs the suite on pytest-xdist workers (-n 3 --dist loadfile: a 2-core machine's tests
+# wait on processes and timers about half their time). A file is one worker's: module fixtures that
+# build into a shared folder (build/gazebo-gz) or are whole runs (a connector run, a fuzzed server)
+# happen once. SLOW_FIRST: files of learning runs and builds are handed out first, so that no worker
+# ends the run on a 2-minute solve while the others idle (serial runs keep this order too; no result
+# depends on it).
 SLOW_FIRST = ("sims/test_gazebo_sim.py", "trainer/test_distributed.py", "e2e/", "trainer/test_distributed_datasets.py",
               "trainer/test_datasets.py", "trainer/test_learner_process.py", "trainer/test_user_errors.py",
               "trainer/test_trainer_daemon.py", "sims/test_unity_", "trainer/test_resume_kill.py")
 
 
-def _tests_path(item) -> str:
-    return os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).replace(os.sep, "/")
-
-
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _tests_path(item) in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(_tests_path(item)))
-
     def rank(item) -> int:
-        path = _tests_path(item)
+        path = os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).replace(os.sep, "/")
         return next((i for i, p in enumerate(SLOW_FIRST) if path.startswith(p)), len(SLOW_FIRST))
     items.sort(key=rank)   # stable: collection order within a rank
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from simbridge.extras import EXTRAS
+from simbridge.trainer.run.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +59,8 @@ def _assert_names_the_fix(out, module, extra="trainer"):
 
 @pytest.mark.parametrize("entry", [["-c", CLI], ["-m", "simbridge.trainer.cli"]])
 def test_run_without_torch(tmp_path, entry):
-    out = _run(tmp_path, ["torch"], [*entry, "run", "--logdir", str(tmp_path / "run"), "--address", "127.0.0.1:1"])
+    out = _run(tmp_path, ["torch"], [*entry, "run", "--logdir", str(tmp_path / "run"), "--address",
+                                        f"127.0.0.1:{free_port()}"])   # not :1, where other tests expect no listener
     _assert_names_the_fix(out, "torch")
     assert not (tmp_path / "run").exists()
 

@@ -15,14 +15,15 @@ from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.run import checkpoint
 from simbridge.trainer.config.trainer_config import ConfigError
 from simbridge.trainer.learners.dqn import DQNLearner
-from simbridge.trainer.run.launch import ROOT, child_env, python_module
+from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
 from simbridge.trainer.learners.sac import SACLearner
 from support.crafted import RunsACommand
 
 
 def _config(tmp_path, logdir) -> str:
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[server]\naddress = "127.0.0.1:1"\n[run]\nlogdir = "{logdir}"\n'
+    # A free port of its own: 127.0.0.1:1 is where other tests expect nothing to listen.
+    cfg.write_text(f'[server]\naddress = "127.0.0.1:{free_port()}"\n[run]\nlogdir = "{logdir}"\n'
                    f'[policies.p]\nalgorithm = "random"\n')
     return str(cfg)
 
