@@ -76,6 +76,22 @@ def test_rows_codec_round_trip_drops_object_columns():
         journal.decode_rows(journal.encode_rows(cols, 3)[:-4])   # torn
 
 
+def test_closing_the_loop_kills_an_unused_spare_learner_process_instead_of_waiting_for_its_imports():
+    """A trainer stopped soon after it serves (a test's, a user's Ctrl-C) has spare learner processes
+    still importing torch. They hold nothing: the loop kills them at once. Before, it closed their pipe
+    and waited for them to notice, after their imports: 4 s of an idle trainer's 8 s start and stop."""
+    from simbridge.trainer.run.learner_process import spawn_child
+    from simbridge.trainer.run.loop import LearningLoop
+    loop = LearningLoop.__new__(LearningLoop)   # close() reads only its processes
+    loop.procs, loop._spares = {}, [spawn_child()]
+    proc = loop._spares[0][0]
+    t0 = time.monotonic()
+    loop.close()
+    took = time.monotonic() - t0
+    assert proc.exitcode == -signal.SIGKILL, proc.exitcode   # killed, not ended by its own EOF
+    assert took < 1.0, f"close() took {took:.2f}s"            # torch's import alone takes 2 s here
+
+
 def test_the_limiter_counts_queued_rows_when_the_loop_is_slow_to_take_them():
     """Issue 27 #1: on a loaded machine the loop takes batches late, and the limiter only counted
     the rows it had sent on: every put passed until the queue was full, so the learner could owe
