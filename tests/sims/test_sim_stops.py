@@ -115,9 +115,10 @@ def test_ctrl_c_while_reconnecting_to_a_stopped_trainer(args):
         summary = _stopped_cleanly(s, f"reconnecting to the simbridge trainer at {server.address}")
     if "local" in args:
         # The local client's own counts are in the summary on a stop too (CI once found them
-        # missing: they were read only on a normal end), and they agree with the server's.
+        # missing: they were read only on a normal end). It claims no step the server did not take;
+        # the server may have taken more (a chunk whose answer the stopped server never sent).
         uploaded = server.runtime.snapshot()["uploaded_steps"]
-        assert uploaded > 0 and summary["local"]["uploaded_steps"] == uploaded, (summary, uploaded)
+        assert 0 < summary["local"]["uploaded_steps"] <= uploaded, (summary, uploaded)
         assert summary["local"]["policy_version"] >= 0
 
 
