@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 import warnings
 
@@ -17,7 +16,6 @@ import pytest
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
 from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
-from support.daemon import metrics
 from support.waits import wait
 
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
@@ -142,21 +140,9 @@ def digests(proc):
     return re.findall(r"policy default_policy at (version \d+, weights sha256 \w+)", "\n".join(proc.lines))
 
 
-def finish(sims, procs, timeout_s: float = 200, logdir=None, until=None):
+def finish(sims, procs, timeout_s: float = 200):
     """Each simulator's closing JSON line once it ends, then the ranks stopped (every rank's last
-    counts reach rank 0 by the exchange at the stop): (summaries, the ranks' exit codes).
-    until(record): the simulators are stopped (SIGTERM: they cut their episodes, say so and print
-    their counts) as soon as one of rank 0's metrics records in `logdir` passes it; a learning test
-    ends at its target instead of running its whole step budget."""
-    if until is not None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(s.poll() is None for s in sims):
-            if any(until(r) for r in metrics(logdir)):
-                for s in sims:
-                    if s.poll() is None:
-                        s.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.5)
+    counts reach rank 0 by the exchange at the stop): (summaries, the ranks' exit codes)."""
     outs = [json.loads(s.communicate(timeout=timeout_s)[0].strip().splitlines()[-1]) for s in sims]
     return outs, stop(procs)
 

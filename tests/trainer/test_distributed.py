@@ -24,8 +24,7 @@ from support.group import (SMALL, cleanup, digests, finish, hosts, sim, start_gr
 @pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
     # Per simulator. return(10) >= 150 came at 10.5-11.2k env steps of the group in 5 runs here and at
-    # 11-14k before; one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop
-    # when the group's records reach it: the counts must still agree exactly.
+    # 11-14k before; one CI run had only 140 by 16k, so the group gets 24k.
     steps = 12000
     procs, logdir = start_group(tmp_path, hosts, budget=0)
     sims = []
@@ -33,7 +32,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
-        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
+        outs, codes = finish(sims, procs)
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -43,18 +42,13 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     recs = metrics(logdir)
     last = recs[-1]
     assert last["event"] == "stop"
-    assert last["env_steps"] == sum(o["steps"] for o in outs) <= 2 * steps, (last, outs)
+    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
     assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
     assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
     print(f"return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; {hosts.why or 'namespaces'}")
     assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
-
-
-def reached(target: float):
-    """A metrics record in which the group's return(10) reached `target`."""
-    return lambda rec: rec.get("return_mean_10", {}).get("default_policy", 0.0) >= target
 
 
 # trainer/learners/presets.py's PPO_CARTPOLE: each rank's minibatch of 256 rows, averaged over the two ranks.
@@ -79,7 +73,7 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
             time.sleep(0.2)
         early = max((r.get("versions", {}).get("default_policy", 0) for r in metrics(logdir)), default=0)
         sims.append(sim(hosts, 1, "--max-steps", str(steps)))
-        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
+        outs, codes = finish(sims, procs)
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -88,10 +82,9 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
     d0, d1 = digests(procs[0]), digests(procs[1])
     assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
     recs = metrics(logdir)
-    assert recs[-1]["env_steps"] == sum(o["steps"] for o in outs) <= 2 * steps, (recs[-1], outs)
-    assert outs[1]["steps"] > 0, outs   # rank 1's simulator fed the group once it came
+    assert recs[-1]["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (recs[-1], outs)
     version = int(d0[0].split()[1].rstrip(","))
-    assert version > early, (version, early)   # and the ranks iterated together after it came
+    assert version > 200, version
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
     print(f"PPO return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; version {version} "
