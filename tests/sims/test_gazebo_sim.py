@@ -85,12 +85,12 @@ def test_a_world_runs_its_episodes_counted_exactly_on_both_sides(prefix, plugin,
     gz = None
     try:
         trainer.wait_serving()
-        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log", iterations=4000)
+        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log", iterations=2000)
         assert gz.wait(300) == 0, gz.text()[-3000:]
         summary = gz.summary()
         assert summary is not None, gz.text()[-3000:]
         ended = gz.episodes()
-        # 4000 iterations of 4 per action; each world reset costs a few iterations.
+        # 2000 iterations of 2 per action; each world reset costs a few iterations.
         assert summary["episodes"] == len(ended) >= 20 and gz.episodes(by_reset=True) == []
         assert [n for n, _ in ended] == list(range(1, len(ended) + 1))
         assert summary["actions"] == sum(a for _, a in ended)
@@ -122,7 +122,7 @@ def test_two_worlds_in_their_own_partitions_feed_one_trainer(prefix, plugin, ran
     worlds = []
     try:
         trainer.wait_serving()
-        worlds = [world(prefix, plugin, CARTPOLE, trainer, tmp_path / f"gz{i}.log", iterations=2400) for i in range(2)]
+        worlds = [world(prefix, plugin, CARTPOLE, trainer, tmp_path / f"gz{i}.log", iterations=1200) for i in range(2)]
         assert worlds[0].partition != worlds[1].partition
         wait_until(lambda: trainer.last().get("sessions") == 2, 120, "both worlds' sessions",
                    [(f"world {i}", w.proc, w.log) for i, w in enumerate(worlds)])
