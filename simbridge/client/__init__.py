@@ -1,7 +1,8 @@
 """The simulator SDK: clients that call the bridge. Imports ``simbridge.wire`` only (no torch,
 no server module).
 
-    connection.py     the connection engine: channel, session, seq, reconnect, resend, retry policy
+    connection.py     the connection engine: channel, session, seq, reconnect, resend
+    retry.py          the one retry policy: RETRYABLE codes, Backoff between attempts
     stopping.py       a process that stops (Ctrl-C) waits for no server: stop_waiting, Stopped
     security.py       ClientSecurity: TLS, mutual TLS and the bearer token every client takes
     policy_client.py  PolicyClient, MultiAgentPolicyClient (remote inference), on row_calls.py

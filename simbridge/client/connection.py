@@ -1,17 +1,7 @@
-"""The connection engine every simbridge client uses: a ready channel, one retry policy, and
-(`Connection`) a session whose numbered requests survive a broken connection.
-
-Retry policy. A failed call is retried when its status code says the request may never have
-reached the server, or its answer never came back: the connection broke or was refused
-(UNAVAILABLE), the call was cut off in flight (CANCELLED: a server shutting down, a stream
-cancelled under the client; UNKNOWN: gRPC's code for a stream reset mid-call, since a
-simbridge server itself reports its own failures as INTERNAL), or its deadline passed
-(DEADLINE_EXCEEDED, unary calls with a timeout). Every other code is the server's answer to
-this request (bad input, a full queue, an unknown session, a bug inside it): sending the same
-request again would get the same answer, so it is raised instead. Retrying is safe because
-every request carries RequestHeader.seq and the server applies each seq once, answering a
-repeat from memory. Waits between attempts grow from 0.05 s to 1 s (`Backoff`), for at most
-the client's reconnect_timeout_s.
+"""The connection engine every simbridge client uses: a ready channel and (`Connection`) a
+session whose numbered requests survive a broken connection, retried under the one retry policy
+(simbridge.client.retry: which codes are retried, `Backoff` between attempts, for at most the
+client's reconnect_timeout_s).
 
 Several bridge hosts. A client may be given several addresses (a list, or "h1:p1,h2:p2"): it
 connects to one (simbridge.client.channels says which). When the server it is on goes away
@@ -42,7 +32,8 @@ import grpc
 from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
                                        close_unwatched, connect_any, connect_first, diagnose, mark_down,
                                        open_channel, parse_addresses)
-from simbridge.client.stopping import Stopped, check_stopping, pause, stop_waiting, watch  # noqa: F401
+from simbridge.client.retry import RETRYABLE, Backoff, rpc_failure
+from simbridge.client.stopping import Stopped, check_stopping, stop_waiting, watch  # noqa: F401
 from simbridge.client.direct_stream import open_stream
 from simbridge.client.security import ClientSecurity
 from simbridge.client.shm_channel import open_shm, split_address
@@ -52,8 +43,6 @@ from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
 log = logging.getLogger("simbridge.client")
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                       grpc.StatusCode.DEADLINE_EXCEEDED})
 _UNARY_NAMES = {k: "".join(p.title() for p in k.split("_")) for k in (
     "create_session", "start_episode", "get_action", "log_action", "log_returns", "end_episode",
     "close_session", "step")}
@@ -80,48 +69,6 @@ class SessionLost(BridgeError):
 
 class EarlierCallFailed(BridgeError):
     """A pipelined call (log_returns, end_episode, ...) failed; raised by a later call."""
-
-
-class Backoff:
-    """Waits between attempts of one failing call: `first_s`, doubling up to `max_s`, for at most
-    `patience_s` since the first failure."""
-
-    def __init__(self, patience_s: float = float("inf"), first_s: float = 0.05, max_s: float = 1.0):
-        self.patience_s = patience_s
-        self._delay = first_s
-        self._max_s = max_s
-        self._since: Optional[float] = None
-
-    def wait(self, patience_s: Optional[float] = None) -> bool:
-        """Sleep before the next attempt; False (no sleep) once the patience is spent.
-        `patience_s` overrides the patience for this attempt (a client that started closing)."""
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now
-        if now - self._since >= (self.patience_s if patience_s is None else patience_s):
-            return False
-        if not pause(self._delay):   # the process is stopping: no more attempts
-            return False
-        self._delay = min(self._delay * 2, self._max_s)
-        return True
-
-
-def rpc_failure(e: BaseException) -> str:
-    """A failed call or stream in words ("UNAVAILABLE: Socket closed"), never gRPC's object text."""
-    if isinstance(e, grpc.RpcError) and callable(getattr(e, "code", None)):
-        details = e.details() if callable(getattr(e, "details", None)) else ""
-        return f"{e.code().name}: {details or 'no details'}"
-    if isinstance(e, StopIteration):
-        return "the server ended the stream"
-    return str(e) or type(e).__name__
-
-
-def call_unary(method, request, timeout_s: Optional[float] = None):
-    """One unary call; its failure as a BridgeError (reason included)."""
-    try:
-        return method(request, timeout=timeout_s)
-    except grpc.RpcError as e:
-        raise BridgeError.from_rpc_error(e) from None
 
 
 class Connection:

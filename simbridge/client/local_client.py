@@ -52,11 +52,12 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from simbridge.client.connection import call_unary, connect_first
+from simbridge.client.connection import connect_first
 from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invalid, nbytes_of, row_writer
 from simbridge.client.local_layers import has_nan
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.client.local_uploader import ServerSync
+from simbridge.client.retry import call_unary
 from simbridge.client.security import ClientSecurity
 from simbridge.client.stopping import STOP_GRACE_S, check_stopping, stopping
 from simbridge.client.policy_client import PolicyClient

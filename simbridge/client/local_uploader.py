@@ -12,10 +12,10 @@ from typing import Optional
 
 import grpc
 
-from simbridge.client.connection import (CLOSED, FAILOVER_AFTER_S, RETRYABLE, Backoff, SessionLost,
-                                         call_unary, diagnose, mark_down)
+from simbridge.client.connection import CLOSED, FAILOVER_AFTER_S, SessionLost, diagnose, mark_down
 from simbridge.client.local_buffer import Chunk
 from simbridge.client.local_policy import LocalPolicy
+from simbridge.client.retry import RETRYABLE, Backoff, call_unary
 from simbridge.client.stopping import Stopped, stopping
 from simbridge.wire.errors import BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb

@@ -1,5 +1,5 @@
-"""The connection engine (simbridge.client.connection): one retry policy, resend under the same
-seq, the on_failed hook (the engine knows nothing of rewards), SessionLost's close_connection."""
+"""The connection engine (simbridge.client.connection) and its one retry policy
+(simbridge.client.retry): resend under the same seq, the on_failed hook (the engine knows nothing of rewards), SessionLost's close_connection."""
 import time
 
 import grpc
@@ -7,8 +7,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from simbridge.client import connection
-from simbridge.client.connection import RETRYABLE, Backoff, Connection, SessionLost, call_unary
+from simbridge.client import retry
+from simbridge.client.connection import Connection, SessionLost
+from simbridge.client.retry import RETRYABLE, Backoff, call_unary
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import STATUS_DETAILS_KEY, BridgeError, Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -75,8 +76,8 @@ def test_one_retry_policy_connection_failures_only():
 
 def test_backoff_doubles_up_to_its_cap_within_its_patience(monkeypatch):
     slept, now = [], [100.0]
-    monkeypatch.setattr(connection, "pause", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s), True)[-1])
-    monkeypatch.setattr(connection.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(retry, "pause", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s), True)[-1])
+    monkeypatch.setattr(retry.time, "monotonic", lambda: now[0])
     b = Backoff(patience_s=2.0, first_s=0.25, max_s=1.0)
     while b.wait():
         pass
