@@ -36,7 +36,7 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp  # noqa: E402
 
 prefer_iomgr_tcp()   # before grpc loads, as simbridge's programs do
 import grpc  # noqa: E402
-from bench import fuzzrig  # noqa: E402
+from bench import fuzzjudge, fuzzrig  # noqa: E402
 from bench.fuzzing import RandomDraw, rpcs  # noqa: E402
 
 POOL_REFRESH_EVERY = 200   # messages: the fuzz closes and breaks sessions, make fresh ones
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     draw = RandomDraw(random.Random(args.seed))
     server = None if args.address else fuzzrig.ServerProcess()
     address = args.address or server.address
-    judge = fuzzrig.Judge(server, address, args.deadline_s, 2 * args.deadline_s)
+    judge = fuzzjudge.Judge(server, address, args.deadline_s, 2 * args.deadline_s)
     witness = fuzzrig.Witness(address, seed=args.seed).start()
     idle = fuzzrig.IdleStreams(address, args.idle_streams) if args.idle_streams else None
     time.sleep(0.5)   # the witness binds default_policy to the CartPole spaces first
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
                 break
             svc, method = targets[i % len(targets)]
             i += 1
-            fuzzrig.fuzz_one(judge, pool, draw, svc, method, raw=draw.boolean(args.raw_fraction))
+            fuzzjudge.fuzz_one(judge, pool, draw, svc, method, raw=draw.boolean(args.raw_fraction))
             total = sum(judge.sent.values())
             witness.gap_s()
             if total >= next_refresh and not judge.crashed:

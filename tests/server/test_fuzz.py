@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench import fuzzing, fuzzrig
+from bench import fuzzing, fuzzjudge, fuzzrig
 
 WITNESS_MAX_GAP_S = 5.0    # the witness steps every few ms; this long without an action is a stall
 RSS_GROWTH_MB = 64.0       # the mixed batch below may not grow the server by more
@@ -68,7 +68,7 @@ class HypothesisDraw:
 @pytest.fixture(scope="module")
 def rig():
     server = fuzzrig.ServerProcess()
-    judge = fuzzrig.Judge(server, server.address, unary_deadline_s=10.0, stream_deadline_s=20.0)
+    judge = fuzzjudge.Judge(server, server.address, unary_deadline_s=10.0, stream_deadline_s=20.0)
     witness = fuzzrig.Witness(server.address).start()
     time.sleep(0.3)   # the witness binds default_policy to the CartPole spaces before the fuzz does
     pool = fuzzrig.Pool(judge.channel)
@@ -82,7 +82,7 @@ def _fuzz(rig, data, targets, raw):
     server, judge, witness, pool = rig
     before = len(judge.violations)
     svc, method = data.draw(st.sampled_from(targets), label="rpc")
-    fuzzrig.fuzz_one(judge, pool, HypothesisDraw(data), svc, method, raw=raw)
+    fuzzjudge.fuzz_one(judge, pool, HypothesisDraw(data), svc, method, raw=raw)
     new = judge.violations[before:]
     assert not new, "\n".join(new)
     assert server.alive(), f"the server exited with {server.proc.returncode}"
@@ -120,7 +120,7 @@ def test_a_mixed_batch_leaves_the_server_small_quiet_and_serving(rig):
     deadline = time.monotonic() + 30
     for i in range(CALLS):
         svc, method = targets[i % len(targets)]
-        fuzzrig.fuzz_one(judge, pool, draw, svc, method, raw=draw.boolean(0.25))
+        fuzzjudge.fuzz_one(judge, pool, draw, svc, method, raw=draw.boolean(0.25))
         if time.monotonic() > deadline:
             break
     pool.refresh()
@@ -169,7 +169,7 @@ def test_the_judge_catches_internal_hangs_wrong_answers_and_crashes():
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     dead = type("Dead", (), {"alive": lambda self: False, "proc": type("P", (), {"returncode": -9})()})()
-    judge = fuzzrig.Judge(dead, f"127.0.0.1:{port}", unary_deadline_s=0.5, stream_deadline_s=2.0)
+    judge = fuzzjudge.Judge(dead, f"127.0.0.1:{port}", unary_deadline_s=0.5, stream_deadline_s=2.0)
     try:
         judge.unary("single", "CreateSession", b"", "c")
         judge.unary("single", "GetAction", b"", "g")
