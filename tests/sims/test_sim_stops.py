@@ -139,7 +139,17 @@ def test_ctrl_c_while_waiting_for_an_action_that_does_not_come(transport, tmp_pa
             assert asked.wait(60), "".join(s.err)
             s.interrupt()
             at = server.address.replace("shm+", "")   # the session's gRPC side: unix:PATH
-            _stopped_cleanly(s, f"waiting for an answer from the simbridge trainer at {at}")
+            summary = _stopped_cleanly(s, f"waiting for an answer from the simbridge trainer at {at}")
+        # The server serves the action it was asked for after the simulator gave up on it. An env
+        # step is an action served, so the server counts exactly one more than the simulator, whose
+        # summary says it stopped waiting for an answer (tests/support/group.py's unanswered()).
+        release.set()
+        served = lambda: server.runtime.snapshot()["env_steps"]  # noqa: E731
+        deadline = time.monotonic() + 30
+        while served() < summary["steps"] + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)   # nothing more comes
+        assert served() == summary["steps"] + 1, (served(), summary)
     finally:
         release.set()
         server.stop(grace=None)

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 import warnings
 
@@ -16,6 +17,7 @@ import pytest
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
 from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
+from support.daemon import metrics
 from support.waits import wait
 
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
@@ -140,11 +142,32 @@ def digests(proc):
     return re.findall(r"policy default_policy at (version \d+, weights sha256 \w+)", "\n".join(proc.lines))
 
 
-def finish(sims, procs, timeout_s: float = 200):
+def finish(sims, procs, timeout_s: float = 200, logdir=None, until=None):
     """Each simulator's closing JSON line once it ends, then the ranks stopped (every rank's last
-    counts reach rank 0 by the exchange at the stop): (summaries, the ranks' exit codes)."""
+    counts reach rank 0 by the exchange at the stop): (summaries, the ranks' exit codes).
+    until(record): the simulators are stopped (SIGTERM: they cut their episodes, say so and print
+    their counts) as soon as one of rank 0's metrics records in `logdir` passes it; a learning test
+    ends at its target instead of running its whole step budget (see unanswered())."""
+    if until is not None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(s.poll() is None for s in sims):
+            if any(until(r) for r in metrics(logdir)):
+                for s in sims:
+                    if s.poll() is None:
+                        s.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.5)
     outs = [json.loads(s.communicate(timeout=timeout_s)[0].strip().splitlines()[-1]) for s in sims]
     return outs, stop(procs)
+
+
+def unanswered(outs) -> int:
+    """How many simulators gave up an answer when stopped: a SIGTERM while the trainer is slow to
+    answer (a loaded machine) ends the wait after STOP_GRACE_S (simbridge/client/stopping.py). The
+    server counts an env step when it serves an action, so such a simulator's last action may be
+    counted on the trainer's side (served, the answer lost) or not (the request cut off): the two
+    sides agree exactly only up to one env step and one episode per such simulator (gym_sim, one slot)."""
+    return sum("waiting for an answer" in o.get("stopped", "") for o in outs)
 
 
 def cleanup(sims, procs) -> None:

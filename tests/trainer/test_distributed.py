@@ -17,14 +17,16 @@ from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from support.daemon import metrics
 from support.group import (SMALL, cleanup, digests, finish, hosts, sim, start_group,  # noqa: F401 (hosts: a fixture)
-                           stop, wait_health)
+                           stop, unanswered, wait_health)
 
 
 
 @pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
     # Per simulator. return(10) >= 150 came at 10.5-11.2k env steps of the group in 5 runs here and at
-    # 11-14k before; one CI run had only 140 by 16k, so the group gets 24k.
+    # 11-14k before; one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop
+    # (SIGTERM) when the group's records reach it. The exact counts of a whole budget run out
+    # without a signal are the PPO test's, below.
     steps = 12000
     procs, logdir = start_group(tmp_path, hosts, budget=0)
     sims = []
@@ -32,7 +34,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
-        outs, codes = finish(sims, procs)
+        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -42,13 +44,22 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     recs = metrics(logdir)
     last = recs[-1]
     assert last["event"] == "stop"
-    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
-    assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
+    # Exact, but for an answer a simulator gave up when stopped (unanswered: at most one each).
+    lost = unanswered(outs)
+    steps_sims = sum(o["steps"] for o in outs)
+    assert steps_sims <= last["env_steps"] <= steps_sims + lost and steps_sims <= 2 * steps, (last, outs)
+    episodes_sims = sum(o["episodes"] + o["cut_at_exit"] for o in outs)
+    assert episodes_sims <= last["episodes"] <= episodes_sims + lost, (last, outs)
     assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
     print(f"return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; {hosts.why or 'namespaces'}")
     assert best >= 150, f"return(10) reached only {best} in {2 * steps} env steps"
+
+
+def reached(target: float):
+    """A metrics record in which the group's return(10) reached `target`."""
+    return lambda rec: rec.get("return_mean_10", {}).get("default_policy", 0.0) >= target
 
 
 # trainer/learners/presets.py's PPO_CARTPOLE: each rank's minibatch of 256 rows, averaged over the two ranks.
