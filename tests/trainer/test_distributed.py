@@ -24,9 +24,9 @@ from support.group import (SMALL, cleanup, digests, finish, hosts, sim, start_gr
 @pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
     # Per simulator. return(10) >= 150 came at 10.5-11.2k env steps of the group in 5 runs here and at
-    # 11-14k before; one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop
-    # (SIGTERM) when the group's records reach it. The exact counts of a whole budget run out
-    # without a signal are the PPO test's, below.
+    # 11-14k before; one CI run had only 140 by 16k, so the group gets 24k, run out whole: the counts
+    # of a run that ends without a signal agree exactly. (Stopping at the target saved little here:
+    # in full runs of the suite the group reached it late in its budget.)
     steps = 12000
     procs, logdir = start_group(tmp_path, hosts, budget=0)
     sims = []
@@ -34,7 +34,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
-        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
+        outs, codes = finish(sims, procs)
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -44,12 +44,8 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     recs = metrics(logdir)
     last = recs[-1]
     assert last["event"] == "stop"
-    # Exact, but for an answer a simulator gave up when stopped (unanswered: at most one each).
-    lost = unanswered(outs)
-    steps_sims = sum(o["steps"] for o in outs)
-    assert steps_sims <= last["env_steps"] <= steps_sims + lost and steps_sims <= 2 * steps, (last, outs)
-    episodes_sims = sum(o["episodes"] + o["cut_at_exit"] for o in outs)
-    assert episodes_sims <= last["episodes"] <= episodes_sims + lost, (last, outs)
+    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
+    assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
     assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
@@ -70,7 +66,9 @@ PPO_PRESET = toml_value({**PPO_CARTPOLE, "seed": 0})
 def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tmp_path, hosts):
     """PPO in a group: an iteration starts on both ranks at the same exchange, with the same number
     of minibatch updates. Rank 1's simulator comes only after rank 0's has trained some iterations:
-    rank 1 sits those out (empty minibatches, weight 0) and its weights stay equal all the same."""
+    rank 1 sits those out (empty minibatches, weight 0) and its weights stay equal all the same.
+    The simulators stop (SIGTERM) once the group's return(10) reaches 150: 19.8k of the 30k env
+    steps in one run here; the whole budget cost 99 CPU-s in a full run of the suite."""
     steps = 15000
     procs, logdir = start_group(tmp_path, hosts, budget=0, preset=PPO_PRESET, algorithm="ppo")
     sims = []
@@ -84,7 +82,7 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
             time.sleep(0.2)
         early = max((r.get("versions", {}).get("default_policy", 0) for r in metrics(logdir)), default=0)
         sims.append(sim(hosts, 1, "--max-steps", str(steps)))
-        outs, codes = finish(sims, procs)
+        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -93,9 +91,12 @@ def test_ppo_ranks_iterate_together_one_sitting_out_until_its_simulator_comes(tm
     d0, d1 = digests(procs[0]), digests(procs[1])
     assert d0 and d0 == d1, f"the ranks' weights differ: {d0} vs {d1}\n{out}"
     recs = metrics(logdir)
-    assert recs[-1]["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (recs[-1], outs)
+    # Exact, but for an answer a simulator gave up when stopped (unanswered(): at most one each).
+    steps_sims = sum(o["steps"] for o in outs)
+    assert steps_sims <= recs[-1]["env_steps"] <= steps_sims + unanswered(outs), (recs[-1], outs)
+    assert steps_sims <= 2 * steps and outs[1]["steps"] > 0, outs   # rank 1's simulator fed the group once it came
     version = int(d0[0].split()[1].rstrip(","))
-    assert version > 200, version
+    assert version > early, (version, early)   # and the ranks iterated together after it came
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)
     print(f"PPO return(10) best {best:.1f}, >= 150 at {at} env steps of {2 * steps}; version {version} "
