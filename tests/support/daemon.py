@@ -24,12 +24,15 @@ def daemon_env() -> dict:
 
 
 def metrics(logdir: Path) -> List[dict]:
-    """Every record of logdir/metrics.jsonl as written (none yet: []). Unlike reporting.read_metrics,
-    records a resume dropped are kept: the tests look at what the file holds."""
+    """Every complete record of logdir/metrics.jsonl (none yet: []). A last line without its newline
+    is a record the trainer is writing: left for the next read (a test polling a live run read half
+    a record once, in a CI run under load). Unlike reporting.read_metrics, records a resume dropped
+    are kept and a torn line before the last still fails: the tests look at what the file holds."""
     path = logdir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def start_sim(name: str, module: str, address: str, *args) -> Proc:

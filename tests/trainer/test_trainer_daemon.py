@@ -307,3 +307,16 @@ def test_read_metrics_drops_records_superseded_by_a_resume(tmp_path):
              {"env_steps": 200, "event": "resume"}, {"env_steps": 250}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{\"env_st")  # torn last line
     assert [r["env_steps"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [100, 200, 200, 250]
+
+
+def test_the_tests_live_reader_leaves_a_record_still_being_written(tmp_path):
+    """support.daemon.metrics polls metrics.jsonl while the trainer appends to it: a last line without
+    its newline is half a record (CI once read one and failed), read whole the next time."""
+    whole = json.dumps({"env_steps": 100}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(whole + '{"env_steps": 2')
+    assert metrics(tmp_path) == [{"env_steps": 100}]
+    (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({"env_steps": 200}) + "\n")
+    assert [r["env_steps"] for r in metrics(tmp_path)] == [100, 200]
+    (tmp_path / "metrics.jsonl").write_text('{"env_st\n' + whole)   # torn before the last: not the writer's
+    with pytest.raises(json.JSONDecodeError):
+        metrics(tmp_path)

@@ -270,12 +270,11 @@ def train_through_connector(tmp_path: Path, config: Path, scenes: str, budget: i
                                      env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
         deadline = time.monotonic() + timeout
-        path = logdir / "metrics.jsonl"
+        from support.daemon import metrics   # tests/ on sys.path: the tests' one reader of a live run
         while time.monotonic() < deadline and daemon.poll() is None and connector.poll() is None:
-            if path.exists():
-                recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-                if recs and done(recs[-1]):
-                    break
+            recs = metrics(logdir)
+            if recs and done(recs[-1]):
+                break
             time.sleep(0.5)
     finally:
         stop_all([connector, daemon])
