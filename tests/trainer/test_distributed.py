@@ -24,9 +24,11 @@ from support.group import (SMALL, cleanup, digests, finish, hosts, sim, start_gr
 @pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
     # Per simulator. return(10) >= 150 came at 10.5-11.2k env steps of the group in 5 runs here and at
-    # 11-14k before; one CI run had only 140 by 16k, so the group gets 24k, run out whole: the counts
-    # of a run that ends without a signal agree exactly. (Stopping at the target saved little here:
-    # in full runs of the suite the group reached it late in its budget.)
+    # 11-14k before; one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop
+    # (SIGTERM) when the group's records reach it: each rank runs every update of the group (24k of
+    # DQN's at the whole budget), so the whole budget cost 157 CPU-s in a full run of the suite and the
+    # stop at the target 79. Exact counts of a group's run out without a signal:
+    # test_distributed_datasets.py's recording group.
     steps = 12000
     procs, logdir = start_group(tmp_path, hosts, budget=0)
     sims = []
@@ -34,7 +36,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
         for i in range(2):
             wait_health(hosts, procs, i)
         sims = [sim(hosts, i, "--max-steps", str(steps)) for i in range(2)]
-        outs, codes = finish(sims, procs)
+        outs, codes = finish(sims, procs, logdir=logdir, until=reached(150))
     finally:
         cleanup(sims, procs)
     out = "\n".join(f"--- rank{i}\n" + "\n".join(p.lines) for i, p in enumerate(procs))
@@ -44,8 +46,12 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     recs = metrics(logdir)
     last = recs[-1]
     assert last["event"] == "stop"
-    assert last["env_steps"] == sum(o["steps"] for o in outs) == 2 * steps, (last, outs)
-    assert last["episodes"] == sum(o["episodes"] + o["cut_at_exit"] for o in outs), (last, outs)
+    # Exact, but for an answer a simulator gave up when stopped (unanswered(): at most one each).
+    lost = unanswered(outs)
+    steps_sims = sum(o["steps"] for o in outs)
+    assert steps_sims <= last["env_steps"] <= steps_sims + lost and steps_sims <= 2 * steps, (last, outs)
+    episodes_sims = sum(o["episodes"] + o["cut_at_exit"] for o in outs)
+    assert episodes_sims <= last["episodes"] <= episodes_sims + lost, (last, outs)
     assert last["versions"]["default_policy"] == int(d0[0].split()[1].rstrip(",")) > 1000
     best = max(r["return_mean_10"].get("default_policy", 0.0) for r in recs)
     at = next((r["env_steps"] for r in recs if r["return_mean_10"].get("default_policy", 0.0) >= 150), None)

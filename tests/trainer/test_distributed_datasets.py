@@ -52,6 +52,10 @@ def test_a_group_records_per_rank_then_warm_starts_from_the_combined_dataset(tmp
         total_steps, total_episodes = total_steps + ds.total_steps, total_episodes + ds.total_episodes
     assert sorted(p.name for p in (root / "simbridge").iterdir()) == ["default_policy-rank0-v0",
                                                                     "default_policy-rank1-v0"]
+    # The group's counts of a run its simulators ran out (no signal) agree exactly with theirs.
+    last = metrics(logdir)[-1]
+    assert last["event"] == "stop" and last["env_steps"] == total_steps == sum(steps), last
+    assert last["episodes"] == total_episodes, last
 
     # One dataset of the group's, with minari's own tool (as docs/datasets.md shows).
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
