@@ -21,6 +21,7 @@ from simbridge.server.policies import RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
 from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
+from support.waits import wait
 
 # From SIGINT to the process gone. The simulator gives up at once (an answer it waits for within
 # connection.STOP_GRACE_S, 0.5 s); the rest is the interpreter's exit on a loaded machine.
@@ -145,9 +146,7 @@ def test_ctrl_c_while_waiting_for_an_action_that_does_not_come(transport, tmp_pa
         # summary says it stopped waiting for an answer (tests/support/group.py's unanswered()).
         release.set()
         served = lambda: server.runtime.snapshot()["env_steps"]  # noqa: E731
-        deadline = time.monotonic() + 30
-        while served() < summary["steps"] + 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait(lambda: served() >= summary["steps"] + 1, 30, "the server to serve the action given up")
         time.sleep(0.3)   # nothing more comes
         assert served() == summary["steps"] + 1, (served(), summary)
     finally:
