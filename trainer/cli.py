@@ -145,9 +145,21 @@ def apply_security_args(cfg: TrainerConfig, args) -> None:
     s.insecure = s.insecure if args.insecure is None else args.insecure
 
 
+def _interrupted_while_starting(signum, frame) -> None:
+    """Ctrl-C while torch, a checkpoint and the learners load: the process ends here, at once.
+    Nothing is written before the daemon runs (the journal, the config and the first checkpoint
+    come with run()), and the listening socket closes with the process. Not by an exception: one
+    raised while torch's import runs C++ that calls back into Python aborted the process
+    (pybind11's terminate), ended it by SIGINT after it had returned 130, or was lost there, and
+    the trainer then loaded on and served."""
+    os.write(2, b"simbridge-trainer: interrupted while starting (nothing served)\n")
+    os._exit(130)
+
+
 def cmd_run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = None
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
     try:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         if "WORLD_SIZE" in os.environ and restart not in ("", "0") and not args.resume:
@@ -172,17 +184,17 @@ def cmd_run(args) -> int:
                   flush=True)
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank, server=server)
+        # Loaded: a Ctrl-C from now on is only noted, and run_daemon stops the run in order.
+        interrupted = []
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     except BaseException as e:
         if server is not None:   # its held calls are refused (UNAVAILABLE), and the process can exit
             server.stop(grace=0)
-        if isinstance(e, KeyboardInterrupt):   # Ctrl-C while torch or the checkpoint loads
-            print("simbridge-trainer: interrupted while starting (nothing served)", file=sys.stderr)
-            return 130
         if not isinstance(e, ConfigError):
             raise
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2
-    return run_daemon(daemon)
+    return run_daemon(daemon, interrupted)
 
 
 def cmd_serve(args) -> int:
@@ -220,10 +232,12 @@ def cmd_export(args) -> int:
     return 0
 
 
-def run_daemon(daemon) -> int:
-    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
-    signals = []   # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost
-                   # process group that torchrun then signals) still writes its final checkpoint
+def run_daemon(daemon, signals=None) -> int:
+    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint).
+    signals: the list a start's own SIGINT handler appends to, until this one replaces it."""
+    # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost process
+    # group that torchrun then signals) still writes its final checkpoint
+    signals = [] if signals is None else signals
 
     def on_signal(signum, frame):
         if signals:
@@ -233,6 +247,8 @@ def run_daemon(daemon) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if signals:   # a Ctrl-C after the start's last check, before the line above: a stop in order
+        daemon.request_stop(signal.Signals(signals[0]).name)
     try:
         return daemon.run()
     except KeyboardInterrupt:
