@@ -9,6 +9,9 @@ falls back when compiling fails. The CUDA graph path itself runs only where torc
 """
 import io
 import logging
+import os
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -23,11 +26,13 @@ from simbridge.trainer.learners.nstep import DISCOUNTS
 from simbridge.trainer.learners.ppo import PPOLearner
 from simbridge.trainer.learners.presets import DQN_CARTPOLE, PPO_CARTPOLE, SAC_PENDULUM
 from simbridge.trainer.learners.sac import SACLearner
+from simbridge.trainer.run.launch import child_env
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
 from support.batches import acted_rows   # a fragment with the bridge's columns, acted by the learner
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
 CARTPOLE, PENDULUM = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "trainer", "configs")
 
 
 def learner(kind: str, device: str = "cpu", **cfg):
@@ -172,6 +177,55 @@ def test_a_checkpoint_from_one_optimizer_form_loads_into_the_other_and_training_
         assert other.updates == 25
         for a, b in zip(reference, weights(other)):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_an_acting_only_copy_holds_no_optimizer_and_passes_a_checkpoints_optimizer_state_on(kind):
+    """The daemon's copy of a learner that a learner process trains (or of a frozen one) builds no
+    optimizer, and a resumed checkpoint's optimizer state goes through it to the learner that
+    trains: the same state, and the same training after it."""
+    trained = learner(kind)
+    fill(trained)
+    trained.train(max_updates=15)
+    env, cls = (CARTPOLE, DQNLearner) if kind == "dqn" else (PENDULUM, SACLearner)
+    acting = cls(env.observation_space, env.action_space, dict(trained.config), device="cpu", acting_only=True)
+    assert acting.optimizers() == []
+    assert not any(k.endswith("opt") or k == "optimizer" for k in acting.state_dict()["nets"])   # nothing to pass on yet
+    acting.load_state_dict(through_bytes(trained.state_dict(include_replay=True)))
+    with pytest.raises(RuntimeError, match="acting_only"):
+        acting.train()
+    resumed = learner(kind, seed=5)
+    resumed.load_state_dict(through_bytes(acting.state_dict(include_replay=True)))
+    for a, b in zip(trained.optimizers(), resumed.optimizers()):
+        sa, sb = capture.optimizer_state(a), capture.optimizer_state(b)
+        assert sa["param_groups"] == sb["param_groups"]
+        for pa, pb in zip(sa["state"].values(), sb["state"].values()):
+            for key in pa:
+                torch.testing.assert_close(pa[key], pb[key])
+    for lrn in (trained, resumed):
+        lrn.generator.manual_seed(9)
+        lrn.train(max_updates=10)
+    for a, b in zip(weights(trained), weights(resumed)):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_trainer_with_a_learner_process_builds_its_policies_without_importing_torch_dynamo():
+    """torch.optim's first use imports torch._dynamo (seconds of every trainer's start): the daemon
+    of a run whose learners train in learner processes never steps an optimizer, so never needs it."""
+    code = ("import sys, gymnasium as gym\n"
+            "from simbridge.trainer.config.trainer_config import load_config\n"
+            "from simbridge.trainer.run.factory import PolicyFactory\n"
+            f"for toml, env in (('cartpole_dqn', 'CartPole-v1'), ('pendulum_sac', 'Pendulum-v1'), "
+            f"                  ('cartpole_ppo', 'CartPole-v1')):\n"
+            f"    e = gym.make(env)\n"
+            f"    cfg = load_config({CONFIGS!r} + '/' + toml + '.toml')\n"
+            f"    p = PolicyFactory(cfg)('default_policy', e.observation_space, e.action_space)\n"
+            f"    p.compute_actions(e.observation_space.sample()[None])\n"
+            f"    assert p.acting_only and not p.optimizers(), toml\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout
 
 
 def test_a_decaying_learning_rate_reaches_a_tensor_lr_optimizer():

@@ -138,7 +138,7 @@ class SilentReporter:
 def attach(daemon):
     """A rank's reporter and loop for TrainerDaemon (rank 0: the usual Reporter, whose records
     are the group's once the exchange folds the other ranks' counts in)."""
-    from simbridge.trainer.learners.base import pick_device
+    from simbridge.trainer.learners.placement import pick_device
     from simbridge.trainer.run.reporting import Reporter
     info, cfg = daemon.rank, daemon.cfg
     reporter = (Reporter(daemon.runtime, daemon.logdir, daemon.out, cfg.server.experience_queue_size, daemon.wall_s)

@@ -31,6 +31,7 @@ import torch
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import capture, export, placement
+from simbridge.trainer.learners.placement import pick_device, pin_torch_threads
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -54,28 +55,9 @@ COMMON_DEFAULTS = {
 }
 
 
-_thread_state = threading.local()
-
-
 def trains(policy: Policy) -> bool:
     """Whether the daemon feeds `policy` experience and runs its updates."""
     return bool(getattr(policy, "trainable", False)) and hasattr(policy, "train")
-
-
-def pin_torch_threads() -> None:
-    """Makes this thread use torch's configured intra-op thread count. torch.set_num_threads sets
-    MKL's count for the calling thread only: a gRPC thread that runs a forward pass would
-    otherwise use one OpenMP thread per core, whose spin-waiting took most of a core per
-    simulator step (daemon CPU per step 7.7 ms against 2.3 ms with this, docs/benchmarks.md)."""
-    if not getattr(_thread_state, "pinned", False):
-        torch.set_num_threads(torch.get_num_threads())
-        _thread_state.pinned = True
-
-
-def pick_device(name: Optional[str] = None) -> torch.device:
-    if name and name != "auto":
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class Learner(Policy):
@@ -117,9 +99,11 @@ class Learner(Policy):
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: Optional[dict] = None, device: Optional[str] = None, trainable: bool = True,
-                 acting_device: Optional[str] = None):
+                 acting_device: Optional[str] = None, acting_only: bool = False):
         """device: where it trains ("auto": cuda when there is one); acting_device: where its acting
-        copy lives ("auto", "cpu", "learner": trainer/learners/placement.py; None: "auto")."""
+        copy lives ("auto", "cpu", "learner": trainer/learners/placement.py; None: "auto").
+        acting_only: this object never updates (a frozen policy, or one a learner process trains):
+        its optimizers are capture.HeldOptimizer, which keep the state a checkpoint gives them."""
         super().__init__(observation_space, action_space)
         cfg = {**COMMON_DEFAULTS, **self.DEFAULTS}
         unknown = set(config or {}) - set(cfg)
@@ -133,6 +117,7 @@ class Learner(Policy):
         # daemon built this copy on the CPU only to act (trainer/run/factory.py)
         self.trains_on = self.device
         self.trainable = trainable
+        self.acting_only = acting_only
         self.update_path, self._path_reason = capture.resolve(cfg["update_path"], self.device)
         self.generator = torch.Generator(device=self.device)
         self.rng = np.random.default_rng(cfg["seed"])
@@ -224,9 +209,21 @@ class Learner(Policy):
     def optimizers(self) -> list:
         return [obj for name, obj in vars(self).items() if isinstance(obj, torch.optim.Optimizer)]
 
+    def _refuse_acting_only(self) -> None:
+        if self.acting_only:
+            raise RuntimeError(f"this {type(self).__name__} was built acting_only (frozen, or trained by a "
+                               f"learner process): it has no optimizer to update with")
+
+    def adam(self, params, lr: float, **kw):
+        """build()'s Adam: as the update path needs it (capture.adam), or held (acting_only)."""
+        if self.acting_only:
+            return capture.HeldOptimizer()
+        return capture.adam(params, lr, self.update_path, self.device, **kw)
+
     def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """One eager gradient update from a replay sample; returns scalar metrics (a host read-back:
         train() runs the same step without one per update)."""
+        self._refuse_acting_only()
         self.prepare_update()
         m = self.update_step({**batch, **self.extra_draws(len(next(iter(batch.values()))))})
         return {**dict(zip(self.METRICS, m.tolist())), **self.host_metrics()}
@@ -323,6 +320,7 @@ class Learner(Policy):
             due = min(due, max_updates)
         if due == 0:
             return {}
+        self._refuse_acting_only()
         if not self.METRICS:
             metrics: Dict[str, float] = {}
             for _ in range(due):
@@ -381,14 +379,16 @@ class Learner(Policy):
     def nets_state(self) -> dict:
         """Networks, target networks and optimizers (override to add more); the same on every
         update path (capture.optimizer_state: learning rates as floats)."""
-        return {name: capture.optimizer_state(obj) if isinstance(obj, torch.optim.Optimizer) else obj.state_dict()
-                for name, obj in vars(self).items()
-                if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)) and name != "acting"}
+        state = {name: capture.optimizer_state(obj) if isinstance(obj, capture.OPTIMIZERS) else obj.state_dict()
+                 for name, obj in vars(self).items()
+                 if isinstance(obj, (torch.nn.Module, *capture.OPTIMIZERS)) and name != "acting"}
+        # a held optimizer given nothing is left out: the learner that loads this keeps its own
+        return {name: sd for name, sd in state.items() if sd is not None}
 
     def load_nets_state(self, state: dict) -> None:
         for name, sd in state.items():
             obj = getattr(self, name)
-            if isinstance(obj, torch.optim.Optimizer):
+            if isinstance(obj, capture.OPTIMIZERS):
                 capture.load_optimizer(obj, sd)
             else:
                 obj.load_state_dict(sd)

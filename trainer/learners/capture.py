@@ -71,6 +71,19 @@ def adam(params, lr: float, path: str, device: torch.device, **kw) -> torch.opti
     return torch.optim.Adam(params, lr=lr, fused=fused or None, **kw)
 
 
+class HeldOptimizer:
+    """An optimizer's place in a learner that only acts (frozen, or trained by a learner process):
+    it keeps the state it is loaded with (a checkpoint's), which the learner's state_dict passes
+    on, and builds nothing. Why not Adam itself: torch.optim's first use imports torch._dynamo,
+    seconds of a trainer's start that a copy never stepping it does not need."""
+
+    def __init__(self):
+        self.state: Optional[dict] = None   # optimizer_state()'s form; None: nothing loaded
+
+
+OPTIMIZERS = (torch.optim.Optimizer, HeldOptimizer)   # what optimizer_state and load_optimizer take
+
+
 def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
     """Sets every group's learning rate; a tensor one is filled in place (a graph reads it there).
     Unchanged values cost nothing (most updates: a schedule moves it once per agent step)."""
@@ -84,9 +97,12 @@ def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
             group["lr"] = value
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+def optimizer_state(optimizer) -> Optional[dict]:
     """state_dict with the learning rates as plain floats, so that a checkpoint written on one path
-    loads on the other (a tensor lr on cuda in a CPU learner, or the reverse)."""
+    loads on the other (a tensor lr on cuda in a CPU learner, or the reverse). A HeldOptimizer's:
+    what it was given (None: nothing)."""
+    if isinstance(optimizer, HeldOptimizer):
+        return optimizer.state
     state = optimizer.state_dict()
     groups = []
     for g in state["param_groups"]:
@@ -101,9 +117,13 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
 _OWN_OPTIONS = ("capturable", "fused", "foreach", "differentiable")
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_optimizer(optimizer, state: dict) -> None:
     """load_state_dict keeping this optimizer's own kernel options and lr type: a graph path's
-    checkpoint (capturable, tensor lr) loads into an eager CPU learner and the reverse."""
+    checkpoint (capturable, tensor lr) loads into an eager CPU learner and the reverse. A
+    HeldOptimizer keeps the state as it is."""
+    if isinstance(optimizer, HeldOptimizer):
+        optimizer.state = state
+        return
     own = [{k: g.get(k) for k in _OWN_OPTIONS} for g in optimizer.param_groups]
     tensor_lr = [g["lr"] if isinstance(g["lr"], torch.Tensor) else None for g in optimizer.param_groups]
     optimizer.load_state_dict(state)

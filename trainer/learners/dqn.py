@@ -159,7 +159,7 @@ class DQNLearner(Learner):
         self.q_target = encoders.network(self.observation_space, cfg, q_net).to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
-        self.optimizer = capture.adam(self.q.parameters(), cfg["lr"], self.update_path, self.device, eps=cfg["adam_eps"])
+        self.optimizer = self.adam(self.q.parameters(), cfg["lr"], eps=cfg["adam_eps"])
         # (1 - p, p) for p = logged_share(), on the device for the target's mix (kept current by
         # count_rows: a captured update reads them there); 1 - p computed on the host, as a float
         self.share = torch.tensor([1.0, 0.0], device=self.device)

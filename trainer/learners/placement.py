@@ -18,11 +18,30 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from typing import List, Optional, Tuple
 
 import torch
 
 log = logging.getLogger("simbridge.trainer")
+_thread_state = threading.local()   # pin_torch_threads: per thread
+
+
+def pick_device(name: Optional[str] = None) -> torch.device:
+    if name and name != "auto":
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pin_torch_threads() -> None:
+    """Makes this thread use torch's configured intra-op thread count. torch.set_num_threads sets
+    MKL's count for the calling thread only: a gRPC thread that runs a forward pass would
+    otherwise use one OpenMP thread per core, whose spin-waiting took most of a core per
+    simulator step (daemon CPU per step 7.7 ms against 2.3 ms with this, docs/benchmarks.md)."""
+    if not getattr(_thread_state, "pinned", False):
+        torch.set_num_threads(torch.get_num_threads())
+        _thread_state.pinned = True
+
 
 ACTING_DEVICES = ("auto", "cpu", "learner")
 # The CPU acting copy's limits under "auto": a [256, 256] MLP has ~70k parameters, CartPole's DQN

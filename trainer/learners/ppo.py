@@ -143,7 +143,7 @@ class PPOLearner(Learner):
         self.policy = self.policy.to(self.device)
         self.value = encoders.network(space, cfg, lambda f: tanh_mlp([f, *cfg["hidden"], 1], 1.0)).to(self.device)
         params = list(self.policy.parameters()) + list(self.value.parameters())
-        self.optimizer = capture.adam(params, cfg["lr"], self.update_path, self.device, eps=cfg["adam_eps"])
+        self.optimizer = self.adam(params, cfg["lr"], eps=cfg["adam_eps"])
         self.mask_columns = dict_key_columns(self.observation_space, MASK_KEY)
         if self.mask_columns is not None and self.mask_columns.stop - self.mask_columns.start != self.layout.n_logits:
             raise ValueError(f"observation key {MASK_KEY!r} has {self.mask_columns.stop - self.mask_columns.start} "

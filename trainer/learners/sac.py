@@ -152,10 +152,9 @@ class SACLearner(Learner):
         te = cfg["target_entropy"]
         self.target_entropy = -float(self.act_dim) if te == "auto" else float(te)
 
-        path = self.update_path
-        self.actor_opt = capture.adam(self.actor.parameters(), cfg["actor_lr"], path, dev)
-        self.critic_opt = capture.adam(self.critic.parameters(), cfg["critic_lr"], path, dev)
-        self.alpha_opt = capture.adam([self.log_alpha], cfg["alpha_lr"], path, dev)
+        self.actor_opt = self.adam(self.actor.parameters(), cfg["actor_lr"])
+        self.critic_opt = self.adam(self.critic.parameters(), cfg["critic_lr"])
+        self.alpha_opt = self.adam([self.log_alpha], cfg["alpha_lr"])
 
     def modules_for_acting(self) -> nn.Module:
         return self.actor

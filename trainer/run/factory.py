@@ -16,7 +16,8 @@ from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config.trainer_config import TrainerConfig
 from simbridge.trainer.config.algorithms import resolve_algorithm
 from simbridge.trainer.learners import placement
-from simbridge.trainer.learners.base import Learner, pick_device, trains
+from simbridge.trainer.learners.base import Learner, trains
+from simbridge.trainer.learners.placement import pick_device
 from simbridge.trainer.run.learner_process import refuse_in_learner_bootstrap
 from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
 from simbridge.wire.preprocess import flat_dim
@@ -42,8 +43,9 @@ class PolicyFactory:
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
-        if any(c is not None for c in self.classes.values()):
-            warm_up_torch()
+        if not cfg.run.learner_process and any(
+                c is not None and issubclass(c, Learner) and cfg.trainable(pid) for pid, c in self.classes.items()):
+            warm_up_torch()   # only a learner that updates here builds an optimizer
 
     def mapping_fn(self) -> Callable[[str, Optional[object]], str]:
         m = self.cfg.mapping
@@ -75,17 +77,20 @@ class PolicyFactory:
     def _learner(self, pid: str, cls, obs_space, act_space, config: dict) -> Learner:
         run, trainable = self.cfg.run, self.cfg.trainable(pid)
         device = pick_device(run.device)
+        # Frozen, or trained by a learner process: this copy never updates, and holds no optimizer.
+        acting_only = run.learner_process or not trainable
         if run.learner_process and trainable and device.type != "cpu" and run.acting_device != "learner":
             # A learner process trains it on the GPU and this copy only acts: built on the CPU when it
             # acts there, so that the GPU holds one CUDA context, the learner process's.
-            learner = cls(obs_space, act_space, config=config, device="cpu", acting_device="cpu")
+            learner = cls(obs_space, act_space, config=config, device="cpu", acting_device="cpu",
+                          acting_only=True)
             where, why = placement.acting_device(run.acting_device, device, learner.modules_for_acting(),
                                                  flat_dim(obs_space))
             if where.type == "cpu":
                 learner.trains_on, learner.acting_reason = device, why
                 return learner
         return cls(obs_space, act_space, config=config, device=run.device, trainable=trainable,
-                   acting_device=run.acting_device)
+                   acting_device=run.acting_device, acting_only=acting_only)
 
     def check_memory(self, pid: str, obs_space, act_space) -> None:
         """RESOURCE_EXHAUSTED / SPACE_TOO_LARGE when the learner for these spaces would need more than
