@@ -54,7 +54,8 @@ dtype="float32"}, {type="MultiDiscrete", nvec=[..]}, {type="MultiBinary", n=}.
 
 `algorithm = "package.module:Class"` names any importable class: a
 simbridge.trainer.learners.base.Learner subclass (built as Class(obs_space, act_space,
-config=..., device=..., trainable=...)) or a simbridge.server.policies.Policy subclass
+config=..., device=..., trainable=..., acting_device=..., acting_only=...): Learner's own
+keywords, which a subclass overriding __init__ passes on) or a simbridge.server.policies.Policy subclass
 that only acts (built as Class(obs_space, act_space, **config)).
 
 Parsing checks every key's type (config_values.py) and all else that needs no learner import;
