@@ -2,6 +2,7 @@
 state between two calls (`EpisodeState`) and the checks that turn a simulator's values into
 owned arrays of the declared spaces."""
 import math
+import time
 from typing import Dict
 
 import grpc
@@ -22,6 +23,7 @@ class Chunk:
     """Preallocated columns for `size` transitions, plus the chunk's episode ids and summaries."""
 
     def __init__(self, obs_space, act_space, size: int):
+        self._put_obs, self._put_act = row_writer(obs_space), row_writer(act_space)
         self.obs = sb_spaces.zeros_like_space(obs_space, size)
         self.new_obs = sb_spaces.zeros_like_space(obs_space, size)
         self.actions = sb_spaces.zeros_like_space(act_space, size)
@@ -40,6 +42,27 @@ class Chunk:
 
     def empty(self) -> bool:
         return self.n == 0 and not self.summaries
+
+    def add(self, ep: "EpisodeState", new_obs, terminated: bool, truncated: bool) -> None:
+        """Writes the episode's pending transition, with its outcome, into the next row."""
+        i = self.n
+        k = self.index.get(ep.id)
+        if k is None:
+            k = self.index[ep.id] = len(self.ids)
+            self.ids.append(ep.id)
+        self._put_obs(self.obs, i, ep.obs)
+        self._put_obs(self.new_obs, i, new_obs)
+        self._put_act(self.actions, i, ep.action)
+        self.rewards[i] = ep.reward_acc
+        self.terminated[i] = terminated
+        self.truncated[i] = truncated
+        self.ep_index[i] = k
+        self.t[i] = ep.t
+        self.versions[i] = ep.version
+        self.logp[i] = ep.logp
+        self.n = i + 1
+        if i == 0 and not self.summaries:
+            self.since = time.monotonic()
 
     def reset(self) -> None:
         self.terminated[:self.n] = False

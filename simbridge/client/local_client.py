@@ -53,7 +53,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client.connection import connect_first
-from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invalid, nbytes_of, row_writer
+from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invalid, nbytes_of
 from simbridge.client.local_layers import has_nan
 from simbridge.client.local_policy import LocalPolicy
 from simbridge.client.local_uploader import ServerSync
@@ -107,8 +107,6 @@ class LocalPolicyClient(ServerSync):
         self._seeds = np.random.SeedSequence(seed)
         self._obs_in = converter(observation_space)
         self._act_in = converter(action_space)
-        self._put_obs = row_writer(observation_space)
-        self._put_act = row_writer(action_space)
         self._copy_action = not isinstance(action_space, gym.spaces.Discrete)
 
         self.addresses, self.address, self._channel = connect_first(address, connect_timeout_s, security)
@@ -350,24 +348,7 @@ class LocalPolicyClient(ServerSync):
         if ep.training:
             with self._cond:
                 c = self._writable()
-                i = c.n
-                k = c.index.get(ep.id)
-                if k is None:
-                    k = c.index[ep.id] = len(c.ids)
-                    c.ids.append(ep.id)
-                self._put_obs(c.obs, i, ep.obs)
-                self._put_obs(c.new_obs, i, new_obs)
-                self._put_act(c.actions, i, ep.action)
-                c.rewards[i] = ep.reward_acc
-                c.terminated[i] = terminated
-                c.truncated[i] = truncated
-                c.ep_index[i] = k
-                c.t[i] = ep.t
-                c.versions[i] = ep.version
-                c.logp[i] = ep.logp
-                c.n = i + 1
-                if i == 0 and not c.summaries:
-                    c.since = time.monotonic()
+                c.add(ep, new_obs, terminated, truncated)
                 if c.n == self.chunk_steps:
                     self._rotate()
             self._n_transitions += 1
