@@ -344,28 +344,21 @@ def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.slots < 1:
-        print(f"{PROG}: error: --slots must be >= 1", file=sys.stderr)
-        return 2
-    if args.inference == "local" and args.slots != 1:
-        print(f"{PROG}: error: --inference local runs one env (--slots 1)", file=sys.stderr)
-        return 2
-    if args.eval and args.inference == "local":
-        print(f"{PROG}: error: --eval needs --inference remote (greedy actions come from the trainer)",
-              file=sys.stderr)
-        return 2
-    if not 0.0 <= args.off_policy_fraction <= 1.0:
-        print(f"{PROG}: error: --off-policy-fraction must be in [0, 1]", file=sys.stderr)
-        return 2
     protocol = args.slot_protocol or ("rows" if args.off_policy_fraction else "step")
-    if protocol == "step" and args.off_policy_fraction:
-        print(f"{PROG}: error: --off-policy-fraction needs --slot-protocol rows (Step has no log_action)",
-              file=sys.stderr)
-        return 2
-    if args.vector and (args.env != "CartPole-v1" or args.slots < 2 or protocol != "step"):
-        print(f"{PROG}: error: --vector is for --env CartPole-v1 with --slots K > 1 on the step protocol",
-              file=sys.stderr)
-        return 2
+    refusals = [   # the options that cannot go together; the first that applies is said
+        (args.slots < 1, "--slots must be >= 1"),
+        (args.inference == "local" and args.slots != 1, "--inference local runs one env (--slots 1)"),
+        (args.eval and args.inference == "local",
+         "--eval needs --inference remote (greedy actions come from the trainer)"),
+        (not 0.0 <= args.off_policy_fraction <= 1.0, "--off-policy-fraction must be in [0, 1]"),
+        (protocol == "step" and args.off_policy_fraction,
+         "--off-policy-fraction needs --slot-protocol rows (Step has no log_action)"),
+        (args.vector and (args.env != "CartPole-v1" or args.slots < 2 or protocol != "step"),
+         "--vector is for --env CartPole-v1 with --slots K > 1 on the step protocol")]
+    for refused, why in refusals:
+        if refused:
+            print(f"{PROG}: error: {why}", file=sys.stderr)
+            return 2
     try:
         envs = [make_env(args) for _ in range(1 if args.vector else args.slots)]
     except gym.error.Error as e:
