@@ -38,6 +38,7 @@ from simbridge.trainer.run.learner_process import LearnerProcessDied
 from simbridge.trainer.run.loop import LearningLoop
 from simbridge.trainer.run.reporting import Reporter
 from simbridge.trainer.run.rundir import SAVED_CONFIG
+from simbridge.wire import tree
 
 
 class TrainerDaemon:
@@ -217,7 +218,7 @@ class TrainerDaemon:
             for first, cols, n, _ in chunks:
                 lo = max(need[pid] - first, 0)   # rows before this are neither new nor needed
                 if lo < n:
-                    p.add(SampleBatch({k: _rows(v, lo, n) for k, v in cols.items()}))
+                    p.add(SampleBatch({k: tree.take(v, slice(lo, n)) for k, v in cols.items()}))
                     info["transitions_replayed"] += n - lo
             p.agent_steps = counted + max(0, ends[pid] - ing)
             ingested[pid] = max(ing, ends[pid])
@@ -392,12 +393,3 @@ class TrainerDaemon:
         if self.journal is not None:
             self.journal.close()
         self.reporter.close()
-
-
-def _rows(column, lo: int, hi: int):
-    """Rows lo:hi of a column (an array, or dicts/tuples of them)."""
-    if isinstance(column, dict):
-        return {k: _rows(v, lo, hi) for k, v in column.items()}
-    if isinstance(column, tuple):
-        return tuple(_rows(v, lo, hi) for v in column)
-    return column[lo:hi]
