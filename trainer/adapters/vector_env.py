@@ -1,10 +1,11 @@
 """simbridge as a gymnasium VectorEnv: external simulators' slots are its sub-environments.
 
 `BridgeVectorEnv` hosts a bridge server (a `BridgeRuntime` behind a `BridgeServer`, as the
-trainer daemon does) and serves its single policy with a `StepPolicy` that computes nothing:
-each batched simulator's Step (simbridge-sim --slots K, or any SlotClient) is parked with its
-outcome until the learner calls `step(actions)`, which answers every parked Step and waits for
-the next ones. The learner (Stable-Baselines3, CleanRL, RLlib, ...) sees one VectorEnv:
+trainer daemon does) and serves its single policy with a `StepPolicy` that computes nothing
+(`StepHub`, step_hub.py): each batched simulator's Step (simbridge-sim --slots K, or any
+SlotClient) is parked with its outcome until the learner calls `step(actions)`, which answers
+every parked Step and waits for the next ones. The learner (Stable-Baselines3, CleanRL, RLlib,
+...) sees one VectorEnv:
 
 - sub-environments are simulator slots; a simulator's slots are admitted together when as
   many sub-environments are free (in order of arrival), so the connected simulators' --slots
@@ -29,7 +30,7 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import gymnasium as gym
 import numpy as np
@@ -38,9 +39,10 @@ from gymnasium.vector.utils import batch_space
 
 from simbridge.server.cli import drain
 from simbridge.server.mapping import DEFAULT_POLICY
-from simbridge.server.policies import ActionBatch, SlotStep, StepPolicy
+from simbridge.server.policies import SlotStep
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
+from simbridge.trainer.adapters.step_hub import Member, StepHub
 from simbridge.wire import leaf_codec, tree
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire.errors import BridgeError, Reason, failed_precondition
@@ -67,75 +69,6 @@ def _row(rows, i):
     return tree.map_structure(np.array, tree.take(rows, i))
 
 
-class _Member:
-    """One simulator session: its slots, the sub-environments they fill, its parked Step."""
-    __slots__ = ("sid", "n", "envs", "arrived", "answer", "closed", "last_obs")
-
-    def __init__(self, sid: str, n: int):
-        self.sid, self.n = sid, n
-        self.envs: Optional[np.ndarray] = None   # sub-env indices, once admitted
-        self.arrived: Optional[SlotStep] = None  # a Step the learner has not seen yet
-        self.answer: Any = None                  # the learner's actions for the parked Step
-        self.closed: Optional[str] = None        # why its slots stopped
-        self.last_obs: Any = None                # the rows the learner saw last (final obs on loss)
-
-
-class _Hub(StepPolicy):
-    """The policy every slot session maps to: parks Steps for the VectorEnv (compute_step,
-    simulator threads) and hands them over (the VectorEnv's thread, under `cond`)."""
-
-    def __init__(self, observation_space, action_space):
-        super().__init__(observation_space, action_space)
-        self.cond = threading.Condition()
-        self.members: Dict[str, _Member] = {}
-        self.shut = False
-        self.parked = 0   # Steps waiting in compute_step: close() lets them hear why before the server stops
-
-    def compute_step(self, step: SlotStep) -> Optional[ActionBatch]:
-        with self.cond:
-            if self.shut:
-                raise _over()
-            m = self.members.get(step.session_id)
-            if m is None:
-                m = self.members[step.session_id] = _Member(step.session_id, step.n)
-            m.arrived, m.answer = step, None
-            self.cond.notify_all()
-            if step.final:
-                return None
-            # The simulator waits for the learner as it would for any policy: no deadline but
-            # the learner's own (it closes the VectorEnv, or this session goes).
-            self.parked += 1
-            try:
-                while m.answer is None and m.closed is None and not self.shut:
-                    self.cond.wait(1.0)
-            finally:
-                self.parked -= 1
-                self.cond.notify_all()
-            if m.answer is None:
-                if self.shut:
-                    raise _over()
-                raise failed_precondition(f"this session was closed ({m.closed})", Reason.SESSION_UNKNOWN)
-            answer, m.answer = m.answer, None
-            return ActionBatch(answer)
-
-    def slots_closed(self, session_id: str, reason: str) -> None:
-        with self.cond:
-            m = self.members.get(session_id)
-            if m is not None and m.closed is None:
-                m.closed = reason
-                self.cond.notify_all()
-
-    def close(self, wait_s: float) -> None:
-        """Every Step, parked or still to come, is answered TRAINING_OVER (a simulator's normal
-        end); returns once the parked ones were (or after wait_s)."""
-        deadline = time.monotonic() + wait_s
-        with self.cond:
-            self.shut = True
-            self.cond.notify_all()
-            while self.parked and time.monotonic() < deadline:
-                self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
-
-
 def _autoreset_mode(mode) -> AutoresetMode:
     try:   # the enum, its value ("NextStep") or its name ("NEXT_STEP")
         mode = AutoresetMode(mode) if not isinstance(mode, str) or mode not in AutoresetMode.__members__ \
@@ -147,11 +80,6 @@ def _autoreset_mode(mode) -> AutoresetMode:
                          "AutoresetMode.NEXT_STEP (for gymnasium's observation wrappers); the simulators reset "
                          "their slots themselves, so DISABLED cannot be offered")
     return mode
-
-
-def _over() -> BridgeError:
-    return failed_precondition("the learner closed its BridgeVectorEnv: training is over",
-                               Reason.TRAINING_OVER)
 
 
 class BridgeVectorEnv(gym.vector.VectorEnv):
@@ -183,7 +111,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(observation_space, num_envs)
         self.action_space = batch_space(action_space, num_envs)
         self.connect_timeout_s, self.step_timeout_s = connect_timeout_s, step_timeout_s
-        self._hub = _Hub(observation_space, action_space)
+        self._hub = StepHub(observation_space, action_space)
         cfg = config or BridgeConfig(reconnect_grace_s=reconnect_grace_s, max_wait_ms=0.0)
         self.runtime = BridgeRuntime(cfg, policy_factory=self._no_other_policy)
         self.runtime.add_policy(DEFAULT_POLICY, self._hub)   # spaces checked on every session
@@ -195,8 +123,8 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         self._stop = threading.Event()
         threading.Thread(target=drain, args=(self.runtime, self._stop), daemon=True,
                          name="simbridge-vecenv-drain").start()   # experience nobody trains on here
-        self._envs: List[Optional[_Member]] = [None] * num_envs   # who serves each sub-env
-        self._standby: List[_Member] = []                          # connected, waiting for room
+        self._envs: List[Optional[Member]] = [None] * num_envs   # who serves each sub-env
+        self._standby: List[Member] = []                          # connected, waiting for room
         self._obs = sb_spaces.zeros_like_space(observation_space, num_envs)
         self._encode = leaf_codec.batch_encoder(action_space)
         self._decode = leaf_codec.batch_decoder(action_space)
@@ -338,11 +266,11 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
                 self._place(m, m.arrived.obs)   # its first Step's observations
                 m.arrived = None
 
-    def _place(self, m: _Member, obs) -> None:
+    def _place(self, m: Member, obs) -> None:
         m.last_obs = obs
         _set_row(self._obs, m.envs, obs)
 
-    def _outcome(self, m: _Member, step: SlotStep, rewards, term, trunc, infos) -> None:
+    def _outcome(self, m: Member, step: SlotStep, rewards, term, trunc, infos) -> None:
         idx = m.envs
         rewards[idx] = step.rewards
         term[idx] = step.terminated
@@ -355,7 +283,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
             self._ended(infos, int(idx[slot]), last, {})
         self._place(m, step.obs)
 
-    def _end(self, m: _Member, slots, finals, trunc, infos, reason: str, terminated=None) -> None:
+    def _end(self, m: Member, slots, finals, trunc, infos, reason: str, terminated=None) -> None:
         """The session's slots stop: their episodes end (truncated unless reported terminated)
         and their sub-environments wait for the next simulator."""
         for j, slot in enumerate(np.asarray(slots).tolist()):
@@ -387,7 +315,7 @@ class BridgeVectorEnv(gym.vector.VectorEnv):
         return (msg + f"): start simulators on {self.address} whose slots add up to the {len(free)} free, "
                 f"e.g. `simbridge-sim --address {self.address} --slots {len(free)}`")
 
-    def _late(self, todo: List[_Member]) -> str:
+    def _late(self, todo: List[Member]) -> str:
         envs = sorted(int(i) for m in todo for i in m.envs)
         return (f"step(): the simulators serving sub-environments {envs} sent no Step within "
                 f"{self.step_timeout_s:.0f}s (sessions {[m.sid[:8] for m in todo]}): a simulator is hung "
