@@ -170,6 +170,23 @@ def unanswered(outs) -> int:
     return sum("waiting for an answer" in o.get("stopped", "") for o in outs)
 
 
+def assert_counts(rec: dict, outs, episodes: bool = True) -> None:
+    """The group's counts (its last metrics record) are its simulators' summaries', exactly but
+    for the answers they gave up when stopped (unanswered())."""
+    lost = unanswered(outs)
+    steps = sum(o["steps"] for o in outs)
+    assert steps <= rec["env_steps"] <= steps + lost, (rec, outs)
+    if episodes:
+        eps = sum(o["episodes"] + o["cut_at_exit"] for o in outs)
+        assert eps <= rec["episodes"] <= eps + lost, (rec, outs)
+
+
+def best_return(recs, target: float, pid: str = "default_policy"):
+    """(the best return(10) of the records, the env steps where it first reached target or None)."""
+    r10 = [r["return_mean_10"].get(pid, 0.0) for r in recs]
+    return max(r10, default=0.0), next((r["env_steps"] for r, x in zip(recs, r10) if x >= target), None)
+
+
 def cleanup(sims, procs) -> None:
     """After a test, pass or fail: no simulator or rank left running."""
     for s in sims:
