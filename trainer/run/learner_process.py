@@ -6,12 +6,13 @@ the request threads each time, so a learner thread beside a busy bridge spends m
 time waiting for the GIL and the bridge waits for the learner's Python. A child process has
 its own interpreter: the bridge serves while the learner updates, on another core.
 
-The parent (the daemon's loop) keeps the runtime's Learner: it acts and exports from its
-acting copy, which takes the child's weights after every chunk of updates (its version is the
-child's update count), and it counts the rows it sends (agent_steps: the replay ratio's clock
-and the exploration schedule). The child builds the same Learner class from the same spaces
-and config, loads the parent's whole state (networks, optimizers, counters, replay buffer),
-adds the rows, runs the updates due in chunks and sends the acting weights back.
+The parent (the daemon's loop) keeps the runtime's Learner, built acting_only (no optimizer:
+capture.HeldOptimizer keeps a resumed checkpoint's optimizer state for the child): it acts and
+exports from its acting copy, which takes the child's weights after every chunk of updates (its
+version is the child's update count), and it counts the rows it sends (agent_steps: the replay
+ratio's clock and the exploration schedule). The child builds the same Learner class from the
+same spaces and config, loads the parent's whole state (networks, optimizer state, counters,
+replay buffer), adds the rows, runs the updates due in chunks and sends the acting weights back.
 
 Rate limiter, as DeepMind Reverb's SampleToInsertRatio: the ratio is the learner's own
 (`updates_per_step`, gradient updates per agent step). The child never runs ahead of it (an
