@@ -184,9 +184,6 @@ def cmd_run(args) -> int:
                   flush=True)
         from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank, server=server)
-        # Loaded: a Ctrl-C from now on is only noted, and run_daemon stops the run in order.
-        interrupted = []
-        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     except BaseException as e:
         if server is not None:   # its held calls are refused (UNAVAILABLE), and the process can exit
             server.stop(grace=0)
@@ -194,7 +191,7 @@ def cmd_run(args) -> int:
             raise
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)
         return 2
-    return run_daemon(daemon, interrupted)
+    return run_daemon(daemon)   # replaces the SIGINT handler before anything is written
 
 
 def cmd_serve(args) -> int:
@@ -232,12 +229,10 @@ def cmd_export(args) -> int:
     return 0
 
 
-def run_daemon(daemon, signals=None) -> int:
-    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint).
-    signals: the list a start's own SIGINT handler appends to, until this one replaces it."""
-    # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost process
-    # group that torchrun then signals) still writes its final checkpoint
-    signals = [] if signals is None else signals
+def run_daemon(daemon) -> int:
+    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
+    signals = []   # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost
+                   # process group that torchrun then signals) still writes its final checkpoint
 
     def on_signal(signum, frame):
         if signals:
@@ -247,8 +242,6 @@ def run_daemon(daemon, signals=None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if signals:   # a Ctrl-C after the start's last check, before the line above: a stop in order
-        daemon.request_stop(signal.Signals(signals[0]).name)
     try:
         return daemon.run()
     except KeyboardInterrupt:

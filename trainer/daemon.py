@@ -341,9 +341,7 @@ class TrainerDaemon:
             if self.rank is not None:
                 from simbridge.trainer.distributed import loop as distributed_loop
                 distributed_loop.join(self)   # waits for every rank (bounded): the loop's collectives need them
-            self.loop.run(self.checkpoints.env_steps, learners_expected=sum(
-                1 for pid, cls in self.factory.classes.items()
-                if self.cfg.trainable(pid) and cls is not None and issubclass(cls, Learner)))
+            self.loop.run(self.checkpoints.env_steps, learners_expected=len(self.factory.learners_to_train()))
         finally:
             self._shutdown(server)
         return self.exit_code

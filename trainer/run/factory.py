@@ -43,9 +43,13 @@ class PolicyFactory:
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
-        if not cfg.run.learner_process and any(
-                c is not None and issubclass(c, Learner) and cfg.trainable(pid) for pid, c in self.classes.items()):
+        if not cfg.run.learner_process and self.learners_to_train():
             warm_up_torch()   # only a learner that updates here builds an optimizer
+
+    def learners_to_train(self) -> list:
+        """The ids of the config's policies that are Learners in policies_to_train."""
+        return [pid for pid, c in self.classes.items()
+                if c is not None and issubclass(c, Learner) and self.cfg.trainable(pid)]
 
     def mapping_fn(self) -> Callable[[str, Optional[object]], str]:
         m = self.cfg.mapping
