@@ -5,8 +5,10 @@ VectorEnv (docs/examples/cleanrl_ppo_cartpole.py, SAME_STEP final_obs for trunca
 Each is run as a user starts it (it starts its two `simbridge-sim --slots 4` processes): where it
 listens, then a progress line every --print-every s, then its one JSON line.
 
-The test's target is a mean return of 200 over the last 100 training episodes: learning through
-the adapter, at a fraction of a full solve's cost. The full solves (475, rl-zoo's budget) and
+The test's target is a mean return of 120 over the last 100 training episodes (a random policy
+averages 22): learning through the adapter, at a fraction of a full solve's cost (seed 0 reached it
+at 14.6k env steps with SB3 and 13.8k with the CleanRL example, 20 CPU-s each; 200 took 38.7k and
+25.1k steps, 44 and 24 CPU-s). The full solves (475, rl-zoo's budget) and
 their figures are bench/sb3.py's and docs/benchmarks.md's.
 """
 import json
@@ -19,7 +21,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 LINE = re.compile(r": env steps +([\d,]+) \| episodes +(\d+) \| return mean\((\d+)\) +(-|[\d.]+) \| +\d+ steps/s")
-TARGET = 200
+TARGET = 120
 
 
 @pytest.mark.timeout(420)
