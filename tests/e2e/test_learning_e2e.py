@@ -2,8 +2,10 @@
 
 Small budgets (the full runs are bench/learning.py): DQN's CartPole preset passes a mean return
 of 150 over the last 10 episodes at about 6k env steps; the test allows 15k. One real DQN solve per
-way a simulator feeds the trainer: the lockstep client alone, then the batched Step client and the
-local-inference client together into one learner (each simulator's own step count shows it fed it).
+way a simulator feeds the trainer: the lockstep client alone (the preset), then the batched Step
+client and the local-inference client together into one learner (each simulator's own step count
+shows it fed it), and a multi-agent mapping: these two prove paths, with support.learning's QUICK,
+the preset at half its CPU per env step.
 """
 import json
 
@@ -11,7 +13,7 @@ import pytest
 
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
-from support.learning import r10, run
+from support.learning import QUICK, r10, run
 
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
 
@@ -34,10 +36,10 @@ config = {PRESET}"""
 def test_multiagent_trained_policy_improves_frozen_one_stays(tmp_path):
     tables = f"""[policies.p0]
 algorithm = "dqn"
-config = {PRESET}
+config = {QUICK}
 [policies.p1]
 algorithm = "dqn"
-config = {PRESET}
+config = {QUICK}
 [mapping]
 rules = ["cart_0=p0", "cart_1=p0", "cart_2=p1"]
 default = "p1\""""
@@ -63,7 +65,7 @@ def test_dqn_learns_cartpole_from_a_batched_simulator_and_a_local_inference_one_
     acting with a local copy of the policy (shipped weights, uploaded experience) feed one learner."""
     tables = f"""[policies.default_policy]
 algorithm = "dqn"
-config = {PRESET}"""
+config = {QUICK}"""
     batched = ["simbridge.sims.gym_sim", "--slots", "4", "--vector", "--seed", "0"]
     local = ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "1", "--inference", "local",
              "--update-interval", "0.2", "--chunk-steps", "32", "--max-buffered-steps", "128"]

@@ -4,9 +4,19 @@ import subprocess
 import sys
 import time
 
+from simbridge.trainer.config.values import toml_value
+from simbridge.trainer.learners.presets import DQN_CARTPOLE
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
 
 from support.daemon import metrics
+
+# DQN's CartPole preset (trainer/learners/presets.py) at about half its CPU per env step, for the tests
+# that prove a path (a group, a batched or local simulator, a policy mapping) rather than the preset:
+# half the updates per env step, on [64, 64] at batch 64. Its return(10) reaches 150 about as soon as
+# the preset's (docs/benchmarks.md, "Cheaper configs for the tests"); the preset's own solve is
+# test_learning_e2e.py's first test and bench/learning.py's.
+DQN_QUICK = {**DQN_CARTPOLE, "hidden": [64, 64], "batch_size": 64, "updates_per_step": 0.5}
+QUICK = toml_value({**DQN_QUICK, "seed": 0})
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,

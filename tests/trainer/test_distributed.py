@@ -16,6 +16,7 @@ from simbridge.trainer.run.launch import free_port
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from support.daemon import metrics
+from support.learning import QUICK
 from support.group import (SMALL, assert_counts, best_return, cleanup, digests, finish, hosts, sim,  # noqa: F401 (hosts: a fixture)
                            start_group, stop, wait_health)
 
@@ -30,7 +31,7 @@ def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_pa
     # stop at the target 79. Exact counts of a group's run out without a signal:
     # test_distributed_datasets.py's recording group.
     steps = 12000
-    procs, logdir = start_group(tmp_path, hosts, budget=0)
+    procs, logdir = start_group(tmp_path, hosts, budget=0, preset=QUICK)
     sims = []
     try:
         for i in range(2):
