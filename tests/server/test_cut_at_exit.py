@@ -28,20 +28,23 @@ from support.daemon import kill, metrics, start_sim
 from support.waits import wait
 
 LIMIT = 40
-ATTEMPTS = 3   # a stop that lands between two episodes cuts none with a step: run again
+ATTEMPTS = 5   # a stop that lands between two episodes cuts none with a step: run again
 
 
 def _stop_mid_episode(make_server, tmp_path, sig, module, args):
     """A real server and Reporter, the simulator `module` stopped by `sig` after 3 finished
     episodes, run again while the stop landed between episodes (ATTEMPTS in all). Returns (the
     sim's summary, every filed episode summary, the last record)."""
+    tries = []
     for attempt in range(ATTEMPTS):
         run_dir = tmp_path / str(attempt)
         run_dir.mkdir()
         said, filed, rec = _run(make_server, run_dir, sig, module, args)
         if len(filed) > said["episodes"]:   # the server filed an episode the sim did not finish
             return said, filed, rec
-    pytest.fail(f"{ATTEMPTS} stops all landed between episodes: nothing cut mid-episode")
+        tries.append({k: said.get(k) for k in ("episodes", "cut_at_exit", "steps", "local")} | {"filed": len(filed)})
+    pytest.fail(f"{ATTEMPTS} stops all landed between episodes: nothing cut mid-episode; each try's simulator "
+                f"summary and the episodes the server filed: {tries}")
 
 
 def _run(make_server, tmp_path, sig, module, args):
