@@ -24,11 +24,11 @@ from support.group import (SMALL, assert_counts, best_return, cleanup, digests, 
 
 @pytest.mark.timeout(300)
 def test_two_ranks_on_two_hosts_learn_with_equal_weights_and_exact_counts(tmp_path, hosts):
-    # Per simulator. return(10) >= 150 came at 10.5-11.2k env steps of the group in 5 runs here and at
-    # 11-14k before; one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop
-    # (SIGTERM) when the group's records reach it: each rank runs every update of the group (24k of
-    # DQN's at the whole budget), so the whole budget cost 157 CPU-s in a full run of the suite and the
-    # stop at the target 79. Exact counts of a group's run out without a signal:
+    # Per simulator. support.learning's QUICK (the DQN preset at half its CPU per env step): return(10)
+    # >= 150 at 11.6k env steps of the group alone (52 CPU-s); the preset came at 10.5-14k over 6 runs,
+    # one CI run had only 140 by 16k, so the group gets up to 24k. The simulators stop (SIGTERM) when
+    # the group's records reach it: each rank runs every update of the group, so the whole budget
+    # costs twice or more. Exact counts of a group's run out without a signal:
     # test_distributed_datasets.py's recording group.
     steps = 12000
     procs, logdir = start_group(tmp_path, hosts, budget=0, preset=QUICK)
