@@ -12,11 +12,7 @@ import json
 
 import pytest
 
-from simbridge.trainer.config.values import toml_value
-from simbridge.trainer.learners.presets import DQN_CARTPOLE
-from support.learning import QUICK, r10, run
-
-PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
+from support.learning import PRESET, QUICK, r10, run
 
 
 @pytest.mark.timeout(300)   # a learning run: 1-2 minutes at load 5-10

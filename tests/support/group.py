@@ -14,14 +14,9 @@ import warnings
 
 import pytest
 
-from simbridge.trainer.config.values import toml_value
-from simbridge.trainer.learners.presets import DQN_CARTPOLE
 from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
 from support.daemon import metrics
 from support.waits import wait
-
-PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # trainer/learners/presets.py
-
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
@@ -92,7 +87,7 @@ SMALL = ('{ batch_size = 32, learning_starts = 200, hidden = [32, 32], buffer_si
          'seed = 0 }')
 
 
-def start_group(tmp_path, hosts: Hosts, budget: int, resume: bool = False, preset: str = PRESET,
+def start_group(tmp_path, hosts: Hosts, budget: int, preset: str, resume: bool = False,
                 algorithm: str = "dqn", extra: str = "", shared_logdir: bool = False, name: str = "run"):
     """Two ranks, each serving on its own host; returns (procs, logdir). extra: more config (a
     [dataset] table); shared_logdir: both ranks get rank 0's --logdir (one shared filesystem)."""

@@ -17,6 +17,7 @@ from support.daemon import metrics
 # test_learning_e2e.py's first test and bench/learning.py's.
 DQN_QUICK = {**DQN_CARTPOLE, "hidden": [64, 64], "batch_size": 64, "updates_per_step": 0.5}
 QUICK = toml_value({**DQN_QUICK, "seed": 0})
+PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # the preset itself, as a config table
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,

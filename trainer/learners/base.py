@@ -31,7 +31,6 @@ import torch
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import capture, export, placement
-from simbridge.trainer.learners.placement import pick_device, pin_torch_threads
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -112,7 +111,7 @@ class Learner(Policy):
                              f"known: {sorted(cfg)}")
         cfg.update(config or {})
         self.config = cfg
-        self.device = pick_device(device)
+        self.device = placement.pick_device(device)
         # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the
         # daemon built this copy on the CPU only to act (trainer/run/factory.py)
         self.trains_on = self.device
@@ -244,7 +243,7 @@ class Learner(Policy):
         return torch.tensor(encoders.obs_rows(self.observation_space, obs_batch), device=self.acting_device)
 
     def compute_actions(self, obs_batch: Any, explore: bool = True) -> ActionBatch:
-        pin_torch_threads()
+        placement.pin_torch_threads()
         obs = self.obs_tensor(obs_batch)
         with self._act_lock, torch.no_grad():
             actions, logp = self.act(self.acting, obs, explore)

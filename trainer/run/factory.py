@@ -17,7 +17,6 @@ from simbridge.trainer.config.trainer_config import TrainerConfig
 from simbridge.trainer.config.algorithms import resolve_algorithm
 from simbridge.trainer.learners import placement
 from simbridge.trainer.learners.base import Learner, trains
-from simbridge.trainer.learners.placement import pick_device
 from simbridge.trainer.run.learner_process import refuse_in_learner_bootstrap
 from simbridge.wire.errors import Reason, invalid_argument, resource_exhausted
 from simbridge.wire.preprocess import flat_dim
@@ -80,7 +79,7 @@ class PolicyFactory:
 
     def _learner(self, pid: str, cls, obs_space, act_space, config: dict) -> Learner:
         run, trainable = self.cfg.run, self.cfg.trainable(pid)
-        device = pick_device(run.device)
+        device = placement.pick_device(run.device)
         # Frozen, or trained by a learner process: this copy never updates, and holds no optimizer.
         acting_only = run.learner_process or not trainable
         if run.learner_process and trainable and device.type != "cpu" and run.acting_device != "learner":
