@@ -6,7 +6,8 @@
 # Then on the GPU machine, in the checkout's copy, carrying .whl/ (results under $OUT):
 #   bash bench/gpu_check.sh
 #
-# It runs, each under its own timeout, writing into $OUT (./gpu_check_out without $OUT):
+# It runs, each under its own timeout, writing into gpu_check.tgz and summary.txt under $OUT
+# (./gpu_check_out without $OUT):
 #   setup.log            ../shared/gpu/device_setup.sh: wheels and this project into /tmp/site
 #   nvidia-smi.txt       the card, and the processes on it at the start
 #   pytest_gpu.txt       tests/trainer/test_update_paths.py: the CUDA graph path against eager
@@ -17,13 +18,20 @@
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
 #   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
+#   learner_speed_compile.json  torch.compile on cuda against eager and graph (SAC, DQN, batch 256),
+#                        when the run is early enough to afford compiling
 #   summary.txt          the figures above in a few lines
 set -u
 here=$(pwd)
-out=${OUT:-$here/gpu_check_out}
-mkdir -p "$out"
+# The files go to a folder of their own and, at every step, into one archive beside summary.txt:
+# the device tool brings back at most 8 files from $OUT, and a run cut by its time limit keeps what
+# the last step packed.
+dest=${OUT:-$here/gpu_check_out}
+out=/tmp/gpu_check
+rm -rf "$out"; mkdir -p "$out" "$dest"
 start=$(date +%s)
-step() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; }
+pack() { tar czf "$dest/gpu_check.tgz" -C "$out" . 2>/dev/null; cp "$out/summary.txt" "$dest/" 2>/dev/null; }
+step() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; pack; }
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 step "setup"
@@ -58,22 +66,47 @@ EOF
     2>/dev/null | sed "s/^/$(date +%s) /"; sleep 5; done ) > "$out/gpu_apps.txt" &
 apps=$!
 for task in dqn-cartpole sac-pendulum; do
-  step "bench/learning.py $task seed 0, device auto"
-  timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
-    --out "$out/learning_${task}_auto.json" > /dev/null 2> "$out/learning_${task}_auto.log"
-  # the daemon's and simulators' output (warnings: a capture that fell back, a GPU shared)
-  cp "$(ls -td /tmp/simbridge-"$task"-* 2>/dev/null | head -1)/processes.log" "$out/processes_${task}_auto.log" 2>/dev/null
-  step "bench/learning.py $task seed 0, GPU hidden"
-  CUDA_VISIBLE_DEVICES= timeout 110 python3 bench/learning.py "$task" --seed 0 --no-inprocess --timeout 100 \
-    --out "$out/learning_${task}_cpu.json" > /dev/null 2> "$out/learning_${task}_cpu.log"
-  python3 - "$out/learning_${task}_auto.json" "$out/learning_${task}_cpu.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+  # the two runs of a task side by side (16 cores; each uses about three): the same load for both,
+  # and half the device time. TMPDIR apart, so that each run's processes.log can be found.
+  step "bench/learning.py $task seed 0: device auto and, beside it, the GPU hidden"
+  pids=""
+  for mode in auto cpu; do
+    mkdir -p "/tmp/lrn_$mode"
+    if [ "$mode" = cpu ]; then hide="CUDA_VISIBLE_DEVICES="; else hide=""; fi
+    env $hide TMPDIR="/tmp/lrn_$mode" timeout 130 python3 bench/learning.py "$task" --seed 0 --no-inprocess \
+      --log-level INFO --timeout 90 --out "$out/learning_${task}_$mode.json" > /dev/null 2> "$out/learning_${task}_$mode.log" &
+    pids="$pids $!"
+  done
+  wait $pids   # not a bare wait: the sampling loop above never ends
+  for mode in auto cpu; do
+    # the daemon's and simulators' output (the update path, a capture that fell back, a GPU shared)
+    cp "$(ls -td /tmp/lrn_$mode/simbridge-"$task"-* 2>/dev/null | head -1)/processes.log" \
+      "$out/processes_${task}_$mode.log" 2>/dev/null
+  done
+  python3 - "$out/learning_${task}_auto.json" "$out/learning_${task}_cpu.json" >> "$out/summary.txt" 2>&1 <<'EOF2'
 import json, sys
 a, c = (json.load(open(p)) for p in sys.argv[1:3])
 print(f'  auto: solved {a["solved"]} at {a["env_steps"]} steps in {a["wall_s"]} s; hidden: solved {c["solved"]} at '
-      f'{c["env_steps"]} steps in {c["wall_s"]} s; auto/hidden wall {a["wall_s"] / c["wall_s"]:.2f} (bar: <= 1)')
-EOF
+      f'{c["env_steps"]} steps in {c["wall_s"]} s; auto/hidden wall {a["wall_s"] / c["wall_s"]:.2f} (bar: <= 1), '
+      f'per env step {a["wall_s"] / a["env_steps"] / (c["wall_s"] / c["env_steps"]):.2f}')
+EOF2
 done
 kill "$apps" 2>/dev/null
+grep -h -E "updates run|learns on|also use|WARNING|Traceback|Error" "$out"/processes_*.log 2>/dev/null | sed -E "s/^[0-9-]+ [0-9:,]+ //" | sort | uniq -c | head -20 \
+  >> "$out/summary.txt"
+
+# torch.compile on cuda (reduce-overhead: inductor kernels in CUDA graphs), where time is left:
+# compiling takes tens of seconds per learner
+if [ $(( $(date +%s) - start )) -lt 330 ]; then
+  step "bench/learner_speed.py: torch.compile on cuda (SAC and DQN, batch 256)"
+  timeout 120 python3 bench/learner_speed.py --devices cuda --paths eager,graph,compile --learners sac,dqn \
+    --batches 256 --no-acting --out "$out/learner_speed_compile.json" > /dev/null 2> "$out/learner_speed_compile.log"
+  python3 -c "
+import json, sys
+for x in json.load(open(sys.argv[1]))['results']:
+    print(f'  {x[\"learner\"]} b{x[\"batch\"]} {x[\"path_asked\"]}->{x[\"path\"]}: {x[\"updates_per_s\"]}/s warmup {x[\"warmup_s\"]} s')
+" "$out/learner_speed_compile.json" >> "$out/summary.txt" 2>&1
+fi
 nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
 step "done"
 cat "$out/summary.txt"

@@ -127,7 +127,7 @@ def read_metrics(logdir: Path) -> List[dict]:
 
 
 def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_process: bool,
-               max_behind: Optional[int] = None) -> dict:
+               max_behind: Optional[int] = None, log_level: str = "WARNING") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{name}-"))
     logdir = tmp / "run"
     address = f"127.0.0.1:{free_port()}"
@@ -138,7 +138,7 @@ def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_proce
     t0 = time.monotonic()
     try:
         daemon = subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(tmp / "config.toml"),
-                                   "--log-level", "WARNING"], env=env, cwd=str(ROOT), stdout=log, stderr=log)
+                                   "--log-level", log_level], env=env, cwd=str(ROOT), stdout=log, stderr=log)
         procs.append(daemon)
         wait_for_health(address, timeout=120)
         t_start = time.monotonic()
@@ -208,7 +208,8 @@ RATIOS = ("bridge_vs_inprocess_wall", "bridge_vs_inprocess_wall_per_step", "brid
 
 
 def run_seed(name: str, task: dict, seed: int, args) -> dict:
-    result = run_bridge(name, task, seed, args.timeout, args.learner == "process", args.max_updates_behind)
+    result = run_bridge(name, task, seed, args.timeout, args.learner == "process", args.max_updates_behind,
+                        args.log_level)
     if not args.no_inprocess:
         result.update(run_inprocess(task, seed))
         if result["wall_s"] and result["inprocess_wall_s"]:
@@ -242,6 +243,8 @@ def main(argv=None) -> int:
                         "in-process env steps between train() calls (default: the task's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                    help="override a learner config key, value as JSON: --set logged_actions='\"ignore\"'")
+    p.add_argument("--log-level", default="WARNING",
+                   help="the trainer's, into the run's processes.log (INFO: each learner's update path and device)")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
     task = dict(TASKS[args.task])

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from simbridge.trainer.config.sections import RunSection
+from simbridge.trainer.config.trainer_config import CONFIG_DIR
 from simbridge.trainer.config.values import ConfigError
 from simbridge.trainer.learners import capture, placement
 from simbridge.trainer.learners.dqn import DQNLearner
@@ -32,7 +33,7 @@ from support.batches import acted_rows   # a fragment with the bridge's columns,
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
 CARTPOLE, PENDULUM = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "trainer", "configs")
+CONFIGS = str(CONFIG_DIR)   # the installed package's: the GPU check runs these tests from a copy of tests/ alone
 
 
 def learner(kind: str, device: str = "cpu", **cfg):
