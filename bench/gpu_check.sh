@@ -12,14 +12,17 @@
 #   nvidia-smi.txt       the card, and the processes on it at the start
 #   pytest_gpu.txt       tests/trainer/test_update_paths.py: the CUDA graph path against eager
 #   learner_speed.json   bench/learner_speed.py: updates/s of DQN, SAC and PPO's minibatch step,
-#                        cpu and cuda, batch 256 and 4,096, eager and graph, with the ratios and the
+#                        cpu and cuda, batch 256 and 4,096, eager and graph, on cuda with TF32
+#                        products (the default) and full float32, with the ratios and the
 #                        issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256; 4,096 >= 0.8x 256)
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
+#   learning_*_big.json  the same with device "auto", batch_size 1,024 and updates_per_step 2 (the
+#                        presets' GPU guidance), beside them
 #   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
-#   learner_speed_compile.json  torch.compile on cuda against eager and graph (SAC, DQN, batch 256),
-#                        when the run is early enough to afford compiling
+#   learner_speed_compile.log  torch.compile on cuda (SAC, DQN, batch 256), when the run is early
+#                        enough to afford compiling
 #   summary.txt          the figures above in a few lines
 set -u
 here=$(pwd)
@@ -50,12 +53,13 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 
 step "bench/learner_speed.py"
-timeout 150 python3 bench/learner_speed.py --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"
+timeout 150 python3 bench/learner_speed.py --tf32 both --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"
 python3 - "$out/learner_speed.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
-    print(f'  {x["learner"]} {x["device"]} b{x["batch"]} {x["path"]}: {x["updates_per_s"]}/s {x["spread"]} cpu {x["cpu_ms_per_update"]} ms')
+    tf = ("" if x["device"] == "cpu" else " tf32" if x["tf32"] else " fp32")
+    print(f'  {x["learner"]} {x["device"]}{tf} b{x["batch"]} {x["path"]}: {x["updates_per_s"]}/s {x["spread"]} cpu {x["cpu_ms_per_update"]} ms')
 print("  ratios", json.dumps(r["ratios"]))
 print("  targets", json.dumps(r["targets"]))
 print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
@@ -69,26 +73,34 @@ for task in dqn-cartpole sac-pendulum; do
   # the two runs of a task side by side (16 cores; each uses about three): the same load for both,
   # and half the device time. TMPDIR apart, so that each run's processes.log can be found.
   step "bench/learning.py $task seed 0: device auto and, beside it, the GPU hidden"
+  # and a third beside them: the presets' GPU guidance (presets.py: a larger batch, a higher replay
+  # ratio), one seed, to see what it does to the target's wall time and env steps
   pids=""
-  for mode in auto cpu; do
+  for mode in auto cpu big; do
     mkdir -p "/tmp/lrn_$mode"
-    if [ "$mode" = cpu ]; then hide="CUDA_VISIBLE_DEVICES="; else hide=""; fi
-    env $hide TMPDIR="/tmp/lrn_$mode" timeout 130 python3 bench/learning.py "$task" --seed 0 --no-inprocess \
+    hide=""; extra=""
+    [ "$mode" = cpu ] && hide="CUDA_VISIBLE_DEVICES="
+    [ "$mode" = big ] && extra="--set batch_size=1024 --set updates_per_step=2"
+    env $hide TMPDIR="/tmp/lrn_$mode" timeout 130 python3 bench/learning.py "$task" --seed 0 --no-inprocess $extra \
       --log-level INFO --timeout 90 --out "$out/learning_${task}_$mode.json" > /dev/null 2> "$out/learning_${task}_$mode.log" &
     pids="$pids $!"
   done
   wait $pids   # not a bare wait: the sampling loop above never ends
-  for mode in auto cpu; do
+  for mode in auto cpu big; do
     # the daemon's and simulators' output (the update path, a capture that fell back, a GPU shared)
     cp "$(ls -td /tmp/lrn_$mode/simbridge-"$task"-* 2>/dev/null | head -1)/processes.log" \
       "$out/processes_${task}_$mode.log" 2>/dev/null
   done
-  python3 - "$out/learning_${task}_auto.json" "$out/learning_${task}_cpu.json" >> "$out/summary.txt" 2>&1 <<'EOF2'
+  python3 - "$out/learning_${task}_auto.json" "$out/learning_${task}_cpu.json" "$out/learning_${task}_big.json" \
+    >> "$out/summary.txt" 2>&1 <<'EOF2'
 import json, sys
 a, c = (json.load(open(p)) for p in sys.argv[1:3])
 print(f'  auto: solved {a["solved"]} at {a["env_steps"]} steps in {a["wall_s"]} s; hidden: solved {c["solved"]} at '
       f'{c["env_steps"]} steps in {c["wall_s"]} s; auto/hidden wall {a["wall_s"] / c["wall_s"]:.2f} (bar: <= 1), '
       f'per env step {a["wall_s"] / a["env_steps"] / (c["wall_s"] / c["env_steps"]):.2f}')
+b = json.load(open(sys.argv[3]))
+print(f'  auto, batch 1024 and 2 updates per step: solved {b["solved"]} at {b["env_steps"]} steps in {b["wall_s"]} s '
+      f'({sum(b["updates"].values())} updates)')
 EOF2
 done
 kill "$apps" 2>/dev/null
@@ -96,17 +108,19 @@ grep -h -E "updates run|learns on|also use|WARNING|Traceback|Error" "$out"/proce
   >> "$out/summary.txt"
 
 # torch.compile on cuda (reduce-overhead: inductor kernels in CUDA graphs), where time is left:
-# compiling takes tens of seconds per learner
-if [ $(( $(date +%s) - start )) -lt 330 ]; then
-  step "bench/learner_speed.py: torch.compile on cuda (SAC and DQN, batch 256)"
-  timeout 120 python3 bench/learner_speed.py --devices cuda --paths eager,graph,compile --learners sac,dqn \
-    --batches 256 --no-acting --out "$out/learner_speed_compile.json" > /dev/null 2> "$out/learner_speed_compile.log"
-  python3 -c "
+# compiling takes tens of seconds per learner. Its rows are read from the log, one JSON line per
+# row as it ends, so that a row cut by the timeout does not lose the ones before it.
+if [ $(( $(date +%s) - start )) -lt 300 ]; then
+  step "bench/learner_speed.py: torch.compile on cuda (SAC and DQN, batch 256; eager and graph rows above)"
+  timeout 150 python3 bench/learner_speed.py --devices cuda --paths compile --learners sac,dqn \
+    --batches 256 --no-acting > /dev/null 2> "$out/learner_speed_compile.log"
+  grep -h '^{"learner"' "$out/learner_speed_compile.log" | python3 -c "
 import json, sys
-for x in json.load(open(sys.argv[1]))['results']:
+for line in sys.stdin:
+    x = json.loads(line)
     print(f'  {x[\"learner\"]} b{x[\"batch\"]} {x[\"path_asked\"]}->{x[\"path\"]}: {x[\"updates_per_s\"]}/s warmup {x[\"warmup_s\"]} s')
-" "$out/learner_speed_compile.json" >> "$out/summary.txt" 2>&1
+" >> "$out/summary.txt" 2>&1
+  grep -h "updates run eagerly from now on" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
 fi
-nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
 step "done"
 cat "$out/summary.txt"

@@ -1,7 +1,8 @@
 """Learner update speed: updates/s per learner, device, batch size and update path, in one run.
 
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
-                                  [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--out FILE]
+                                  [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
+                                  [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -10,11 +11,13 @@ path, metrics left on the device) over a replay of 5,000 synthetic transitions, 
 windows of at least `--window` seconds, the device synchronised at both ends of each. Paths: eager
 everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile) with --compile only:
 compiling takes minutes on a small CPU. Prints one JSON object:
-  results: {learner, device, batch, path, updates_per_s (median), spread [min, max], cpu_ms_per_update
+  results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
+           learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile)}
   ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`), and per
-           learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`)
+           learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
+           cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`)
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
            and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
@@ -58,10 +61,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(name: str, device: str, batch: int, path: str):
+def build(name: str, device: str, batch: int, path: str, tf32: bool = True):
     cls, preset, env_id = LEARNERS[name]
     env = gym.make(env_id)
-    cfg = {**preset, "seed": 0, "update_path": path}
+    cfg = {**preset, "seed": 0, "update_path": path, "tf32": tf32}
     if name != "ppo":
         cfg["batch_size"] = batch
     learner = cls(env.observation_space, env.action_space, cfg, device=device, acting_device="learner")
@@ -89,9 +92,9 @@ def build(name: str, device: str, batch: int, path: str):
     return learner, learner.run_update_steps
 
 
-def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int) -> dict:
+def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True) -> dict:
     t0 = time.perf_counter()
-    learner, steps = build(name, device, batch, path)
+    learner, steps = build(name, device, batch, path, tf32)
     dev = learner.device
     steps(6)                       # warm-up: a graph's capture, a compile, lazy allocations
     learner.updater.read()
@@ -118,7 +121,7 @@ def measure(name: str, device: str, batch: int, path: str, window: float, repeat
         cpu.append(1e3 * (time.process_time() - c0) / n)
         timed += n
     return {"learner": name, "device": str(dev), "batch": batch, "path": learner.updater.path,
-            "path_asked": path, "updates_per_s": round(statistics.median(rates), 1),
+            "path_asked": path, "tf32": learner.updater.tf32, "updates_per_s": round(statistics.median(rates), 1),
             "spread": [round(min(rates), 1), round(max(rates), 1)],
             "cpu_ms_per_update": round(statistics.median(cpu), 3), "updates": timed,
             "warmup_s": round(warmup_s, 2)}
@@ -152,21 +155,27 @@ def acting_latency(device: str, window: float = 0.15) -> list:
 
 def ratios(results: list) -> dict:
     out = {}
-    by = {(r["learner"], r["device"], r["batch"], r["path_asked"]): r["updates_per_s"] for r in results}
-    for (learner, device, batch, path), rate in by.items():
-        eager = by.get((learner, device, batch, "eager"))
+    by = {(r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]): r["updates_per_s"] for r in results}
+    for (learner, device, batch, path, tf32), rate in by.items():
+        tag = "" if not device.startswith("cuda") else ("/tf32" if tf32 else "/fp32")
+        eager = by.get((learner, device, batch, "eager", tf32))
         if path != "eager" and eager:
-            out[f"{learner}/{device}/b{batch}/{path}_vs_eager"] = round(rate / eager, 3)
-        small = by.get((learner, device, 256, path))
+            out[f"{learner}/{device}{tag}/b{batch}/{path}_vs_eager"] = round(rate / eager, 3)
+        small = by.get((learner, device, 256, path, tf32))
         if batch == 4096 and small:
-            out[f"{learner}/{device}/{path}/b4096_vs_b256"] = round(rate / small, 3)
+            out[f"{learner}/{device}{tag}/{path}/b4096_vs_b256"] = round(rate / small, 3)
+        if tf32:
+            full = by.get((learner, device, batch, path, False))
+            if full:
+                out[f"{learner}/{device}/b{batch}/{path}/tf32_vs_fp32"] = round(rate / full, 3)
     return out
 
 
 def targets(results: list) -> dict:
     out = {}
     for learner, bar in TARGETS.items():
-        cuda = [r for r in results if r["learner"] == learner and r["device"].startswith("cuda")]
+        # the learners' defaults: TF32 on cuda
+        cuda = [r for r in results if r["learner"] == learner and r["device"].startswith("cuda") and r["tf32"]]
         b256 = [r for r in cuda if r["batch"] == 256]
         if not b256:
             continue
@@ -186,6 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="256,4096")
     ap.add_argument("--learners", default="dqn,sac,ppo")
     ap.add_argument("--paths", default=None, help="default: eager, and graph on cuda")
+    ap.add_argument("--tf32", choices=["on", "off", "both"], default="on",
+                    help="on cuda, the learners' tf32 key (default on, as the learners): both measures each")
     ap.add_argument("--compile", action="store_true", help="also the torch.compile path (minutes on a small CPU)")
     ap.add_argument("--window", type=float, default=0.3, help="seconds per timed window")
     ap.add_argument("--repeats", type=int, default=3)
@@ -195,6 +206,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
+    tf32s = {"on": (True,), "off": (False,), "both": (True, False)}[args.tf32]
     results = []
     for device in args.devices.split(","):
         if device.startswith("cuda") and not have_cuda:
@@ -206,9 +218,10 @@ def main(argv=None) -> int:
         for learner in args.learners.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
                 for path in paths:
-                    r = measure(learner, device, batch, path, args.window, args.repeats)
-                    print(json.dumps(r), file=sys.stderr, flush=True)
-                    results.append(r)
+                    for tf32 in tf32s if device.startswith("cuda") else (True,):
+                        r = measure(learner, device, batch, path, args.window, args.repeats, tf32)
+                        print(json.dumps(r), file=sys.stderr, flush=True)
+                        results.append(r)
     acting = []
     if not args.no_acting:
         for device in args.devices.split(","):

@@ -274,6 +274,48 @@ def test_a_failing_compile_falls_back_to_eager_says_so_and_loses_no_update(caplo
         torch.testing.assert_close(a, b)
 
 
+def test_a_compile_failing_after_compiled_steps_drops_their_gradients_and_loses_no_update(caplog):
+    """On cuda, a compiled step's gradients can live in its CUDA graphs' memory, which the next
+    compiled run overwrites: reading one eagerly raised ("accessing tensor output of CUDAGraphs that
+    has been overwritten", SAC on an H200). The fall-back drops them; eager makes them anew."""
+    calls = []
+
+    def fails_third(fn):
+        def run(inputs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("cudagraph trees: overwritten output")
+            return fn(inputs)
+        return run
+    eager, comp = learner("sac"), learner("sac", update_path="compile")
+    comp.updater._compiler = fails_third
+    fill(eager), fill(comp)
+    comp.train(max_updates=2)
+    before = comp.log_alpha.grad
+    comp.train(max_updates=10)
+    eager.train(max_updates=12)
+    assert comp.updater.path == "eager" and comp.updates == 12
+    assert comp.log_alpha.grad is not before
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b)
+
+
+def test_tf32_is_switched_around_a_step_and_restored():
+    """On cuda the updates' float32 products run on TF32 tensor cores (the learners' `tf32`); the
+    switch is cuBLAS's process-wide flag, so it is set around each step that picks kernels and put
+    back after (acting passes and other learners keep theirs). Setting it needs no GPU."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    for want, inside in ((True, "tf32"), (False, "ieee")):
+        with capture._Precision(want):
+            assert matmul.fp32_precision == inside
+        assert matmul.fp32_precision == before
+    dqn = learner("dqn")
+    assert dqn.config["tf32"] is True and dqn.updater.tf32 is False   # nothing to switch on the CPU
+    assert "TF32" not in dqn.updater.describe()
+    assert learner("dqn", tf32=False).config["tf32"] is False
+
+
 def test_graph_path_refuses_optimizer_hooks_and_runs_eagerly(caplog):
     """A data-parallel group's gradient exchange is an optimizer hook; a graph would replay it
     without running it. Exercised on the CPU by calling the graph runner directly."""
@@ -354,6 +396,18 @@ def test_graph_path_with_a_hard_target_every_third_update_equals_eager_on_cuda()
     assert len(graph.updater._graphs) == 2   # one per target turn
     for a, b in zip(weights(eager), weights(graph)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("tf32", [True, False])
+def test_a_cuda_update_runs_with_its_tf32_setting_and_leaves_the_flag_as_it_was(tf32):
+    before = torch.backends.cuda.matmul.fp32_precision
+    dqn = learner("dqn", "cuda", update_path="graph", tf32=tf32)
+    fill(dqn)
+    dqn.train(max_updates=capture.WARMUP + 3)
+    assert dqn.updater.tf32 is tf32 and ("TF32" in dqn.updater.describe()) is tf32
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    assert np.all(np.isfinite(list(dqn.last_metrics.values())))
 
 
 @cuda

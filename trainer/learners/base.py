@@ -51,6 +51,7 @@ COMMON_DEFAULTS = {
     "seed": None,
     "vis_encode_type": "auto",  # image observations' encoder: trainer/learners/encoders.py
     "update_path": "auto",     # "auto" | "eager" | "graph" | "compile": trainer/learners/capture.py
+    "tf32": True,              # on cuda, the updates' float32 products on TF32 tensor cores (capture.py)
 }
 
 
@@ -202,7 +203,8 @@ class Learner(Policy):
         logged, when first needed: a learner whose updates run in a learner process says nothing."""
         if self._updater is None and self.METRICS:
             self._updater = capture.Updates(type(self).__name__, self.update_step, self.METRICS, self.update_path,
-                                            self._path_reason, self.device, self.optimizers())
+                                            self._path_reason, self.device, self.optimizers(),
+                                            tf32=self.config["tf32"])
         return self._updater
 
     def optimizers(self) -> list:

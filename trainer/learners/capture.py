@@ -24,11 +24,17 @@ needs what a graph can replay:
   - per-update scalars as device tensors: a learning rate that changes lives in the optimizer as a
     tensor (`set_lr` fills it); Adam is fused (its step count on the device, capturable);
   - python choices (DQN's target-update turn) pick one of a few graphs (`key`).
+On cuda the update's float32 matrix products use TensorFloat-32 tensor cores (the learner's `tf32`,
+default true): the eager, warm-up, capture and compile runs switch cuBLAS to TF32 around the step
+and back after it (a replay runs the kernels chosen at capture), so acting passes and other
+learners keep their own precision. Why: at batch 4,096 an H200 ran SAC's full-float32 graph at
+half its batch-256 rate, the products being most of the work (docs/benchmarks.md).
 The first WARMUP updates of each graph run eagerly on a side stream (Adam's state and cuBLAS's
 workspaces exist before capture, as CUDA graphs need); capture records without executing, so the
 replay right after it is the update itself. Graph and eager compute the same function with the
 same draws: results agree to float rounding (tests/trainer/test_update_paths.py).
 """
+import contextlib
 import logging
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
@@ -56,6 +62,34 @@ def resolve(setting: str, device: torch.device) -> Tuple[str, str]:
     if setting == "compile" and not hasattr(torch, "compile"):
         return "eager", "this torch has no torch.compile"
     return setting, "as configured"
+
+
+class _Precision:
+    """cuBLAS's float32 matmul precision for the block: "tf32" or "ieee" (full float32), restored
+    after it. torch >= 2.9 refuses a mix of its new API (fp32_precision) and the legacy flag
+    (allow_tf32) in one process: the new one where it exists."""
+
+    def __init__(self, tf32: bool):
+        self.want = tf32
+        self.saved = None
+
+    def __enter__(self):
+        matmul = torch.backends.cuda.matmul
+        if hasattr(matmul, "fp32_precision"):
+            self.saved = matmul.fp32_precision
+            matmul.fp32_precision = "tf32" if self.want else "ieee"
+        else:   # older torch
+            self.saved = matmul.allow_tf32
+            matmul.allow_tf32 = self.want
+        return self
+
+    def __exit__(self, *exc):
+        matmul = torch.backends.cuda.matmul
+        if hasattr(matmul, "fp32_precision"):
+            matmul.fp32_precision = self.saved
+        else:
+            matmul.allow_tf32 = self.saved
+        return False
 
 
 def adam(params, lr: float, path: str, device: torch.device, **kw) -> torch.optim.Adam:
@@ -161,9 +195,10 @@ class Updates:
 
     def __init__(self, owner: str, step: Callable[[Inputs], torch.Tensor], names: Sequence[str], path: str,
                  reason: str, device: torch.device, optimizers: Sequence[torch.optim.Optimizer] = (),
-                 compiler: Optional[Callable] = None, quiet: bool = False):
+                 compiler: Optional[Callable] = None, quiet: bool = False, tf32: bool = True):
         """compiler: what the compile path wraps the step with (default torch.compile; tests pass
-        their own); quiet: no start-up line (a learner that only acts)."""
+        their own); quiet: no start-up line (a learner that only acts); tf32: on cuda, the step's
+        float32 matrix products on TensorFloat-32 tensor cores (False: full float32)."""
         self.owner, self.step, self.names = owner, step, tuple(names)
         self.device = device
         self.optimizers = list(optimizers)
@@ -176,11 +211,15 @@ class Updates:
         self._graphs: Dict[Hashable, list] = {}   # key -> [eager runs so far, graph, static inputs]
         self._compiled = None
         self._side: Optional[torch.cuda.Stream] = None
+        # cuBLAS's precision around the steps that choose kernels; nothing to switch off cuda
+        self._precision = _Precision(tf32) if device.type == "cuda" else contextlib.nullcontext()
+        self.tf32 = tf32 and device.type == "cuda"
         if not quiet:
             log.info("%s: updates run %s (%s)", owner, self.describe(), reason)
 
     def describe(self) -> str:
-        return {"graph": "as one CUDA graph", "compile": "through torch.compile", "eager": "eagerly"}[self.path]
+        how = {"graph": "as one CUDA graph", "compile": "through torch.compile", "eager": "eagerly"}[self.path]
+        return how + (", float32 products on TF32 tensor cores" if self.tf32 else "")
 
     # ---------------------------------------------------------------- running
 
@@ -192,15 +231,22 @@ class Updates:
     def run(self, inputs: Inputs, key: Hashable = ()) -> None:
         if self.path == "graph":
             self._run_graph(inputs, key)
-        elif self.path == "compile":
-            self._run_compiled(inputs)
         else:
-            self._body(inputs)
+            with self._precision:
+                if self.path == "compile":
+                    self._run_compiled(inputs)
+                else:
+                    self._body(inputs)
         self.count += 1
         self.ran += 1
 
     def _fall_back(self, why: str) -> None:
         log.warning("%s: updates run eagerly from now on (%s)", self.owner, why)
+        if self.path == "compile":
+            # gradients a compiled step made may live in its CUDA graphs' memory, which eager
+            # must not read: the next backward makes them anew
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
         self.path, self.reason = "eager", why
         self._graphs.clear()
         self._compiled = None
@@ -229,7 +275,8 @@ class Updates:
             why = self._hooked()
             if why is not None:
                 self._fall_back(why)
-                self._body(inputs)
+                with self._precision:
+                    self._body(inputs)
                 return
             entry = self._graphs[full_key] = [0, None, None]
         if entry[1] is not None:
@@ -240,6 +287,10 @@ class Updates:
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with self._precision:
+            self._warm_or_capture(entry, inputs)
+
+    def _warm_or_capture(self, entry: list, inputs: Inputs) -> None:
         if entry[0] < WARMUP:
             with torch.cuda.stream(self._side):
                 self._body(inputs)

@@ -155,6 +155,9 @@ class SACLearner(Learner):
         self.actor_opt = self.adam(self.actor.parameters(), cfg["actor_lr"])
         self.critic_opt = self.adam(self.critic.parameters(), cfg["critic_lr"])
         self.alpha_opt = self.adam([self.log_alpha], cfg["alpha_lr"])
+        # its gradient, made here, outside the steps that write it in place: one made inside a
+        # torch.compile'd step is memory of that step's CUDA graphs, which its next run overwrites
+        self.log_alpha.grad = torch.zeros_like(self.log_alpha)
 
     def modules_for_acting(self) -> nn.Module:
         return self.actor
