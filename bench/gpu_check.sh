@@ -15,6 +15,8 @@
 #                        cpu and cuda, batch 256 and 4,096, eager and graph, on cuda with TF32
 #                        products (the default) and full float32, with the ratios and the
 #                        issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256; 4,096 >= 0.8x 256)
+#   learner_speed_profile.json  the same for DQN and SAC on cuda with --profile: each row's costliest
+#                        kernels per update (what grows from batch 256 to 4,096)
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
@@ -63,6 +65,16 @@ for x in r["results"]:
 print("  ratios", json.dumps(r["ratios"]))
 print("  targets", json.dumps(r["targets"]))
 print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
+EOF
+
+step "bench/learner_speed.py --profile: where a cuda update's time goes, batch 256 against 4,096"
+timeout 90 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths eager,graph --window 0.1 \
+  --repeats 1 --no-acting --profile 8 --out "$out/learner_speed_profile.json" > /dev/null 2> "$out/learner_speed_profile.log"
+python3 - "$out/learner_speed_profile.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+for x in json.load(open(sys.argv[1]))["results"]:
+    print(f'  {x["learner"]} b{x["batch"]} {x["path"]}: ' + "; ".join(
+        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 EOF
 
 # the processes holding the GPU while the learning runs go (one context expected: the learner process's)

@@ -2,7 +2,7 @@
 
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
-                                  [--out FILE]
+                                  [--profile K] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -14,7 +14,8 @@ compiling takes minutes on a small CPU. Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
-           updates and any capture or compile)}
+           updates and any capture or compile), with --profile K: profile, the K ops with the most
+           self time per update (on the device on cuda)}
   ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`)
@@ -127,6 +128,25 @@ def measure(name: str, device: str, batch: int, path: str, window: float, repeat
             "warmup_s": round(warmup_s, 2)}
 
 
+def profile(name: str, device: str, batch: int, path: str, tf32: bool, top: int, updates: int = 20) -> list:
+    """The `top` ops by self time on the device (cuda; on the CPU, by self CPU time) over `updates`
+    updates after the warm-up, per update: what grows with the batch."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    learner, steps = build(name, device, batch, path, tf32)
+    steps(6)
+    sync(learner.device)
+    cuda = learner.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=acts) as prof:
+        steps(updates)
+        sync(learner.device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
+    return [{"op": e.key[:90], "self_us_per_update": round(getattr(e, key, 0.0) / updates, 1),
+             "calls_per_update": round(e.count / updates, 2)} for e in rows]
+
+
 def acting_latency(device: str, window: float = 0.15) -> list:
     out = []
     nets = [("dqn", DQNLearner, DQN_CARTPOLE, "CartPole-v1", None), ("sac", SACLearner, SAC_PENDULUM, "Pendulum-v1", None),
@@ -202,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the trainer's default: 1)")
     ap.add_argument("--no-acting", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="also each row's K costliest ops per update (torch.profiler: self time on the "
+                         "device on cuda, self CPU time on the CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -220,6 +243,8 @@ def main(argv=None) -> int:
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
                         r = measure(learner, device, batch, path, args.window, args.repeats, tf32)
+                        if args.profile:
+                            r["profile"] = profile(learner, device, batch, path, tf32, args.profile)
                         print(json.dumps(r), file=sys.stderr, flush=True)
                         results.append(r)
     acting = []

@@ -79,3 +79,18 @@ def test_help_and_list_are_made_from_the_case_docstrings():
 def test_bench_modules_stay_near_400_lines():
     big = {p.name: n for p in (ROOT / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not big, f"bench modules that hold two jobs: {big}"
+
+
+def test_learner_speed_runs_on_the_cpu_and_reports_rates_and_profiles(tmp_path):
+    """bench/learner_speed.py is what the GPU check runs: on the CPU it must run too, one row per
+    learner (eager: the CPU's only path) and, with --profile, each row's costliest ops."""
+    out = tmp_path / "speed.json"
+    run("bench/learner_speed.py", "--learners", "dqn,ppo", "--batches", "64", "--window", "0.02",
+        "--repeats", "1", "--no-acting", "--profile", "3", "--tf32", "both", "--out", str(out))
+    report = json.loads(out.read_text())
+    rows = {(r["learner"], r["batch"]): r for r in report["results"]}
+    assert set(rows) == {("dqn", 64), ("ppo", 64)}   # one row each: --tf32 both is cuda's
+    for r in rows.values():
+        assert r["device"] == "cpu" and r["path"] == "eager" and r["tf32"] is False and r["updates_per_s"] > 0
+        assert len(r["profile"]) == 3 and all(p["self_us_per_update"] > 0 for p in r["profile"])
+    assert report["targets"] == {}   # the issue's bars are cuda's

@@ -6,14 +6,14 @@ The config key `update_path` (every learner, COMMON_DEFAULTS):
   "graph"    the whole update (replay gather, losses, backward, optimizer steps, target update,
              metrics) captured once as a torch.cuda.CUDAGraph and replayed: one launch per update.
              cuda only; elsewhere, or when capture fails, eager (the log says why)
-  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. On the
-             CPU compiling a step took 68-139 s on 2 loaded cores and won nothing certain (0.7x-1.6x
-             eager's CPU time per update: docs/benchmarks.md), so "auto" never picks it there.
+  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. Slower
+             than "graph" on cuda and no certain win over eager on the CPU, after seconds to
+             minutes of compiling (docs/benchmarks.md), so "auto" never picks it.
 
 Why a graph: on a GPU a small-network update is bound by its ~100 kernel launches and by host
-synchronisation, not by arithmetic (an H200 ran SAC's eager update at ~200/s, at batch 256 as at
-4,096; LeanRL's SAC went from 127 to 526 updates/s with CUDA graphs alone). Capturing the update
-needs what a graph can replay:
+synchronisation, not by arithmetic (an eager update runs as fast at 4,096 rows as at 256; the
+graph's figures are in docs/benchmarks.md, "The GPU"). Capturing the update needs what a graph can
+replay:
   - no host synchronisation inside it: the metrics are a device vector the graph writes into
     `latest` and adds into `total`, read back when the learner asks (once per train() call, or
     fewer: `Updates.read`), never per update;
@@ -27,8 +27,8 @@ needs what a graph can replay:
 On cuda the update's float32 matrix products use TensorFloat-32 tensor cores (the learner's `tf32`,
 default true): the eager, warm-up, capture and compile runs switch cuBLAS to TF32 around the step
 and back after it (a replay runs the kernels chosen at capture), so acting passes and other
-learners keep their own precision. Why: at batch 4,096 an H200 ran SAC's full-float32 graph at
-half its batch-256 rate, the products being most of the work (docs/benchmarks.md).
+learners keep their own precision. Why: the products are most of what grows with the batch
+(TF32 against full float32: docs/benchmarks.md, "The GPU").
 The first WARMUP updates of each graph run eagerly on a side stream (Adam's state and cuBLAS's
 workspaces exist before capture, as CUDA graphs need); capture records without executing, so the
 replay right after it is the update itself. Graph and eager compute the same function with the

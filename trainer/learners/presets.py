@@ -7,10 +7,9 @@ What each reached, over which seeds, and what was tried: docs/benchmarks.md, "Ro
 
 On a GPU the presets run as they are (their updates captured as CUDA graphs: `update_path`,
 trainer/learners/capture.py), but were tuned on one CPU thread, where an update's cost grows with
-its batch. On a GPU it barely does (an H200 ran an eager update as fast at 4,096 rows as at 256), so
-a learner there consumes experience faster with a larger `batch_size` and a higher replay ratio
-`updates_per_step` (e.g. `{**SAC_PENDULUM, "batch_size": 1024, "updates_per_step": 2}`); their
-learning curves are not measured here: check the target in bench/learning.py with `--set`.
+its batch. On a GPU it grows far less, so a learner there consumes experience faster with a larger
+`batch_size` and a higher replay ratio `updates_per_step` (e.g. 1024 and 2: what that did on an
+H200 is in docs/benchmarks.md, "The GPU"); check the target with bench/learning.py's `--set`.
 """
 from typing import Dict
 
