@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecMonitor
 
 from simbridge.trainer.run.launch import Proc, python_module
@@ -38,9 +39,13 @@ def linear(start: float):
 
 def rl_zoo_ppo(env, seed: int = 0) -> PPO:
     """rl-zoo's PPO for CartPole-v1 (n_envs 8)."""
-    return PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-               ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu",
-               verbose=0)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu",
+                verbose=0)
+    # SB3's default logger makes an empty SB3-<date> folder in the temp directory at every learn();
+    # the progress lines are Progress's
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 class StopAtMeanReturn(BaseCallback):

@@ -12,6 +12,7 @@ at 14.6k env steps with SB3 and 13.8k with the CleanRL example, 20 CPU-s each; 2
 their figures are bench/sb3.py's and docs/benchmarks.md's.
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,12 +28,14 @@ TARGET = 120
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("example, budget", [("sb3_ppo_cartpole.py", ["--max-steps", "100000"]),
                                              ("cleanrl_ppo_cartpole.py", ["--total-steps", "150000"])])
-def test_an_example_learns_from_two_simulator_processes_and_shows_progress(example, budget):
+def test_an_example_learns_from_two_simulator_processes_and_shows_progress(example, budget, tmp_path):
     if example.startswith("sb3"):
         pytest.importorskip("stable_baselines3")
     p = subprocess.run([sys.executable, str(EXAMPLES / example), "--address", "127.0.0.1:0", *budget,
                         "--target", str(TARGET), "--seed", "0", "--print-every", "1"],
-                       capture_output=True, text=True, timeout=400)
+                       capture_output=True, text=True, timeout=400, env={**os.environ, "TMPDIR": str(tmp_path)})
+    # nothing left behind in the temp directory (SB3's default logger made a folder at every run)
+    assert not list(tmp_path.glob("SB3-*")), list(tmp_path.iterdir())
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-2000:]
     assert "listening on 127.0.0.1:" in lines[0] and "waiting for simulators" in lines[0], lines[0]
