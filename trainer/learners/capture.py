@@ -27,8 +27,8 @@ replay:
 On cuda the update's float32 matrix products use TensorFloat-32 tensor cores (the learner's `tf32`,
 default true): the eager, warm-up, capture and compile runs switch cuBLAS to TF32 around the step
 and back after it (a replay runs the kernels chosen at capture), so acting passes and other
-learners keep their own precision. Why: the products are most of what grows with the batch
-(TF32 against full float32: docs/benchmarks.md, "The GPU").
+learners keep their own precision. Why: the products are a large part of what grows with the
+batch (TF32 against full float32: docs/benchmarks.md, "The GPU").
 The first WARMUP updates of each graph run eagerly on a side stream (Adam's state and cuBLAS's
 workspaces exist before capture, as CUDA graphs need); capture records without executing, so the
 replay right after it is the update itself. Graph and eager compute the same function with the
