@@ -17,6 +17,7 @@
 #                        issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256; 4,096 >= 0.8x 256)
 #   learner_speed_profile.json  the same for DQN and SAC on cuda with --profile: each row's costliest
 #                        kernels per update (what grows from batch 256 to 4,096)
+#   learner_speed_cublaslt.json  DQN and SAC's graph path with torch's BLAS set to cuBLASLt
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
@@ -75,6 +76,15 @@ import json, sys
 for x in json.load(open(sys.argv[1]))["results"]:
     print(f'  {x["learner"]} b{x["batch"]} {x["path"]}: ' + "; ".join(
         f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
+EOF
+
+step "bench/learner_speed.py --blas cublaslt: the graph path with cuBLASLt's kernels, for the batch-4,096 question"
+timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths graph --window 0.1 --no-acting \
+  --blas cublaslt --out "$out/learner_speed_cublaslt.json" > /dev/null 2> "$out/learner_speed_cublaslt.log"
+python3 - "$out/learner_speed_cublaslt.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("  blas", r["machine"]["blas"], [(x["learner"], x["batch"], x["updates_per_s"]) for x in r["results"]], r["ratios"])
 EOF
 
 # the processes holding the GPU while the learning runs go (one context expected: the learner process's)

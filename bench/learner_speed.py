@@ -2,7 +2,7 @@
 
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
-                                  [--profile K] [--out FILE]
+                                  [--profile K] [--blas cublas|cublaslt] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -222,12 +222,16 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the trainer's default: 1)")
     ap.add_argument("--no-acting", action="store_true")
+    ap.add_argument("--blas", choices=["cublas", "cublaslt"], default=None,
+                    help="on cuda, torch's preferred BLAS library for the run (default: torch's own choice)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also each row's K costliest ops per update (torch.profiler: self time on the "
                          "device on cuda, self CPU time on the CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.blas and have_cuda:
+        torch.backends.cuda.preferred_blas_library(args.blas)
     started = time.perf_counter()
     tf32s = {"on": (True,), "off": (False,), "both": (True, False)}[args.tf32]
     results = []
@@ -255,6 +259,7 @@ def main(argv=None) -> int:
     report = {"bench": "learner_speed", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                           "threads": args.threads, "load_1min": round(os.getloadavg()[0], 2),
+                          "blas": str(torch.backends.cuda.preferred_blas_library()) if have_cuda else None,
                           "gpu": torch.cuda.get_device_name(0) if have_cuda else None},
               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "results": results, "ratios": ratios(results), "acting": acting, "targets": targets(results),
