@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check of issue 26 ("A GPU that pays"): one prepared run of about 5 minutes on the GPU machine.
+# The GPU check of issue 26 ("A GPU that pays"): one prepared run of about 6 minutes on the GPU machine.
 #
-# Here first (it fetches the wheels the GPU machine lacks into .whl/, which git ignores):
-#   bash ../shared/gpu/prepare.sh
+# Here first (it fetches the wheels the GPU machine lacks into .whl/, which git ignores; ale-py for
+# the Atari step at the end):
+#   EXTRA_WHEELS=ale-py bash ../shared/gpu/prepare.sh
 # Then on the GPU machine, in the checkout's copy, carrying .whl/ (results under $OUT):
 #   bash bench/gpu_check.sh
 #
@@ -23,6 +24,8 @@
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
 #   learning_*_big.json  the same with device "auto", batch_size 1,024 and updates_per_step 2 (the
 #                        presets' GPU guidance), beside them
+#   pixels_pong.json     bench/pixels.py, Pong from pixels for 10k env steps on the GPU (when ale-py
+#                        came and time is left)
 #   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
 #   learner_speed_compile.log  torch.compile on cuda (SAC, DQN, batch 256), when the run is early
 #                        enough to afford compiling
@@ -144,5 +147,22 @@ for line in sys.stdin:
 " >> "$out/summary.txt" 2>&1
   grep -h "updates run eagerly from now on" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
 fi
+
+# Pong from pixels on the GPU (the Nature CNN: an image network learns and acts on the GPU), where
+# time is left and ale-py came along (EXTRA_WHEELS=ale-py for prepare.sh): the throughput against the
+# CPU's 8.4 env steps/s (docs/benchmarks.md); 10k env steps learn nothing yet
+if [ $(( $(date +%s) - start )) -lt 300 ] && python3 -c "import ale_py" 2>/dev/null; then
+  step "bench/pixels.py: Pong from pixels, 10k env steps, device auto"
+  TMPDIR=/tmp/lrn_auto timeout 70 python3 bench/pixels.py --env-steps 10000 --timeout-s 60 \
+    --out "$out/pixels_pong.json" > /dev/null 2> "$out/pixels_pong.log"
+  python3 - "$out/pixels_pong.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f'  {r["env_steps"]} env steps, {r["updates"]} updates in {r["wall_s"]} s: {r["env_steps_per_s"]} env steps/s; '
+      f'return(10) {r["final_return_mean_10"]}')
+EOF
+  cp "$(ls -td /tmp/lrn_auto/simbridge-pixels-* 2>/dev/null | head -1)/processes.log" "$out/processes_pixels.log" 2>/dev/null
+fi
+nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
 step "done"
 cat "$out/summary.txt"
