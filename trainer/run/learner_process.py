@@ -15,8 +15,8 @@ same spaces and config, loads the parent's whole state (networks, optimizer stat
 replay buffer), adds the rows, runs the updates due in chunks and sends the acting weights back.
 
 Rate limiter, as DeepMind Reverb's SampleToInsertRatio: the ratio is the learner's own
-(`updates_per_step`, gradient updates per agent step). The child never runs ahead of it (an
-update that is not due waits for rows), and while a child is more than `[run]
+(`updates_per_step`, gradient updates per agent step; none before learning_starts). The child
+never runs ahead of it (an update that is not due waits for rows), and while a child is more than `[run]
 max_updates_behind` updates behind, the bridge holds the puts of finished fragments
 (ExperienceQueue.hold_while): the simulators that finished one wait; nothing is dropped. The
 parent hands whatever is queued to the child at once, so the acting weights trail the
@@ -119,7 +119,7 @@ class LearnerProcess:
         """Updates the child owes: its last report plus what the rows sent since, and
         `queued_rows` more (let into the bridge's queue, not yet sent), will make due."""
         due, rows = self._report   # before _sent: a report newer than the _sent read would undercount
-        return due + (self._sent - rows + queued_rows) * self.learner.updates_per_row()
+        return due + self.learner.updates_made_due(rows, self._sent + queued_rows)
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Applies what the child has sent; True when weights came."""

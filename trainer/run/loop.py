@@ -46,13 +46,17 @@ class LearningLoop:
         # [run] learner_process: each trainable Learner trains in a child process of its own.
         self.procs: Dict[str, LearnerProcess] = {}
         self._spares: List = []   # started children, for the policies still to come
+        self._spares_due = 0      # children to start once a simulator connects
 
     def run(self, last_checkpoint_env_steps: int, learners_expected: int = 0) -> None:
         """Until stop_event is set (a signal, or total_env_steps reached). learners_expected: the
-        trainable learners the config may create, whose processes start now (learner_process)."""
+        trainable learners the config may create, whose processes start when the first simulator
+        connects (learner_process)."""
         run = self.run_cfg
         if run.learner_process:
-            self._spares = [spawn_child() for _ in range(learners_expected)]
+            # started when the first simulator connects, not before: a trainer that none joins
+            # (a refused config, a trainer stopped while it waits) never pays a child's imports
+            self._spares_due = learners_expected
             self.runtime.experience.hold_while(self._held_back)
         for pid, b in self.warm_start:
             self.feed(pid, self.runtime.policies[pid], b)
@@ -79,6 +83,9 @@ class LearningLoop:
         # With learner processes, the rate limiter holds the bridge's puts (hold_while), and what
         # is queued goes to the learners at once: the acting weights trail the simulators by at
         # most max_updates_behind updates and a fragment, not by the queue's fragments too.
+        if self._spares_due and len(self.runtime.sessions):
+            self._spares = [spawn_child() for _ in range(self._spares_due)]
+            self._spares_due = 0
         held = self._held_back()
         if held:
             wait_any(list(self.procs.values()), 0.05)
