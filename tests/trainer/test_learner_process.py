@@ -193,6 +193,31 @@ def test_spare_learner_processes_start_when_the_first_simulator_connects():
         loop.close()
 
 
+def test_rows_before_the_loop_sees_a_session_start_the_one_child_there_is_no_second():
+    """A simulator's first rows can reach the loop in the same turn its session appears: the child
+    made for them is the spare that was due, and no second one starts (a suite run found two)."""
+    from types import SimpleNamespace
+
+    from linear_q_learner import LinearQLearner
+    from simbridge.server.experience import ExperienceQueue
+    from simbridge.server.sample_batch import SampleBatch
+    from simbridge.trainer.config.sections import RunSection
+    from simbridge.trainer.run.loop import LearningLoop
+
+    runtime = SimpleNamespace(experience=ExperienceQueue(4), policies={}, metrics=SimpleNamespace(env_steps=0),
+                              sessions=[])
+    loop = LearningLoop(runtime, RunSection(learner_process=True), threading.Event(), print, dict, dict)
+    loop._spares_due = 1
+    learner = LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), device="cpu")
+    try:
+        loop.feed("default_policy", learner, SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)}))
+        runtime.sessions = ["a simulator"]
+        loop._step(1, float("inf"))
+        assert len(loop.procs) == 1 and loop._spares == [] and loop._spares_due == 0
+    finally:
+        loop.close()
+
+
 def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
     """4 ms per update against a simulator ~10x faster: without the limiter the learner would owe
     thousands of updates within seconds; with it, never more than the tolerance and a few

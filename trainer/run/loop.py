@@ -122,6 +122,9 @@ class LearningLoop:
         proc = self.procs.get(pid)
         if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
             spare = self._spares.pop() if self._spares else None
+            if spare is None and self._spares_due:
+                # rows came before the loop saw their simulator's session: this child is that spare
+                self._spares_due -= 1
             proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
         if proc is not None:
             proc.add(b)
