@@ -93,7 +93,8 @@ def build(name: str, device: str, batch: int, path: str, tf32: bool = True):
     return learner, learner.run_update_steps
 
 
-def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True) -> dict:
+def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True,
+            profile_top: int = 0) -> dict:
     t0 = time.perf_counter()
     learner, steps = build(name, device, batch, path, tf32)
     dev = learner.device
@@ -121,20 +122,21 @@ def measure(name: str, device: str, batch: int, path: str, window: float, repeat
         rates.append(n / elapsed)
         cpu.append(1e3 * (time.process_time() - c0) / n)
         timed += n
-    return {"learner": name, "device": str(dev), "batch": batch, "path": learner.updater.path,
-            "path_asked": path, "tf32": learner.updater.tf32, "updates_per_s": round(statistics.median(rates), 1),
-            "spread": [round(min(rates), 1), round(max(rates), 1)],
-            "cpu_ms_per_update": round(statistics.median(cpu), 3), "updates": timed,
-            "warmup_s": round(warmup_s, 2)}
+    row = {"learner": name, "device": str(dev), "batch": batch, "path": learner.updater.path,
+           "path_asked": path, "tf32": learner.updater.tf32, "updates_per_s": round(statistics.median(rates), 1),
+           "spread": [round(min(rates), 1), round(max(rates), 1)],
+           "cpu_ms_per_update": round(statistics.median(cpu), 3), "updates": timed,
+           "warmup_s": round(warmup_s, 2)}
+    if profile_top:
+        row["profile"] = profile(learner, steps, profile_top)
+    return row
 
 
-def profile(name: str, device: str, batch: int, path: str, tf32: bool, top: int, updates: int = 20) -> list:
+def profile(learner, steps, top: int, updates: int = 20) -> list:
     """The `top` ops by self time on the device (cuda; on the CPU, by self CPU time) over `updates`
-    updates after the warm-up, per update: what grows with the batch."""
+    more updates of a warm learner, per update: what grows with the batch."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    learner, steps = build(name, device, batch, path, tf32)
-    steps(6)
     sync(learner.device)
     cuda = learner.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -246,9 +248,7 @@ def main(argv=None) -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
-                        r = measure(learner, device, batch, path, args.window, args.repeats, tf32)
-                        if args.profile:
-                            r["profile"] = profile(learner, device, batch, path, tf32, args.profile)
+                        r = measure(learner, device, batch, path, args.window, args.repeats, tf32, args.profile)
                         print(json.dumps(r), file=sys.stderr, flush=True)
                         results.append(r)
     acting = []

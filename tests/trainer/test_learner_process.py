@@ -92,33 +92,46 @@ def test_closing_the_loop_kills_an_unused_spare_learner_process_instead_of_waiti
     assert took < 1.0, f"close() took {took:.2f}s"            # torch's import alone takes 2 s here
 
 
+def _bare_loop(queue: int = 4, sessions=(), **run):
+    """A LearningLoop over a stand-in runtime (its queue, no policies, `sessions`), not running:
+    the tests call its parts."""
+    from types import SimpleNamespace
+
+    from simbridge.server.experience import ExperienceQueue
+    from simbridge.trainer.config.sections import RunSection
+    from simbridge.trainer.run.loop import LearningLoop
+    runtime = SimpleNamespace(experience=ExperienceQueue(queue), policies={}, metrics=SimpleNamespace(env_steps=0),
+                              sessions=list(sessions))
+    return LearningLoop(runtime, RunSection(**run), threading.Event(), print, dict, dict)
+
+
+def _linear_q(**config):
+    from linear_q_learner import LinearQLearner
+    return LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), config=config, device="cpu")
+
+
+def _fragment():
+    from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
+    return MultiAgentBatch({"default_policy": SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)})}, FRAGMENT)
+
+
 def test_the_limiter_counts_queued_rows_when_the_loop_is_slow_to_take_them():
     """Issue 27 #1: on a loaded machine the loop takes batches late, and the limiter only counted
     the rows it had sent on: every put passed until the queue was full, so the learner could owe
     the tolerance plus the whole queue (161 and 136 in the slow-learner test, bound 128). Here the
     loop never takes (the extreme of a starved loop): intake must stop at the tolerance and one
     fragment, with the queue far from full."""
-    from types import SimpleNamespace
-
-    from linear_q_learner import LinearQLearner
-    from simbridge.server.experience import ExperienceQueue
-    from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
-    from simbridge.trainer.config.sections import RunSection
     from simbridge.trainer.run.learner_process import LearnerProcess
-    from simbridge.trainer.run.loop import LearningLoop
 
-    q = ExperienceQueue(32)
-    loop = LearningLoop(SimpleNamespace(experience=q, policies={}, metrics=None),
-                        RunSection(max_updates_behind=MAX_BEHIND), threading.Event(), print, dict, dict)
-    learner = LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
-                             config={"updates_per_step": 1.0, "learning_starts": 0}, device="cpu")
+    loop = _bare_loop(queue=32, max_updates_behind=MAX_BEHIND)
+    q = loop.runtime.experience
+    learner = _linear_q(updates_per_step=1.0, learning_starts=0)
     proc = loop.procs["default_policy"] = LearnerProcess("default_policy", learner)
     q.hold_while(loop._held_back)
 
     def produce():
         for _ in range(20):
-            q.put(MultiAgentBatch({"default_policy": SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)})},
-                                  FRAGMENT))
+            q.put(_fragment())
     t = threading.Thread(target=produce, daemon=True)
     t.start()
     try:
@@ -143,28 +156,18 @@ def test_the_limiter_holds_nothing_before_learning_starts():
     counting them at the replay ratio held the simulators for seconds at every run's start, while
     the child was still starting (the longest stretch with no env step in a DQN run's first 9 s:
     3.0-3.3 s, 0-1.8 s once these rows count for nothing)."""
-    from types import SimpleNamespace
-
-    from linear_q_learner import LinearQLearner
-    from simbridge.server.experience import ExperienceQueue
-    from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
-    from simbridge.trainer.config.sections import RunSection
     from simbridge.trainer.run.learner_process import LearnerProcess
-    from simbridge.trainer.run.loop import LearningLoop
 
-    q = ExperienceQueue(64)
-    loop = LearningLoop(SimpleNamespace(experience=q, policies={}, metrics=None),
-                        RunSection(max_updates_behind=MAX_BEHIND), threading.Event(), print, dict, dict)
-    learner = LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
-                             config={"updates_per_step": 1.0, "learning_starts": 1000}, device="cpu")
+    loop = _bare_loop(queue=64, max_updates_behind=MAX_BEHIND)
+    q = loop.runtime.experience
+    learner = _linear_q(updates_per_step=1.0, learning_starts=1000)
     assert learner.updates_made_due(0, 900) == 0 and learner.updates_made_due(900, 1100) == 100
     proc = loop.procs["default_policy"] = LearnerProcess("default_policy", learner)
     q.hold_while(loop._held_back)
     try:
         for _ in range(40):   # 640 rows, ten times the tolerance; the loop never takes them
             assert not loop._held_back(), proc.behind()
-            q.put(MultiAgentBatch({"default_policy": SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)})},
-                                  FRAGMENT))
+            q.put(_fragment())
     finally:
         q.hold_while(None)
         proc.close()
@@ -173,22 +176,14 @@ def test_the_limiter_holds_nothing_before_learning_starts():
 def test_spare_learner_processes_start_when_the_first_simulator_connects():
     """A trainer that no simulator joins (a stopped wait, a config tried out) starts no child: an
     idle trainer's start and stop cost 4.6-6.0 CPU-s with its spare, 2.7-3.3 without."""
-    from types import SimpleNamespace
-
-    from simbridge.server.experience import ExperienceQueue
-    from simbridge.trainer.config.sections import RunSection
-    from simbridge.trainer.run.loop import LearningLoop
-
-    runtime = SimpleNamespace(experience=ExperienceQueue(4), policies={}, metrics=SimpleNamespace(env_steps=0),
-                              sessions=[])
-    loop = LearningLoop(runtime, RunSection(learner_process=True), threading.Event(), print, dict, dict)
-    loop._spares_due = 1   # as run() leaves it for one trainable policy
+    loop = _bare_loop(learner_process=True)
+    loop._expected = 1   # as run() leaves it for one trainable policy
     try:
         loop._step(0, float("inf"))
         assert loop._spares == []
-        runtime.sessions = ["a simulator"]
+        loop.runtime.sessions = ["a simulator"]
         loop._step(0, float("inf"))
-        assert len(loop._spares) == 1 and loop._spares_due == 0
+        assert len(loop._spares) == 1 and loop._expected is None
     finally:
         loop.close()
 
@@ -196,24 +191,13 @@ def test_spare_learner_processes_start_when_the_first_simulator_connects():
 def test_rows_before_the_loop_sees_a_session_start_the_one_child_there_is_no_second():
     """A simulator's first rows can reach the loop in the same turn its session appears: the child
     made for them is the spare that was due, and no second one starts (a suite run found two)."""
-    from types import SimpleNamespace
-
-    from linear_q_learner import LinearQLearner
-    from simbridge.server.experience import ExperienceQueue
-    from simbridge.server.sample_batch import SampleBatch
-    from simbridge.trainer.config.sections import RunSection
-    from simbridge.trainer.run.loop import LearningLoop
-
-    runtime = SimpleNamespace(experience=ExperienceQueue(4), policies={}, metrics=SimpleNamespace(env_steps=0),
-                              sessions=[])
-    loop = LearningLoop(runtime, RunSection(learner_process=True), threading.Event(), print, dict, dict)
-    loop._spares_due = 1
-    learner = LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), device="cpu")
+    loop = _bare_loop(learner_process=True)
+    loop._expected = 1
     try:
-        loop.feed("default_policy", learner, SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)}))
-        runtime.sessions = ["a simulator"]
+        loop.feed("default_policy", _linear_q(), _fragment().policy_batches["default_policy"])
+        loop.runtime.sessions = ["a simulator"]
         loop._step(1, float("inf"))
-        assert len(loop.procs) == 1 and loop._spares == [] and loop._spares_due == 0
+        assert len(loop.procs) == 1 and loop._spares == [] and loop._expected is None
     finally:
         loop.close()
 

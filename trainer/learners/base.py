@@ -300,16 +300,12 @@ class Learner(Policy):
         frac = min(1.0, self.agent_steps / max(1, cfg["lr_timesteps"]))
         return cfg["lr"] + frac * (cfg["lr_final"] - cfg["lr"])
 
-    def updates_per_row(self) -> float:
-        """Gradient updates one more agent step makes due (the replay ratio)."""
-        return float(self.config["updates_per_step"])
-
     def updates_made_due(self, rows_from: int, rows_to: int) -> float:
-        """Updates the agent steps from `rows_from` to `rows_to` make due: none before
-        learning_starts (the rate limiter of trainer/run/learner_process.py counts rows in flight
-        with it; counting those too held the simulators for seconds at a run's start)."""
+        """Updates the agent steps from `rows_from` to `rows_to` make due at the replay ratio: none
+        before learning_starts (the rate limiter of trainer/run/learner_process.py counts rows in
+        flight with it; counting those too held the simulators for seconds at a run's start)."""
         start = self.config["learning_starts"]
-        return self.updates_per_row() * (max(0, rows_to - start) - max(0, rows_from - start))
+        return self.config["updates_per_step"] * (max(0, rows_to - start) - max(0, rows_from - start))
 
     def waiting_rows(self) -> int:
         """Rows the next updates can draw on: the replay buffer's (PPO: those its next iteration takes)."""

@@ -70,25 +70,19 @@ class _Precision:
     (allow_tf32) in one process: the new one where it exists."""
 
     def __init__(self, tf32: bool):
-        self.want = tf32
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            self.flag, self.value = "fp32_precision", "tf32" if tf32 else "ieee"
+        else:   # older torch
+            self.flag, self.value = "allow_tf32", tf32
         self.saved = None
 
     def __enter__(self):
-        matmul = torch.backends.cuda.matmul
-        if hasattr(matmul, "fp32_precision"):
-            self.saved = matmul.fp32_precision
-            matmul.fp32_precision = "tf32" if self.want else "ieee"
-        else:   # older torch
-            self.saved = matmul.allow_tf32
-            matmul.allow_tf32 = self.want
+        self.saved = getattr(torch.backends.cuda.matmul, self.flag)
+        setattr(torch.backends.cuda.matmul, self.flag, self.value)
         return self
 
     def __exit__(self, *exc):
-        matmul = torch.backends.cuda.matmul
-        if hasattr(matmul, "fp32_precision"):
-            matmul.fp32_precision = self.saved
-        else:
-            matmul.allow_tf32 = self.saved
+        setattr(torch.backends.cuda.matmul, self.flag, self.saved)
         return False
 
 

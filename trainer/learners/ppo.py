@@ -258,11 +258,9 @@ class PPOLearner(Learner):
             return 0
         return self.config["num_epochs"] * self.minibatches(self.incoming_rows)
 
-    def updates_per_row(self) -> float:
-        return self.config["num_epochs"] / self.config["minibatch_size"]
-
     def updates_made_due(self, rows_from: int, rows_to: int) -> float:
-        return (rows_to - rows_from) * self.updates_per_row()   # every row counts towards an iteration
+        # every row counts towards an iteration: num_epochs passes of minibatch_size rows per update
+        return (rows_to - rows_from) * self.config["num_epochs"] / self.config["minibatch_size"]
 
     def minibatches(self, rows: int) -> int:
         return max(1, round(rows / self.config["minibatch_size"]))

@@ -15,7 +15,7 @@ import collections
 import math
 import threading
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.trainer.config.sections import RunSection
@@ -46,7 +46,9 @@ class LearningLoop:
         # [run] learner_process: each trainable Learner trains in a child process of its own.
         self.procs: Dict[str, LearnerProcess] = {}
         self._spares: List = []   # started children, for the policies still to come
-        self._spares_due = 0      # children to start once a simulator connects
+        # the trainable learners the config may create, while their spare children wait for the
+        # first simulator (None: started, or not learner_process)
+        self._expected: Optional[int] = None
 
     def run(self, last_checkpoint_env_steps: int, learners_expected: int = 0) -> None:
         """Until stop_event is set (a signal, or total_env_steps reached). learners_expected: the
@@ -56,7 +58,7 @@ class LearningLoop:
         if run.learner_process:
             # started when the first simulator connects, not before: a trainer that none joins
             # (a refused config, a trainer stopped while it waits) never pays a child's imports
-            self._spares_due = learners_expected
+            self._expected = learners_expected
             self.runtime.experience.hold_while(self._held_back)
         for pid, b in self.warm_start:
             self.feed(pid, self.runtime.policies[pid], b)
@@ -80,12 +82,13 @@ class LearningLoop:
     def _step(self, known: int, next_ckpt: float) -> int:
         """Takes one batch if one is queued, trains or takes weights, reports and checkpoints as
         due; returns the env steps."""
+        if self._expected is not None and len(self.runtime.sessions):
+            # one per learner still to come: a simulator's first rows may have made one already
+            self._spares = [spawn_child() for _ in range(self._expected - len(self.procs))]
+            self._expected = None
         # With learner processes, the rate limiter holds the bridge's puts (hold_while), and what
         # is queued goes to the learners at once: the acting weights trail the simulators by at
         # most max_updates_behind updates and a fragment, not by the queue's fragments too.
-        if self._spares_due and len(self.runtime.sessions):
-            self._spares = [spawn_child() for _ in range(self._spares_due)]
-            self._spares_due = 0
         held = self._held_back()
         if held:
             wait_any(list(self.procs.values()), 0.05)
@@ -122,9 +125,6 @@ class LearningLoop:
         proc = self.procs.get(pid)
         if proc is None and self.run_cfg.learner_process and isinstance(p, Learner):
             spare = self._spares.pop() if self._spares else None
-            if spare is None and self._spares_due:
-                # rows came before the loop saw their simulator's session: this child is that spare
-                self._spares_due -= 1
             proc = self.procs[pid] = LearnerProcess(pid, p, self.run_cfg.torch_threads, spare)
         if proc is not None:
             proc.add(b)
