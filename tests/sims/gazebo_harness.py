@@ -186,7 +186,10 @@ class World:
         self.env = gz_env(prefix, plugin_dir, address, partition)
         self.partition = self.env["GZ_PARTITION"]
         self.log = Path(log)
-        cmd = [str(prefix / "bin" / "gz"), "sim", "-s", "-r", "-v", str(verbosity)]
+        # stdbuf -oL: gz's console writes through stdio, block-buffered into a file; line-buffered, the
+        # log holds every line up to the process's end, however it ends
+        cmd = (["stdbuf", "-oL"] if shutil.which("stdbuf") else []) + [
+            str(prefix / "bin" / "gz"), "sim", "-s", "-r", "-v", str(verbosity)]
         if iterations is not None:
             cmd += ["--iterations", str(iterations)]
         cmd.append(str(world))

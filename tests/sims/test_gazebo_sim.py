@@ -172,9 +172,9 @@ def test_a_sigkilled_trainer_and_a_resumed_one_get_the_world_back(prefix, plugin
         assert "going on with new episodes" in gz.text()
         assert "the plugin is inactive" not in gz.text()
         assert len(gz.episodes()) > before
-        assert gz.stop() is not None
+        rc = gz.stop()
         summary = gz.summary()
-        assert summary is not None and summary["sessions_lost"] == 1, gz.text()[-3000:]
+        assert summary is not None and summary["sessions_lost"] == 1, f"gz sim exited {rc}:\n{gz.text()[-3000:]}"
     finally:
         if gz is not None:
             gz.stop()

@@ -21,7 +21,7 @@ import torch
 from simbridge.trainer.config.sections import RunSection
 from simbridge.trainer.config.trainer_config import CONFIG_DIR
 from simbridge.trainer.config.values import ConfigError
-from simbridge.trainer.learners import capture, placement
+from simbridge.trainer.learners import capture, optim, placement
 from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.learners.nstep import DISCOUNTS
 from simbridge.trainer.learners.ppo import PPOLearner
@@ -145,7 +145,7 @@ def test_ppo_reports_the_iterations_mean_metrics_read_back_once():
 
 def tensor_lr_learner(kind: str, **cfg):
     """A learner whose optimizers keep a tensor learning rate, as on the graph and compile paths
-    (capture.adam), with a compile step that is the eager step itself."""
+    (optim.adam), with a compile step that is the eager step itself."""
     lr = learner(kind, update_path="compile", **cfg)
     lr.updater._compiler = lambda fn: fn
     for opt in lr.optimizers():
@@ -198,7 +198,7 @@ def test_an_acting_only_copy_holds_no_optimizer_and_passes_a_checkpoints_optimiz
     resumed = learner(kind, seed=5)
     resumed.load_state_dict(through_bytes(acting.state_dict(include_replay=True)))
     for a, b in zip(trained.optimizers(), resumed.optimizers()):
-        sa, sb = capture.optimizer_state(a), capture.optimizer_state(b)
+        sa, sb = optim.optimizer_state(a), optim.optimizer_state(b)
         assert sa["param_groups"] == sb["param_groups"]
         for pa, pb in zip(sa["state"].values(), sb["state"].values()):
             for key in pa:
@@ -316,16 +316,19 @@ def test_tf32_is_switched_around_a_step_and_restored():
     assert learner("dqn", tf32=False).config["tf32"] is False
 
 
-def test_graph_path_refuses_optimizer_hooks_and_runs_eagerly(caplog):
-    """A data-parallel group's gradient exchange is an optimizer hook; a graph would replay it
-    without running it. Exercised on the CPU by calling the graph runner directly."""
+def test_graph_path_refuses_a_wrapped_optimizer_step_and_runs_eagerly(caplog):
+    """A data-parallel group's gradient exchange wraps each optimizer's step on the instance
+    (trainer/distributed/group.py); a graph would replay the step without running the exchange.
+    Exercised on the CPU by calling the graph runner directly."""
     dqn = learner("dqn")
     fill(dqn)
-    dqn.optimizer.register_step_pre_hook(lambda opt, args, kwargs: None)
+    calls = []
+    real_step = dqn.optimizer.step
+    dqn.optimizer.step = lambda *a, **k: calls.append(1) or real_step(*a, **k)
     dqn.updater.path = "graph"
     dqn.train(max_updates=3)
-    assert dqn.updater.path == "eager" and dqn.updates == 3
-    assert any("step hook" in r.getMessage() for r in caplog.records)
+    assert dqn.updater.path == "eager" and dqn.updates == 3 and len(calls) == 3
+    assert any("wrapped optimizer step" in r.getMessage() for r in caplog.records)
 
 
 # ------------------------------------------------------------------ acting placement

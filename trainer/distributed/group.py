@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
+from simbridge.trainer.learners import optim
 from simbridge.trainer.learners.base import Learner, trains
 from simbridge.trainer.distributed.ranks import RankInfo, lost
 
@@ -65,7 +66,7 @@ def average_gradients(learner: Learner, share: Share) -> None:
     have data before it steps. Every rank steps the same optimizers in the same order (same code,
     same decisions), so the all_reduces pair up; the sum is the same tensor on every rank."""
     for obj in list(vars(learner).values()):
-        if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_simbridge_averaged", False):
+        if not isinstance(obj, optim.STEPPING) or getattr(obj, "_simbridge_averaged", False):
             continue
         step = obj.step
 

@@ -30,7 +30,7 @@ import torch
 
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import capture, export, placement
+from simbridge.trainer.learners import capture, export, optim, placement
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -103,7 +103,7 @@ class Learner(Policy):
         """device: where it trains ("auto": cuda when there is one); acting_device: where its acting
         copy lives ("auto", "cpu", "learner": trainer/learners/placement.py; None: "auto").
         acting_only: this object never updates (a frozen policy, or one a learner process trains):
-        its optimizers are capture.HeldOptimizer, which keep the state a checkpoint gives them."""
+        its optimizers are optim.HeldOptimizer, which keep the state a checkpoint gives them."""
         super().__init__(observation_space, action_space)
         cfg = {**COMMON_DEFAULTS, **self.DEFAULTS}
         unknown = set(config or {}) - set(cfg)
@@ -208,7 +208,7 @@ class Learner(Policy):
         return self._updater
 
     def optimizers(self) -> list:
-        return [obj for name, obj in vars(self).items() if isinstance(obj, torch.optim.Optimizer)]
+        return [obj for name, obj in vars(self).items() if isinstance(obj, optim.STEPPING)]
 
     def _refuse_acting_only(self) -> None:
         if self.acting_only:
@@ -216,10 +216,10 @@ class Learner(Policy):
                                f"learner process): it has no optimizer to update with")
 
     def adam(self, params, lr: float, **kw):
-        """build()'s Adam: as the update path needs it (capture.adam), or held (acting_only)."""
+        """build()'s Adam: as the update path needs it (optim.adam), or held (acting_only)."""
         if self.acting_only:
-            return capture.HeldOptimizer()
-        return capture.adam(params, lr, self.update_path, self.device, **kw)
+            return optim.HeldOptimizer()
+        return optim.adam(params, lr, self.update_path, self.device, **kw)
 
     def update(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """One eager gradient update from a replay sample; returns scalar metrics (a host read-back:
@@ -381,18 +381,18 @@ class Learner(Policy):
 
     def nets_state(self) -> dict:
         """Networks, target networks and optimizers (override to add more); the same on every
-        update path (capture.optimizer_state: learning rates as floats)."""
-        state = {name: capture.optimizer_state(obj) if isinstance(obj, capture.OPTIMIZERS) else obj.state_dict()
+        update path (optim.optimizer_state: learning rates as floats)."""
+        state = {name: optim.optimizer_state(obj) if isinstance(obj, optim.OPTIMIZERS) else obj.state_dict()
                  for name, obj in vars(self).items()
-                 if isinstance(obj, (torch.nn.Module, *capture.OPTIMIZERS)) and name != "acting"}
+                 if isinstance(obj, (torch.nn.Module, *optim.OPTIMIZERS)) and name != "acting"}
         # a held optimizer given nothing is left out: the learner that loads this keeps its own
         return {name: sd for name, sd in state.items() if sd is not None}
 
     def load_nets_state(self, state: dict) -> None:
         for name, sd in state.items():
             obj = getattr(self, name)
-            if isinstance(obj, capture.OPTIMIZERS):
-                capture.load_optimizer(obj, sd)
+            if isinstance(obj, optim.OPTIMIZERS):
+                optim.load_optimizer(obj, sd)
             else:
                 obj.load_state_dict(sd)
         if self._updater is not None:

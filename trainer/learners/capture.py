@@ -86,99 +86,6 @@ class _Precision:
         return False
 
 
-def adam(params, lr: float, path: str, device: torch.device, **kw) -> torch.optim.Adam:
-    """Adam as the path needs it: the fused kernel where it exists (one launch per step; its step
-    count lives on the device, so it is capturable), and on the graph and compile paths a tensor
-    learning rate, which set_lr changes without recapturing."""
-    fused = device.type in ("cpu", "cuda")
-    if path in ("graph", "compile") and fused:
-        # a tensor lr: a schedule changes it in place, and neither a graph nor a compiled step
-        # bakes in (or recompiles for) each new value
-        return torch.optim.Adam(params, lr=torch.tensor(float(lr), device=device), fused=True,
-                                capturable=device.type == "cuda", **kw)
-    return torch.optim.Adam(params, lr=lr, fused=fused or None, **kw)
-
-
-class HeldOptimizer:
-    """An optimizer's place in a learner that only acts (frozen, or trained by a learner process):
-    it keeps the state it is loaded with (a checkpoint's), which the learner's state_dict passes
-    on, and builds nothing. Why not Adam itself: torch.optim's first use imports torch._dynamo,
-    seconds of a trainer's start that a copy never stepping it does not need."""
-
-    def __init__(self):
-        self.state: Optional[dict] = None   # optimizer_state()'s form; None: nothing loaded
-
-
-OPTIMIZERS = (torch.optim.Optimizer, HeldOptimizer)   # what optimizer_state and load_optimizer take
-
-
-def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
-    """Sets every group's learning rate; a tensor one is filled in place (a graph reads it there).
-    Unchanged values cost nothing (most updates: a schedule moves it once per agent step)."""
-    for group in optimizer.param_groups:
-        lr = group["lr"]
-        if isinstance(lr, torch.Tensor):
-            if group.get("_lr_value") != value:
-                lr.fill_(value)
-                group["_lr_value"] = value
-        else:
-            group["lr"] = value
-
-
-def optimizer_state(optimizer) -> Optional[dict]:
-    """state_dict with the learning rates as plain floats, so that a checkpoint written on one path
-    loads on the other (a tensor lr on cuda in a CPU learner, or the reverse). A HeldOptimizer's:
-    what it was given (None: nothing)."""
-    if isinstance(optimizer, HeldOptimizer):
-        return optimizer.state
-    state = optimizer.state_dict()
-    groups = []
-    for g in state["param_groups"]:
-        g = {k: v for k, v in g.items() if k != "_lr_value"}
-        if isinstance(g["lr"], torch.Tensor):
-            g["lr"] = float(g["lr"].item())
-        groups.append(g)
-    return {**state, "param_groups": groups}
-
-
-# The options that belong to how this process runs the optimizer, not to the run being resumed.
-_OWN_OPTIONS = ("capturable", "fused", "foreach", "differentiable")
-
-
-def load_optimizer(optimizer, state: dict) -> None:
-    """load_state_dict keeping this optimizer's own kernel options and lr type: a graph path's
-    checkpoint (capturable, tensor lr) loads into an eager CPU learner and the reverse. A
-    HeldOptimizer keeps the state as it is."""
-    if isinstance(optimizer, HeldOptimizer):
-        optimizer.state = state
-        return
-    own = [{k: g.get(k) for k in _OWN_OPTIONS} for g in optimizer.param_groups]
-    tensor_lr = [g["lr"] if isinstance(g["lr"], torch.Tensor) else None for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, options, lr in zip(optimizer.param_groups, own, tensor_lr):
-        group.update(options)
-        saved = group["lr"]
-        value = float(saved.item()) if isinstance(saved, torch.Tensor) else float(saved)
-        group.pop("_lr_value", None)
-        if lr is not None:
-            group["lr"] = lr
-            set_lr_group(group, value)
-        else:
-            group["lr"] = value
-        # Adam keeps its step count on the device when fused or capturable, on the CPU otherwise
-        device_step = bool(group.get("fused") or group.get("capturable"))
-        for p in group["params"]:
-            st = optimizer.state.get(p, {})
-            step = st.get("step")
-            if isinstance(step, torch.Tensor):
-                st["step"] = step.to(p.device if device_step else "cpu", torch.float32)
-
-
-def set_lr_group(group: dict, value: float) -> None:
-    group["lr"].fill_(value)
-    group["_lr_value"] = value
-
-
 class Updates:
     """Runs one learner's update step on its path and keeps the step's metrics on the device.
 
@@ -188,7 +95,7 @@ class Updates:
     `mean()` their average since `clear()`."""
 
     def __init__(self, owner: str, step: Callable[[Inputs], torch.Tensor], names: Sequence[str], path: str,
-                 reason: str, device: torch.device, optimizers: Sequence[torch.optim.Optimizer] = (),
+                 reason: str, device: torch.device, optimizers: Sequence = (),
                  compiler: Optional[Callable] = None, quiet: bool = False, tf32: bool = True):
         """compiler: what the compile path wraps the step with (default torch.compile; tests pass
         their own); quiet: no start-up line (a learner that only acts); tf32: on cuda, the step's
@@ -258,8 +165,10 @@ class Updates:
 
     def _hooked(self) -> Optional[str]:
         for opt in self.optimizers:
-            if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks:
-                return "an optimizer step hook (a data-parallel group's gradient exchange) cannot be captured"
+            # a step replaced on the instance (a data-parallel group's gradient exchange) or torch.optim's hooks
+            if "step" in vars(opt) or getattr(opt, "_optimizer_step_pre_hooks", None) \
+                    or getattr(opt, "_optimizer_step_post_hooks", None):
+                return "a wrapped optimizer step (a data-parallel group's gradient exchange) cannot be captured"
         return None
 
     def _run_graph(self, inputs: Inputs, key: Hashable) -> None:

@@ -55,7 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import capture, export
+from simbridge.trainer.learners import capture, export, optim
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import action_branches, action_start
@@ -300,7 +300,7 @@ class DQNLearner(Learner):
 
     def prepare_update(self):
         """The learning rate and logged share of this update; the key: whether it updates the target."""
-        capture.set_lr(self.optimizer, self.learning_rate())
+        optim.set_lr(self.optimizer, self.learning_rate())
         self._target_turn = (self.updates + 1) % self.config["target_update_interval"] == 0
         return self._target_turn
 
@@ -322,7 +322,7 @@ class DQNLearner(Learner):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["grad_clip"] is not None:
-            grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), cfg["grad_clip"])
+            grad_norm = optim.clip_grad_norm(self.q.parameters(), cfg["grad_clip"])
         else:
             grad_norm = torch.zeros((), device=self.device)
         self.optimizer.step()

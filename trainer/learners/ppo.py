@@ -71,7 +71,7 @@ import torch
 from torch import nn
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import capture, export
+from simbridge.trainer.learners import capture, export, optim
 from simbridge.trainer.learners.advantages import compute_advantages, segments
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import COMMON_DEFAULTS, Learner
@@ -295,7 +295,7 @@ class PPOLearner(Learner):
         k = per_epoch or self.minibatches(n)
         steps = [mb for _ in range(cfg["num_epochs"])
                  for mb in torch.randperm(n, device=dev, generator=self.generator).tensor_split(k)]
-        capture.set_lr(self.optimizer, self.learning_rate())
+        optim.set_lr(self.optimizer, self.learning_rate())
         self.updater.clear()   # the iteration's metrics: averaged over its minibatches at its end
         return {"obs": obs, "idx": torch.as_tensor(rows["idx"], device=dev), "a": torch.as_tensor(rows["a"], device=dev),
                 "logp": torch.as_tensor(rows[ACTION_LOGP], device=dev), "adv": torch.as_tensor(adv, device=dev),
@@ -369,7 +369,7 @@ class PPOLearner(Learner):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["grad_clip"] is not None:
-            nn.utils.clip_grad_norm_(list(self.policy.parameters()) + list(self.value.parameters()), cfg["grad_clip"])
+            optim.clip_grad_norm(list(self.policy.parameters()) + list(self.value.parameters()), cfg["grad_clip"])
         self.optimizer.step()
         with torch.no_grad():
             # (ratio - 1) - log ratio: the low-variance KL estimator (Schulman's blog, CleanRL)

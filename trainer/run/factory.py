@@ -24,12 +24,6 @@ from simbridge.wire.preprocess import flat_dim
 log = logging.getLogger("simbridge.trainer")
 
 
-def warm_up_torch() -> None:
-    """Import what a learner's first optimizer imports (torch._dynamo, seconds on a slow machine)
-    now, not in a simulator's first call, which waits for its policy meanwhile."""
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-
-
 class PolicyFactory:
     """`factory(pid, obs_space, act_space)`: the runtime's policy_factory (any gRPC thread; no
     lock of the runtime's is assumed held). `build` is the same without the refusal's wording."""
@@ -42,8 +36,6 @@ class PolicyFactory:
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
-        if not cfg.run.learner_process and self.learners_to_train():
-            warm_up_torch()   # only a learner that updates here builds an optimizer
 
     def learners_to_train(self) -> list:
         """The ids of the config's policies that are Learners in policies_to_train."""

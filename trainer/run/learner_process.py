@@ -7,7 +7,7 @@ time waiting for the GIL and the bridge waits for the learner's Python. A child 
 its own interpreter: the bridge serves while the learner updates, on another core.
 
 The parent (the daemon's loop) keeps the runtime's Learner, built acting_only (no optimizer:
-capture.HeldOptimizer keeps a resumed checkpoint's optimizer state for the child): it acts and
+optim.HeldOptimizer keeps a resumed checkpoint's optimizer state for the child): it acts and
 exports from its acting copy, which takes the child's weights after every chunk of updates (its
 version is the child's update count), and it counts the rows it sends (agent_steps: the replay
 ratio's clock and the exploration schedule). The child builds the same Learner class from the

@@ -1,0 +1,107 @@
+"""trainer/learners/optim.py: Adam and clip_grad_norm equal torch's own bit for bit, checkpoints move
+between the two, and a learner that trains never imports torch._dynamo (torch.optim's cost)."""
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from simbridge.trainer.learners import optim
+
+HERE = Path(__file__).resolve().parent
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def _grads(net, step):
+    g = torch.Generator().manual_seed(step)
+    for i, p in enumerate(net.parameters()):
+        # the last bias has no gradient every third step: Adam leaves it (and its state) as it is
+        p.grad = None if (i == 3 and step % 3 == 0) else torch.randn(p.shape, generator=g)
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_adam_steps_equal_torch_fused_adam_bit_for_bit(tensor_lr):
+    ours_net, torch_net = _net(), _net()
+    lr = (lambda: torch.tensor(3e-3)) if tensor_lr else (lambda: 3e-3)
+    ours = optim.Adam(ours_net.parameters(), lr(), eps=1e-5, weight_decay=0.01)
+    ref = torch.optim.Adam(torch_net.parameters(), lr=lr(), eps=1e-5, weight_decay=0.01, fused=True)
+    for step in range(12):
+        for net, opt in ((ours_net, ours), (torch_net, ref)):
+            _grads(net, step)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(ours_net.parameters(), torch_net.parameters()):
+        assert torch.equal(a, b)
+    assert all(p.grad is None for p in ours_net.parameters())
+
+
+def test_a_state_dict_moves_between_this_adam_and_torchs_both_ways():
+    nets = [_net() for _ in range(4)]
+    ours = optim.Adam(nets[0].parameters(), 1e-2)
+    ref = torch.optim.Adam(nets[1].parameters(), lr=1e-2, fused=True)
+    for step in range(5):
+        for net, opt in ((nets[0], ours), (nets[1], ref)):
+            _grads(net, step)
+            opt.step()
+    # each state goes to a new optimizer of the other kind, over a copy of the weights it belongs to
+    nets[2].load_state_dict(nets[0].state_dict())
+    nets[3].load_state_dict(nets[1].state_dict())
+    to_torch = torch.optim.Adam(nets[2].parameters(), lr=1.0, fused=True)
+    to_torch.load_state_dict(copy.deepcopy(ours.state_dict()))   # as a checkpoint: no shared tensors
+    to_ours = optim.Adam(nets[3].parameters(), 1.0)
+    to_ours.load_state_dict(copy.deepcopy(ref.state_dict()))
+    assert to_ours.param_groups[0]["lr"] == 1e-2 and to_ours.state[next(nets[3].parameters())]["step"] == 5
+    for step in range(5, 9):
+        for net, opt in ((nets[0], ours), (nets[1], ref), (nets[2], to_torch), (nets[3], to_ours)):
+            _grads(net, step)
+            opt.step()
+    for a, b, c, d in zip(*(n.parameters() for n in nets)):
+        assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+
+
+def test_adam_refuses_what_it_does_not_implement():
+    with pytest.raises(ValueError, match="amsgrad"):
+        optim.Adam(_net().parameters(), 1e-3, amsgrad=True)
+    with pytest.raises(TypeError, match="unsupported"):
+        optim.Adam(_net().parameters(), 1e-3, momentum=0.9)
+    with pytest.raises(ValueError, match="number of parameters"):
+        optim.Adam(_net().parameters(), 1e-3).load_state_dict(
+            optim.Adam(list(_net().parameters())[:2], 1e-3).state_dict())
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e9])
+def test_clip_grad_norm_equals_torchs_bit_for_bit(max_norm):
+    a, b = _net(), _net()
+    _grads(a, 1)
+    _grads(b, 1)
+    na = optim.clip_grad_norm(a.parameters(), max_norm)
+    nb = torch.nn.utils.clip_grad_norm_(b.parameters(), max_norm)
+    assert torch.equal(na, nb) and na > 0.5
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad)
+
+
+def test_learners_that_train_never_import_torch_dynamo():
+    """torch.optim's first use imports torch._dynamo: 1.5 CPU-s of every learner process's start.
+    DQN, SAC and PPO build, update (gradient clipping included) and write their state without it."""
+    code = f"""
+import sys
+sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]
+from test_update_paths import acted_rows, fill, learner
+for kind in ("dqn", "sac", "ppo"):
+    lrn = learner(kind, train_batch_size=32, minibatch_size=16) if kind == "ppo" else learner(kind)
+    lrn.add(acted_rows(lrn, 32)) if kind == "ppo" else fill(lrn)
+    lrn.train(max_updates=3)
+    assert lrn.updates >= 3 and lrn.optimizers(), kind
+    lrn.state_dict()
+print("torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "False"
