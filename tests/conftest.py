@@ -116,9 +116,12 @@ def kill_simulator():
 
 # Every CMake build the tests start (the SDK, MuJoCo, the Gazebo layer and plugin, a consumer of the
 # installed SDK) compiles through ccache where it is installed (`make test` installs it): a run
-# recompiles only what changed since the last run on this machine. CMake reads this variable.
+# recompiles only what changed since the last run on this machine. CMake reads the launcher; ccache
+# reads the base directory: paths under the checkout hash as relative ones, so another clone or
+# worktree of the same sources finds the same objects (release builds: no -g, no directory in them).
 if shutil.which("ccache"):
     os.environ.setdefault("CMAKE_CXX_COMPILER_LAUNCHER", "ccache")
+    os.environ.setdefault("CCACHE_BASEDIR", ROOT)
 
 CPP_SOURCE = os.path.join(ROOT, "sims", "cpp")
 CPP_BUILD = os.path.join(ROOT, "build", "cpp")
