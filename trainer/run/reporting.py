@@ -54,6 +54,8 @@ class Reporter:
     def _open_tensorboard(self, purge_step: Optional[int]):
         try:
             from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            self._summary_cls = Summary
         except ImportError as e:
             log.warning("no TensorBoard event files (%s); metrics.jsonl is still written", e)
             return None
@@ -150,24 +152,28 @@ class Reporter:
         return rec
 
     def _tensorboard(self, rec: dict) -> None:
+        """The record's scalars as one event (one Summary of many values, as TensorFlow's merged
+        summaries): add_scalar makes an event and wakes the writer thread per scalar, 20-40 of them a
+        record (on the 2-core VM a DQN record cost 2.5 ms that way, 0.47 ms as one event, flush included)."""
         w = self._writer
         if w is None:
             return
-        step = rec["env_steps"]
-        w.add_scalar("env/steps_per_s", rec["steps_per_s"], step)
-        w.add_scalar("env/episodes", rec["episodes"], step)
-        w.add_scalar("env/episodes_cut", rec["episodes_cut"], step)
+        scalars = {"env/steps_per_s": rec["steps_per_s"], "env/episodes": rec["episodes"],
+                   "env/episodes_cut": rec["episodes_cut"]}
         if rec["episode_return_mean"] is not None:
-            w.add_scalar("env/episode_return_mean", rec["episode_return_mean"], step)
+            scalars["env/episode_return_mean"] = rec["episode_return_mean"]
         for key, tag in _KEYED_SCALARS:
             for k, v in rec.get(key, {}).items():
-                w.add_scalar(tag.format(k=k), v, step)
+                scalars[tag.format(k=k)] = v
         for k in ("experience_blocked_s", "empty_episodes", "sessions_timed_out", "upload_refused_chunks",
                   "upload_refused_steps"):
-            w.add_scalar(f"health/{k}", rec[k], step)
+            scalars[f"health/{k}"] = rec[k]
         for pid, m in rec["losses"].items():
             for k, v in m.items():
-                w.add_scalar(f"learner/{pid}/{k}", v, step)
+                scalars[f"learner/{pid}/{k}"] = v
+        summary = self._summary_cls(value=[self._summary_cls.Value(tag=tag, simple_value=float(v))
+                                           for tag, v in scalars.items()])
+        w.file_writer.add_summary(summary, rec["env_steps"])
         w.flush()
 
 
