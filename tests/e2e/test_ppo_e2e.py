@@ -34,4 +34,7 @@ config = {PRESET}"""
     assert last["env_steps"] <= 30_000 and last["versions"]["default_policy"] > 0
     dropped, trained = losses["rows_dropped_logged"], losses["rows_trained"]
     assert 0.2 < dropped / (dropped + trained) < 0.4          # the simulator's 30%, counted
-    assert losses["rows_dropped_stale"] == 0                   # the small queue lags one iteration at most
+    # Rows acted by weights two iterations old are dropped and counted (ppo.py; exact counts: test_ppo.py).
+    # They come only while the learner process trails the simulator (the rate limiter lets it trail by up
+    # to max_updates_behind updates), as on a loaded machine: 0 in most runs here, 3 of 8,473 once.
+    assert losses["rows_dropped_stale"] <= 0.05 * (dropped + trained), losses
