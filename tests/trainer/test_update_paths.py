@@ -460,7 +460,6 @@ def test_a_gpu_shared_with_other_processes_is_said_once_naming_them(monkeypatch,
     """nvidia-smi's compute apps on the learner's GPU, other than this process: one warning naming
     them (the parent, a daemon's acting copy on the GPU, marked as this trainer). nvidia-smi and the
     device are stand-ins here: the line's logic without a GPU."""
-    import os
     import subprocess
     import types
     uuid = "GPU-1234abcd"

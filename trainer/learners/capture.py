@@ -22,7 +22,7 @@ replay:
     the replay storage is read inside the graph, so a reallocated storage (its `storage_version`)
     selects a new graph;
   - per-update scalars as device tensors: a learning rate that changes lives in the optimizer as a
-    tensor (`set_lr` fills it); Adam is fused (its step count on the device, capturable);
+    tensor (`optim.set_lr` fills it); Adam is fused (its step count on the device, capturable);
   - python choices (DQN's target-update turn) pick one of a few graphs (`key`).
 On cuda the update's float32 matrix products use TensorFloat-32 tensor cores (the learner's `tf32`,
 default true): the eager, warm-up, capture and compile runs switch cuBLAS to TF32 around the step

@@ -61,7 +61,7 @@ from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import action_branches, action_start
 from simbridge.trainer.learners.nstep import DISCOUNTS
 from simbridge.wire.columns import ACTION_LOGP, ACTIONS, NEW_OBS, OBS, POLICY_VERSION, REWARDS
-from simbridge.wire.preprocess import dict_key_columns, flat_dim
+from simbridge.wire.preprocess import dict_key_columns
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 MASK_KEY = "action_mask"

@@ -79,7 +79,7 @@ from simbridge.trainer.learners.ppo_policy import MASK_KEY, ActionLayout, Policy
 from simbridge.trainer.learners.replay import ReplayBuffer
 from simbridge.wire.columns import (ACTION_LOGP, ACTIONS, AGENT_INDEX, EPS_ID, NEW_OBS, OBS, POLICY_VERSION,
                                     REWARDS, T, TERMINATEDS, TRUNCATEDS)
-from simbridge.wire.preprocess import dict_key_columns, flat_dim, flatten
+from simbridge.wire.preprocess import dict_key_columns, flat_dim
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 PPO_DEFAULTS = {

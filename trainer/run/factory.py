@@ -9,8 +9,6 @@ import logging
 import threading
 from typing import Callable, Optional
 
-import torch
-
 from simbridge.server.mapping import pattern_mapping
 from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config.trainer_config import TrainerConfig
