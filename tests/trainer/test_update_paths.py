@@ -210,10 +210,14 @@ def test_an_acting_only_copy_holds_no_optimizer_and_passes_a_checkpoints_optimiz
         torch.testing.assert_close(a, b)
 
 
-def test_a_trainer_with_a_learner_process_builds_its_policies_without_importing_torch_dynamo():
-    """torch.optim's first use imports torch._dynamo (seconds of every trainer's start): the daemon
-    of a run whose learners train in learner processes never steps an optimizer, so never needs it."""
+def test_neither_a_daemons_acting_copies_nor_learners_that_train_import_torch_dynamo():
+    """torch.optim's first use imports torch._dynamo (1.5 CPU-s of every trainer's and learner process's
+    start). The daemon of a run whose learners train in learner processes builds no optimizer; DQN, SAC
+    and PPO that train step trainer/learners/optim.py's Adam (gradient clipping included) and write
+    their state without it. One fresh interpreter for both: what each part had imported is printed."""
+    here = os.path.dirname(os.path.abspath(__file__))
     code = ("import sys, gymnasium as gym\n"
+            f"sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]\n"
             "from simbridge.trainer.config.trainer_config import load_config\n"
             "from simbridge.trainer.run.factory import PolicyFactory\n"
             f"for toml, env in (('cartpole_dqn', 'CartPole-v1'), ('pendulum_sac', 'Pendulum-v1'), "
@@ -223,10 +227,18 @@ def test_a_trainer_with_a_learner_process_builds_its_policies_without_importing_
             f"    p = PolicyFactory(cfg)('default_policy', e.observation_space, e.action_space)\n"
             f"    p.compute_actions(e.observation_space.sample()[None])\n"
             f"    assert p.acting_only and not p.optimizers(), toml\n"
+            "print('torch._dynamo' in sys.modules)\n"
+            "from test_update_paths import acted_rows, fill, learner\n"
+            "for kind in ('dqn', 'sac', 'ppo'):\n"
+            "    lrn = learner(kind, train_batch_size=32, minibatch_size=16) if kind == 'ppo' else learner(kind)\n"
+            "    lrn.add(acted_rows(lrn, 32)) if kind == 'ppo' else fill(lrn)\n"
+            "    lrn.train(max_updates=3)\n"
+            "    assert lrn.updates >= 3 and lrn.optimizers(), kind\n"
+            "    lrn.state_dict()\n"
             "print('torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", out.stdout
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "False"], out.stdout   # after the daemon's part, after training
 
 
 def test_a_decaying_learning_rate_reaches_a_tensor_lr_optimizer():
