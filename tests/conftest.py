@@ -50,6 +50,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)   # stable: collection order within a rank
 
 
+def pytest_collection_finish(session):
+    """Collection imported torch and the project (some 200,000 objects that live as long as the
+    worker): frozen, the collector's full passes over the tests' own objects no longer walk them
+    (trainer/run/gcquiet.py says what the collector costs a process otherwise)."""
+    import gc
+    gc.freeze()
+
+
 def pytest_generate_tests(metafunc):
     if "net" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("nets")

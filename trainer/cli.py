@@ -64,6 +64,7 @@ from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use, in_use_message
 from simbridge.trainer.run import rundir
+from simbridge.trainer.run.gcquiet import imports_without_gc
 from simbridge.trainer.run.listen import listen_early
 from simbridge.trainer.config.trainer_config import DEFAULT_CONFIG, ConfigError, TrainerConfig, load_config
 from simbridge.trainer.config.values import parse_overrides
@@ -182,7 +183,8 @@ def cmd_run(args) -> int:
             print(f"simbridge-trainer: bound {server.address}, not serving yet: loading torch and the "
                   f"{'checkpoint' if args.resume else 'learners'}; simulators that connect meanwhile wait",
                   flush=True)
-        from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
+        with imports_without_gc():
+            from simbridge.trainer.daemon import TrainerDaemon   # needs torch: see the comment atop
         daemon = TrainerDaemon(cfg, resume=args.resume, rank=rank, server=server)
     except BaseException as e:
         if server is not None:   # its held calls are refused (UNAVAILABLE), and the process can exit
@@ -196,7 +198,8 @@ def cmd_run(args) -> int:
 
 def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from simbridge.trainer import serve   # needs torch: see the comment atop
+    with imports_without_gc():
+        from simbridge.trainer import serve   # needs torch: see the comment atop
     try:
         ckpt = Path(args.checkpoint)
         cfg = serve.frozen_config(ckpt)
@@ -214,7 +217,8 @@ def cmd_serve(args) -> int:
 
 def cmd_export(args) -> int:
     import json
-    from simbridge.trainer import serve   # needs torch: see the comment atop
+    with imports_without_gc():
+        from simbridge.trainer import serve   # needs torch: see the comment atop
     try:
         result = serve.export_onnx(Path(args.checkpoint), Path(args.onnx), args.policy)
     except ConfigError as e:

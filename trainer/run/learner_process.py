@@ -40,7 +40,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from simbridge.trainer.run import journal
+from simbridge.trainer.run import gcquiet, journal
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.learners.replay import ReplayBuffer
 
@@ -213,7 +213,8 @@ def spawn_child(with_main: bool = False) -> Child:
     run again (as multiprocessing's spawn always does; the script needs its __main__ guard)."""
     ctx = mp.get_context("spawn")   # never fork: the parent runs gRPC threads
     conn, child_conn = ctx.Pipe()
-    proc = ctx.Process(target=_child_main, args=(child_conn,), name="simbridge-learner", daemon=True)
+    proc = ctx.Process(target=gcquiet.run_imported, args=(__name__, _child_main.__name__, child_conn),
+                       name="simbridge-learner", daemon=True)
     with contextlib.nullcontext() if with_main else _callers_script_hidden():
         proc.start()
     child_conn.close()
