@@ -11,10 +11,10 @@ from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_fo
 from support.daemon import metrics
 
 # DQN's CartPole preset (trainer/learners/presets.py) at about half its CPU per env step, for the tests
-# that prove a path (a group, a batched or local simulator, a policy mapping) rather than the preset:
+# that prove a path (a group, a policy mapping) rather than the preset:
 # half the updates per env step, on [64, 64] at batch 64. Its return(10) reaches 150 about as soon as
 # the preset's (docs/benchmarks.md, "Cheaper configs for the tests"); the preset's own solve is
-# test_learning_e2e.py's first test and bench/learning.py's.
+# test_learning_e2e.py's three-simulator run and bench/learning.py's.
 DQN_QUICK = {**DQN_CARTPOLE, "hidden": [64, 64], "batch_size": 64, "updates_per_step": 0.5}
 QUICK = toml_value({**DQN_QUICK, "seed": 0})
 PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # the preset itself, as a config table
