@@ -111,7 +111,7 @@ def test_an_idle_trainer_waits_aloud_once_and_a_reconnecting_simulator_reads_pla
     def trainer(logdir):
         return start_server("trainer", python_module(
             "simbridge.trainer.cli", "run", "--address", address, "--logdir", str(logdir), "--log-level", "WARNING",
-            "--set", "run.print_every_s=0.2", "--set", "policies.default_policy.config.learning_starts=100"),
+            "--set", "run.print_every_s=0.2", "--set", "run.learner_process=false"),   # what is said, not learnt
             address, timeout=60)
 
     first = trainer(tmp_path / "a")
@@ -234,28 +234,6 @@ def test_ctrl_c_of_make_demo_at_a_terminal_exits_0(tmp_path):
         os.close(master)
     assert os.waitstatus_to_exitcode(status) == 0, f"make exited {os.waitstatus_to_exitcode(status)}:\n{text}"
     assert "demo: interrupted (Ctrl-C)" in text and "Interrupt" not in text.replace("interrupted", ""), text
-    assert (logdir / "checkpoint.pt").exists()
-
-
-def test_ctrl_c_of_the_demo_stops_it_in_order_and_exits_0(tmp_path):
-    logdir = tmp_path / "demo"
-    demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", str(logdir)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
-                            cwd=str(ROOT), start_new_session=True)   # its own group, like a terminal's job
-    lines = []
-    try:
-        for line in demo.stdout:
-            lines.append(line)
-            if "Ctrl-C stops early" in line:
-                break
-        time.sleep(1.0)
-        os.killpg(demo.pid, signal.SIGINT)   # what Ctrl-C at the terminal sends: the whole group
-        rest, _ = demo.communicate(timeout=90)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    text = "".join(lines) + rest
-    assert demo.returncode == 0, text
-    assert "demo: interrupted (Ctrl-C)" in text and "checkpoint" in text and "Error" not in text, text
+    assert "checkpoint" in text and "Error" not in text, text   # stopped in order: the final checkpoint
     assert (logdir / "checkpoint.pt").exists() and (logdir / "learning_curves.png").exists()
     _clean(text)
