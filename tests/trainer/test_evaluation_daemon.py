@@ -16,9 +16,10 @@ def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg = tmp_path / "c.toml"
-    # Exploration at epsilon 1: a training episode's actions are coin flips.
+    # Exploration at epsilon 1: a training episode's actions are coin flips. Nothing learns (the
+    # learner inline: no learner process to start for it).
     cfg.write_text(f'[server]\naddress = "{address}"\nrollout_fragment_length = 16\n[run]\nlogdir = "{logdir}"\n'
-                   f'print_every_s = 0.2\nseed = 0\n[policies.default_policy]\nalgorithm = "dqn"\n'
+                   f'print_every_s = 0.2\nseed = 0\nlearner_process = false\n[policies.default_policy]\nalgorithm = "dqn"\n'
                    f'config = {{ hidden = [16], learning_starts = 100000, epsilon_initial = 1.0, '
                    f'epsilon_final = 1.0 }}\n')
     daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),

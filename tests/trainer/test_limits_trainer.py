@@ -84,6 +84,7 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
         checkpoint_every_env_steps = 0
         print_every_s = 0.3
         seed = 0
+        learner_process = false   # the refusal and the run after it, not where updates run
         [policies.default_policy]
         algorithm = "dqn"
         config = {{ learning_starts = 64, batch_size = 32 }}
