@@ -7,7 +7,6 @@ import resource
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
