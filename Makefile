@@ -40,14 +40,12 @@ cpp-deps:
 
 # The suite on TEST_WORKERS pytest-xdist workers: its tests wait on real processes and timers about half
 # their time, so 3 workers fill 2 cores. A test file is one worker's (tests/conftest.py says why).
-# --no-loadscope-reorder: xdist would hand out the files with the most tests first, which left the
-# learning runs (few tests, minutes each) to the end of the run with workers idle beside them;
-# tests/conftest.py's SLOW_FIRST order is the one kept. TEST_WORKERS=0 runs it in this one process.
+# TEST_WORKERS=0 runs it in this one process.
 # The suite starts some 300 Python processes: each would compile the project's modules again where
 # the environment says PYTHONDONTWRITEBYTECODE (this VM's does), so the suite runs without it.
 TEST_WORKERS ?= 3
 test: $(STAMP) cpp-deps
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py

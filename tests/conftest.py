@@ -37,8 +37,10 @@ def pytest_configure(config):
 # build into a shared folder (build/gazebo-gz) or are whole runs (a connector run, a fuzzed server)
 # happen once. SLOW_FIRST: files of learning runs and builds are handed out first, so that no worker
 # ends the run on a 2-minute solve while the others idle (serial runs keep this order too; no result
-# depends on it). xdist keeps it only with --no-loadscope-reorder (the Makefile passes it): by
-# default it hands out the files with the most tests first.
+# depends on it). Under xdist it orders files with equal numbers of tests: xdist hands out the
+# files with the most tests first, which mixes the learning runs with files of quick tests; keeping
+# this order instead (--no-loadscope-reorder) put three learning runs on two cores at once and a
+# fresh clone's run took 8:47 instead of 8:21 (docs/benchmarks.md, session 18).
 SLOW_FIRST = ("sims/test_gazebo_sim.py", "trainer/test_distributed.py", "e2e/", "trainer/test_distributed_datasets.py",
               "trainer/test_datasets.py", "trainer/test_learner_process.py", "trainer/test_user_errors.py",
               "trainer/test_trainer_daemon.py", "sims/test_unity_", "trainer/test_resume_kill.py")
