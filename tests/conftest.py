@@ -12,7 +12,7 @@ import pytest
 
 # One OpenMP and BLAS thread per test process and every process it starts (before numpy or torch
 # load here): three workers share two cores, and torch's intra-op threads spin-wait after each op
-# (in-process learners and servers: 24.1 -> 20.1 CPU-s for tests/trainer's learner files, 2 vs 1).
+# (in-process learners and servers: 24.1 -> 21.1 CPU-s for tests/trainer's learner files, 2 vs 1).
 # The trainer pins its own threads ([run] torch_threads); this is the rest (workers, examples, sims).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
