@@ -185,7 +185,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # SIMBRIDGE_TEST_CPU=FILE: one JSON line per test with its wall time and the CPU seconds it cost,
-# this process's and its reaped children's (trainers, simulators, compilers), setup to teardown.
+# this process's and its reaped children's (trainers, simulators, compilers), setup to teardown;
+# when it ended and on which xdist worker: the run's timeline (does a worker idle at the end?).
 # Wall time alone hides whether a slow test computes or waits: that decides how to make it cheaper.
 class _CpuLog:
     def __init__(self, path: str):
@@ -204,7 +205,8 @@ class _CpuLog:
         yield
         with open(self.path, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 3),
-                                "cpu_s": round(self._cpu_s() - c0, 3)}) + "\n")
+                                "cpu_s": round(self._cpu_s() - c0, 3), "ended": round(time.time(), 2),
+                                "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
 
 
 @pytest.fixture(scope="session")
