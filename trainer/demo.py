@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from simbridge.trainer.run.launch import Proc, free_port, python_module, start_server
+from simbridge.trainer.run.launch import Proc, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 
 SIMULATORS = [
@@ -140,8 +140,8 @@ def _main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
 
-    address = f"127.0.0.1:{free_port()}"
-    console.say(f"starting the trainer daemon (DQN on CartPole) on {address}, logs in {logdir} ...")
+    address = "127.0.0.1:0"   # the trainer takes a free port and says which
+    console.say(f"starting the trainer daemon (DQN on CartPole), logs in {logdir} ...")
     t0 = time.monotonic()
     try:
         trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--address", address,
@@ -153,7 +153,9 @@ def _main(argv=None) -> int:
     except KeyboardInterrupt:
         console.say("interrupted while the trainer was starting: stopped")
         return 0
-    console.say(f"trainer healthy after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} simulators:")
+    address = trainer.address
+    console.say(f"trainer healthy on {address} after {time.monotonic() - t0:.1f} s; starting {len(SIMULATORS)} "
+                f"simulators:")
     sims: List[Proc] = []
     failed: Optional[str] = None
     reached: Optional[dict] = None

@@ -6,7 +6,7 @@ import time
 
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
-from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health
+from simbridge.trainer.run.launch import child_env, python_module, start_server, stop_all
 
 from support.daemon import metrics
 
@@ -25,12 +25,11 @@ def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout:
     """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
     in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
     return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out."""
-    address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f"""{top}
 [server]
-address = "{address}"
+address = "127.0.0.1:0"
 rollout_fragment_length = {fragment}
 experience_queue_size = 4
 [run]
@@ -41,10 +40,11 @@ checkpoint_every_env_steps = 1000000
 {tables}
 """)
     env = child_env()
-    procs = [subprocess.Popen([sys.executable, "-m", "simbridge.trainer.cli", "run", "--config", str(cfg)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    # port 0: the trainer takes a free one and names it (a port picked here could be taken meanwhile)
+    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),
+                           "127.0.0.1:0", timeout=120, env=env)
+    address, procs = trainer.address, [trainer.popen]
     try:
-        wait_for_health(address, timeout=120)
         for i, cmd in enumerate(sims):
             with open(tmp_path / f"sim{i}.out", "wb") as out:
                 procs.append(subprocess.Popen([sys.executable, "-m", *cmd, "--address", address, "--quiet"], env=env,

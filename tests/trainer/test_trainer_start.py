@@ -7,11 +7,14 @@ each step, and runs its episodes. Real processes: the trainer CLI and simbridge-
 """
 import signal
 import subprocess
+import sys
 import time
 
+import pytest
 from grpc_health.v1 import health_pb2
 
-from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module
+from simbridge.trainer.run.launch import (ROOT, Proc, child_env, free_port, python_module, start_server,
+                                          wait_for_health)
 from support.daemon import first_health
 
 # Seconds from `simbridge-trainer run` to its port answering. About 1 s on a quiet 2-core VM
@@ -69,3 +72,20 @@ def test_ctrl_c_while_the_trainer_loads_exits_130_in_one_line(tmp_path):
     trainer.wait_output()
     said = "\n".join(trainer.lines)
     assert "simbridge-trainer: interrupted while starting (nothing served)" in said and "Traceback" not in said, said
+
+
+def test_a_server_started_on_port_0_is_reached_where_it_says_and_one_that_exits_first_is_quoted():
+    """launch.start_server with HOST:0 (what `make demo` does): the server takes a free port and the
+    caller dials the one its "listening on" line names. Picking a port first (free_port) and passing
+    it left seconds in which another process could take it: `make demo` then failed to bind at load."""
+    server = start_server("bridge", python_module("simbridge.server.cli", "--address", "127.0.0.1:0"), "127.0.0.1:0",
+                          timeout=60, env=child_env())
+    try:
+        host, port = server.address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        wait_for_health(server.address, timeout=5)
+    finally:
+        assert server.stop() == 0
+    with pytest.raises(RuntimeError, match=r"(?s)broken exited with code 3 before serving on 127\.0\.0\.1:0:.*no port"):
+        start_server("broken", [sys.executable, "-c", "import sys; print('no port for you'); sys.exit(3)"], "127.0.0.1:0",
+                     timeout=60)

@@ -7,6 +7,7 @@ politely (SIGTERM, then kill).
 """
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,9 @@ from simbridge.wire.addresses import grpc_address
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 LineHandler = Callable[[str, str], None]  # (process name, line without newline)
+
+# What simbridge-trainer and simbridge-server print once serving: the address clients dial.
+_LISTENING = re.compile(r"listening on (\S+)")
 
 # The directory holding the simbridge and sims packages: children can import
 # both even when the checkout is not installed.
@@ -62,6 +66,8 @@ class Proc:
         self.argv = list(argv)
         self.lines: Deque[str] = collections.deque(maxlen=keep)
         self._on_line = on_line
+        self.address: Optional[str] = None   # the first "listening on ADDRESS" line's address
+        self._announced = threading.Event()
         self.popen = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, bufsize=1,
                                       env=env if env is not None else child_env(), cwd=cwd or str(ROOT),
@@ -73,12 +79,21 @@ class Proc:
         for line in self.popen.stdout:
             line = line.rstrip("\n")
             self.lines.append(line)
+            if self.address is None and (m := _LISTENING.search(line)):
+                self.address = m.group(1)
+                self._announced.set()
             if self._on_line is not None:
                 try:
                     self._on_line(self.name, line)
                 except Exception:  # a faulty printer must not stop the reading
                     pass
         self.popen.stdout.close()
+        self._announced.set()   # no more lines: nothing to wait for
+
+    def wait_address(self, timeout: float) -> Optional[str]:
+        """The address its "listening on" line named: None if it exited, or `timeout` passed, first."""
+        self._announced.wait(timeout)
+        return self.address
 
     @property
     def pid(self) -> int:
@@ -131,10 +146,7 @@ def wait_for_health(address: str, timeout: float = 30.0, proc: Optional[Proc] = 
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc is not None and proc.poll() is not None:
-                proc.wait_output()
-                tail = "\n".join(list(proc.lines)[-15:])
-                raise RuntimeError(f"{proc.name} exited with code {proc.poll()} before serving on "
-                                   f"{address}:\n{tail}")
+                raise _exited(proc, address)
             try:
                 resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
@@ -146,12 +158,32 @@ def wait_for_health(address: str, timeout: float = 30.0, proc: Optional[Proc] = 
             time.sleep(0.1)
 
 
+def _exited(proc: Proc, address: str) -> RuntimeError:
+    proc.wait_output()
+    tail = "\n".join(list(proc.lines)[-15:])
+    return RuntimeError(f"{proc.name} exited with code {proc.poll()} before serving on {address}:\n{tail}")
+
+
 def start_server(name: str, argv: Sequence[str], address: str, timeout: float = 30.0,
                  on_line: Optional[LineHandler] = None, **kwargs) -> Proc:
-    """Start a server process and return once its health check answers (stopping it on failure)."""
+    """Start a server process and return once its health check answers (stopping it on failure).
+    An address with port 0 (HOST:0, as passed in argv) lets the server take a free port: the Proc's
+    `address` is then the one it announced. A port picked here beforehand (free_port) can be taken
+    by another process in the seconds the server takes to load torch."""
     proc = Proc(name, argv, on_line, **kwargs)
     try:
+        if address.endswith(":0"):
+            t0 = time.monotonic()
+            announced = proc.wait_address(timeout)
+            if announced is None:
+                try:
+                    proc.popen.wait(5.0)   # its output ended: it is exiting
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"{name} announced no address after {timeout:.0f}s") from None
+                raise _exited(proc, address)
+            address, timeout = announced, max(1.0, timeout - (time.monotonic() - t0))
         wait_for_health(address, timeout, proc)
+        proc.address = address
     except BaseException:
         proc.stop()
         raise
