@@ -30,8 +30,8 @@ from typing import Callable, Optional
 import grpc
 
 from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
-                                       close_unwatched, connect_any, connect_first, diagnose, mark_down,
-                                       open_channel, parse_addresses)
+                                       close_in_background, close_unwatched, connect_any, connect_first, diagnose,
+                                       mark_down, open_channel, parse_addresses)
 from simbridge.client.retry import RETRYABLE, Backoff, rpc_failure
 from simbridge.client.stopping import Stopped, check_stopping, stop_waiting, watch  # noqa: F401
 from simbridge.client.direct_stream import open_stream
@@ -370,7 +370,7 @@ class Connection:
             with self._lock:   # a DirectStream is read by one thread at a time
                 if self._stream is not None:
                     self._stream.close()
-            self._channel.close()
+            close_in_background(self._channel)
 
 
 def _wrap(kind: str, msg) -> pb.StreamRequest:

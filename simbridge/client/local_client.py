@@ -52,6 +52,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
+from simbridge.client.channels import close_in_background
 from simbridge.client.connection import connect_first
 from simbridge.client.local_buffer import Chunk, EpisodeState, converter, invalid, nbytes_of
 from simbridge.client.local_layers import has_nan
@@ -304,7 +305,7 @@ class LocalPolicyClient(ServerSync):
                            self.rpc_timeout_s)
             except BridgeError:
                 pass
-        self._channel.close()
+        close_in_background(self._channel)
 
     def _close_without_flush(self) -> None:
         self._abort = True
