@@ -9,6 +9,9 @@ with the simulator acting locally through the policy's ONNX model (it learned at
 A random policy scores about -0.5. The DQN test through the bridge has the trainer stack the simulator's
 single frames two deep (frame_stack = 2, server/frame_stack.py): 3 of 3 runs reached a mean of 0.8 over
 10 episodes at 1,087-1,322 env steps (17-21 s, 26 Nov 2026, load ~3), within the same 6k budget.
+These learn in the daemon's loop ([run] learner_process = false: 15.5 -> 12.9, 14.9 -> 12.1 and
+12.7 -> 11.6 CPU-s without a child's imports and pipe); a CNN learning in a learner process, the
+default, is tests/sims/test_unity_camera_e2e.py's.
 """
 import time
 
@@ -30,7 +33,7 @@ frame_stack = {frame_stack}
 config = {toml_value(config)}"""
     t0 = time.monotonic()
     recs = run(tmp_path, "", tables, [sim], budget=budget, done=lambda rec: r10(rec, "default_policy") >= 0.8,
-               timeout=150, fragment=16)
+               timeout=150, fragment=16, learner_process=False)
     assert recs, "no metrics were written"
     last = recs[-1]
     print(f"{algorithm}: mean(10) {r10(last, 'default_policy'):.2f} at {last['env_steps']} env steps, "

@@ -21,10 +21,12 @@ PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # the preset itself, as a con
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
-        programs: list = (), fragment: int = 32):
+        programs: list = (), fragment: int = 32, learner_process: bool = True):
     """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
     in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
-    return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out."""
+    return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out.
+    learner_process: [run] learner_process (the default, true: each trained policy learns in a
+    process of its own; false: in the daemon's loop, a child's imports and pipe spared)."""
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f"""{top}
@@ -37,6 +39,7 @@ logdir = "{logdir}"
 total_env_steps = {budget}
 print_every_s = 0.5
 checkpoint_every_env_steps = 1000000
+learner_process = {str(learner_process).lower()}
 {tables}
 """)
     env = child_env()

@@ -32,8 +32,10 @@ def test_the_trainer_listens_before_torch_and_a_simulator_started_first_waits_fo
     try:
         # The simulator's default --connect-timeout covers a trainer started after it.
         time.sleep(1.0)
+        # learner_process=false: the simulator's three episodes would start a learner process (its
+        # imports) that this test, about the start, does not look at
         trainer = Proc("trainer", python_module("simbridge.trainer.cli", "run", "--logdir", tmp_path / "run",
-                                                "--address", address))
+                                                "--address", address, "--set", "run.learner_process=false"))
         bound_s, status = first_health(address, trainer)
         # The port answered before the daemon was ready: torch and the learners load behind it.
         assert status == health_pb2.HealthCheckResponse.NOT_SERVING, status

@@ -154,14 +154,15 @@ def test_a_simulator_refused_for_its_spaces_is_said_on_both_consoles_with_the_fi
     spaces but no fix. Now the trainer's console says it (once per kind; a retrying simulator
     does not flood it), and both name the fix: a [mapping] rule to another policy id, or a
     trainer of their own for those spaces."""
-    address = f"127.0.0.1:{free_port()}"
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[server]\naddress = "{address}"\n[run]\nlogdir = "{tmp_path / "run"}"\nprint_every_s = 0.2\n'
+    cfg.write_text(f'[server]\naddress = "127.0.0.1:0"\n[run]\nlogdir = "{tmp_path / "run"}"\nprint_every_s = 0.2\n'
+                   f'learner_process = false\n'   # what is said; a refused simulator's session started a child
                    f'[policies.default_policy]\nalgorithm = "dqn"\n'
                    f'observation_space = {{ type = "Box", low = -1.0, high = 1.0, shape = [4] }}\n'
                    f'action_space = {{ type = "Discrete", n = 2 }}\n')
     trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                    "--log-level", "WARNING"), address, timeout=60, env=child_env())
+                                                    "--log-level", "WARNING"), "127.0.0.1:0", timeout=60, env=child_env())
+    address = trainer.address
     try:
         outs = [_sim(address, "--env", "MountainCar-v0", "--connect-timeout", "30")[0] for _ in range(2)]
         deadline = time.monotonic() + 30
