@@ -24,6 +24,7 @@ from simbridge.trainer.run.launch import free_port, python_module, start_server,
 from support.daemon import daemon_env, kill, metrics, start_sim
 from support.waits import wait
 
+ANY = "127.0.0.1:0"   # the trainer takes a free port and names it (launch.start_server)
 LEARNING_STARTS = 50
 FRAGMENT = 16
 QUEUE = 2
@@ -51,9 +52,10 @@ def _config(tmp_path: Path, address: str, algorithm: str, policy_config: str, qu
     return path
 
 
-def _daemon(tmp_path, address, cfg, *extra):
+def _daemon(cfg, *extra):
+    """The trainer of a config whose address has port 0 (ANY): its `address` is the port it took."""
     return start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg), *extra),
-                        address, timeout=60, env=daemon_env(), keep=2000)
+                        ANY, timeout=60, env=daemon_env(), keep=2000)
 
 
 def _owed(rec) -> float:
@@ -208,9 +210,9 @@ def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
     fragments, however deep the bridge's queue (it was the tolerance plus the whole queue, which
     left SAC's acting weights 1,000 env steps behind with fragments of 200)."""
     queue = 8
-    address = f"127.0.0.1:{free_port()}"
-    cfg = _config(tmp_path, address, "slow_learner:SlowLinearQ", ", update_sleep_s = 0.004", queue=queue)
-    daemon = _daemon(tmp_path, address, cfg)
+    cfg = _config(tmp_path, ANY, "slow_learner:SlowLinearQ", ", update_sleep_s = 0.004", queue=queue)
+    daemon = _daemon(cfg)
+    address = daemon.address
     sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "1", "--seed", "1")
     try:
         wait(lambda: any(r["env_steps"] >= 1500 for r in metrics(tmp_path / "run")), 90,
@@ -231,9 +233,9 @@ def test_slow_learner_holds_intake_within_the_tolerance(tmp_path):
 def test_slow_simulator_the_learner_waits_and_keeps_up(tmp_path):
     """A simulator at ~150 steps/s and a fast learner: the learner never runs ahead of the ratio
     and, once the simulator stops, owes no more than the rows the bridge still holds."""
-    address = f"127.0.0.1:{free_port()}"
-    cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
-    daemon = _daemon(tmp_path, address, cfg)
+    cfg = _config(tmp_path, ANY, "linear_q_learner:LinearQLearner", "")
+    daemon = _daemon(cfg)
+    address = daemon.address
     env = gym.make("CartPole-v1")
     stop = threading.Event()
     errors = []
@@ -284,10 +286,10 @@ def _learner_child(daemon_pid: int) -> int:
 
 
 def test_a_killed_learner_process_stops_the_trainer_and_resume_continues(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
-    cfg = _config(tmp_path, address, "linear_q_learner:LinearQLearner", "")
+    cfg = _config(tmp_path, ANY, "linear_q_learner:LinearQLearner", "")
     logdir = tmp_path / "run"
-    daemon = _daemon(tmp_path, address, cfg)
+    daemon = _daemon(cfg)
+    address = daemon.address
     sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
     try:
         wait(lambda: any(r["versions"].get("default_policy", 0) > 100 for r in metrics(logdir)), 60,
@@ -309,7 +311,8 @@ def test_a_killed_learner_process_stops_the_trainer_and_resume_continues(tmp_pat
     assert kept > 0 and ckpt["policies"]["default_policy"]["state"]["updates"] == kept
 
     total = metrics(logdir)[-1]["env_steps"] + 300   # the resume replays the journal past the checkpoint
-    daemon = _daemon(tmp_path, address, cfg, "--resume", "--total-env-steps", str(total))
+    daemon = _daemon(cfg, "--resume", "--total-env-steps", str(total))
+    address = daemon.address
     sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "2")
     try:
         wait(lambda: daemon.poll() is not None, 60, "the resumed trainer to reach its budget", [sim])
@@ -350,9 +353,9 @@ def test_ctrl_c_of_the_whole_process_group_still_writes_the_final_checkpoint(tmp
 
 
 def test_a_learner_process_that_fails_stops_the_trainer_with_its_error(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
-    cfg = _config(tmp_path, address, "slow_learner:FailingLinearQ", "")
-    daemon = _daemon(tmp_path, address, cfg)
+    cfg = _config(tmp_path, ANY, "slow_learner:FailingLinearQ", "")
+    daemon = _daemon(cfg)
+    address = daemon.address
     sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "2", "--seed", "1")
     try:
         wait(lambda: daemon.poll() is not None, 60, "the trainer to stop", [sim])
