@@ -5,7 +5,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client import PolicyClient
-from simbridge.trainer.run.launch import free_port, python_module, start_server
+from simbridge.trainer.run.launch import python_module, start_server
 from support.daemon import daemon_env, kill, metrics, start_sim
 from support.waits import wait
 
@@ -13,17 +13,17 @@ CARTPOLE = gym.make("CartPole-v1")
 
 
 def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg = tmp_path / "c.toml"
     # Exploration at epsilon 1: a training episode's actions are coin flips. Nothing learns (the
     # learner inline: no learner process to start for it).
-    cfg.write_text(f'[server]\naddress = "{address}"\nrollout_fragment_length = 16\n[run]\nlogdir = "{logdir}"\n'
+    cfg.write_text(f'[server]\naddress = "127.0.0.1:0"\nrollout_fragment_length = 16\n[run]\nlogdir = "{logdir}"\n'
                    f'print_every_s = 0.2\nseed = 0\nlearner_process = false\n[policies.default_policy]\nalgorithm = "dqn"\n'
                    f'config = {{ hidden = [16], learning_starts = 100000, epsilon_initial = 1.0, '
                    f'epsilon_final = 1.0 }}\n')
     daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),
-                          address, timeout=60, env=daemon_env(), keep=2000)
+                          "127.0.0.1:0", timeout=60, env=daemon_env(), keep=2000)
+    address = daemon.address   # the port it took (a port picked beforehand could be taken meanwhile)
     sims = []
     try:
         c = PolicyClient(address, CARTPOLE.observation_space, CARTPOLE.action_space)

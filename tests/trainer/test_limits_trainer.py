@@ -17,7 +17,7 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.run.factory import PolicyFactory
-from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module, start_server
 from simbridge.wire.errors import BridgeError, Reason
 from support.daemon import kill, metrics
 from support.waits import wait
@@ -71,13 +71,12 @@ def test_factory_refuses_a_learner_over_budget_before_building_it(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "run"
     cfg_path = tmp_path / "dqn.toml"
     # DQN's defaults: a 100,000-transition replay. For Box(100000,) that is ~80 GB: refused.
     cfg_path.write_text(f"""
         [server]
-        address = "{address}"
+        address = "127.0.0.1:0"
         rollout_fragment_length = 50
         [run]
         logdir = "{logdir}"
@@ -91,7 +90,8 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
     """)
     env = child_env({"PYTHONPATH": str(ROOT)})
     daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path)),
-                          address, timeout=90, env=env, keep=5000)
+                          "127.0.0.1:0", timeout=90, env=env, keep=5000)
+    address = daemon.address   # the port it took (a port picked beforehand could be taken meanwhile)
     sim = None
     try:
         huge = PolicyClient(address, HUGE, gym.spaces.Discrete(2), client_name="huge")
