@@ -16,7 +16,7 @@ from simbridge.trainer import cli
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.config.dataset import DatasetSection, dataset_overrides
 from simbridge.trainer.data.datasets import dataset_id
-from simbridge.trainer.run.launch import Proc, free_port, python_module, start_server
+from simbridge.trainer.run.launch import Proc, python_module, start_server
 
 from simbridge.trainer.run.checkpoint import load_checkpoint
 from support.daemon import daemon_env, kill, metrics, start_sim
@@ -24,6 +24,8 @@ from support.datasets import tiny_dataset
 from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
+
+ANY = "127.0.0.1:0"   # each trainer takes a free port and names it (launch.start_server)
 
 
 def _summary(proc) -> dict:
@@ -43,7 +45,7 @@ def _load(root: Path, policy: str):
         del os.environ["MINARI_DATASETS_PATH"]
 
 
-def _record(tmp_path, address: str) -> tuple:
+def _record(tmp_path) -> tuple:
     """A daemon recording (fragments of 16 rows) what three simulators send: one logging its own
     actions (40 episodes), one on Step with 3 slots served by the random policy (6 episodes), and
     a multi-agent one (4 episodes of 3 carts each, policy "carts")."""
@@ -51,7 +53,7 @@ def _record(tmp_path, address: str) -> tuple:
     cfg = tmp_path / "rec.toml"
     cfg.write_text(f"""
         [server]
-        address = "{address}"
+        address = "{ANY}"
         rollout_fragment_length = 16
         [run]
         logdir = "{logdir}"
@@ -64,8 +66,9 @@ def _record(tmp_path, address: str) -> tuple:
         rules = ["cart_*=carts"]
     """)
     daemon = start_server("recorder", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                    "--record-dataset"), address, timeout=60, env=daemon_env(),
+                                                    "--record-dataset"), ANY, timeout=60, env=daemon_env(),
                           keep=5000)
+    address = daemon.address
     sims = [Proc("scripted", python_module("scripted_cartpole", "--address", address, "--episodes", "40",
                                            "--epsilon", "0.5"), env=daemon_env()),
             start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "3", "--episodes", "6", "--seed", "2"),
@@ -82,8 +85,7 @@ def _record(tmp_path, address: str) -> tuple:
 
 @pytest.mark.timeout(300)
 def test_record_then_learn_offline_from_the_dataset(tmp_path):
-    address = f"127.0.0.1:{free_port()}"
-    logdir, (scripted, gym_sim, ma_sim), out = _record(tmp_path, address)
+    logdir, (scripted, gym_sim, ma_sim), out = _record(tmp_path)
 
     # The dataset: every episode the simulators finished (or cut at their exit), whole.
     episodes = scripted["episodes"] + gym_sim["episodes"] + gym_sim["cut_at_exit"]
@@ -120,7 +122,7 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     cfg = tmp_path / "offline.toml"
     cfg.write_text(f"""
         [server]
-        address = "{address}"
+        address = "{ANY}"
         [run]
         logdir = "{logdir2}"
         print_every_s = 0.5
@@ -133,7 +135,8 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     dataset_dir = root / dataset_id("default_policy")
     daemon = start_server("offline", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
                                                    "--warm-start", f"default_policy={dataset_dir}"),
-                          address, timeout=60, env=daemon_env(), keep=5000)
+                          ANY, timeout=60, env=daemon_env(), keep=5000)
+    address = daemon.address
     due = int((steps - 500) * 0.5)
     evaluator = None
     try:
