@@ -18,7 +18,7 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
                                       resolve_algorithm)
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.run.launch import free_port, python_module, start_server
+from simbridge.trainer.run.launch import python_module, start_server
 from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
@@ -196,8 +196,7 @@ def test_run_refuses_a_used_logdir_and_a_missing_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("learner_process", [False, True], ids=["inline", "learner_process"])
 def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
+    address = "127.0.0.1:0"   # each trainer takes a free port and names it (launch.start_server)
     logdir = tmp_path / "run"
     cfg_path = tmp_path / "linear.toml"
     cfg_path.write_text(f"""
@@ -223,7 +222,8 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
         default = "p0"
     """)
     argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path))
-    daemon = start_server("trainer", argv, address, timeout=60, env=daemon_env(), keep=5000)
+    daemon = start_server("trainer", argv, "127.0.0.1:0", timeout=60, env=daemon_env(), keep=5000)
+    address = daemon.address
     # gym_sim (agent0 -> p0) and a 2-cart multi-agent sim (cart_0 -> p0, cart_1 -> p1, frozen).
     sims = [start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "1"),
             start_sim("ma_sim", "simbridge.sims.multiagent_sim", address, "--game", "simultaneous", "--agents", "2")]
@@ -272,7 +272,8 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     total = c["env_steps"] + 300
     daemon = start_server("trainer-resumed", python_module(
         "simbridge.trainer.cli", "run", "--config", str(cfg_path), "--resume", "--total-env-steps", str(total)),
-        address, timeout=60, env=daemon_env(), keep=5000)
+        "127.0.0.1:0", timeout=60, env=daemon_env(), keep=5000)
+    address = daemon.address
     sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
     try:
         wait(lambda: daemon.poll() is not None, 60, "the resumed daemon to reach total_env_steps", [sim])
