@@ -104,11 +104,11 @@ def test_export_refuses_a_crafted_checkpoint_and_runs_nothing(tmp_path):
 def test_serve_answers_greedily_with_the_checkpoints_weights_and_never_updates(tmp_path):
     run, learner = _run_dir(tmp_path, DQNLearner, CARTPOLE, "dqn", ", epsilon_initial = 1.0, epsilon_final = 1.0")
     before = (run / "checkpoint.pt").read_bytes()
-    address = f"127.0.0.1:{free_port()}"
     logdir = tmp_path / "served"
     daemon = start_server("serve", python_module("simbridge.trainer.cli", "serve", "--checkpoint", str(run),
-                                                 "--address", address, "--logdir", str(logdir)),
-                          address, timeout=60, env=daemon_env(), keep=2000)
+                                                 "--address", "127.0.0.1:0", "--logdir", str(logdir)),
+                          "127.0.0.1:0", timeout=60, env=daemon_env(), keep=2000)
+    address = daemon.address   # the port it took (a port picked beforehand could be taken meanwhile)
     sim = None
     try:
         # Epsilon is 1 in training: only greedy serving gives the network's argmax every time.
