@@ -36,10 +36,23 @@ class _Console:
         # Once the target is reached, the trainer's later progress lines are not shown: the one
         # its stop writes counts the episodes the stop cut short (and so do not the plot's curves).
         self.hide_after: Optional[int] = None   # env steps
+        self.gone = False                       # stdout's reader left
 
     def say(self, msg: str) -> None:
+        self._print(f"demo: {msg}")
+
+    def _print(self, text: str) -> None:
+        """Nobody reading any more (the demo piped into `head`) must not stop the demo halfway:
+        a print that raised there skipped its clean-up, and the trainer and simulators (sessions of
+        their own) ran on. It stops them in order, quietly, as on Ctrl-C."""
         with self._lock:
-            print(f"demo: {msg}", flush=True)
+            if self.gone:
+                return
+            try:
+                print(text, flush=True)
+            except OSError:   # BrokenPipeError: the reader closed its end
+                self.gone = True
+                sys.stdout = open(os.devnull, "w")   # nor a traceback at exit's flush
 
     def on_line(self, name: str, line: str) -> None:
         if line.startswith("{"):  # the simulators' JSON summaries: shown in the summary instead
@@ -48,8 +61,7 @@ class _Console:
             steps = line[len("[trainer] env steps "):].split(" ", 1)[0].replace(",", "")
             if steps.isdigit() and int(steps) > self.hide_after:
                 return
-        with self._lock:
-            print(line if line.startswith("[trainer]") else f"[{name}] {line}", flush=True)
+        self._print(line if line.startswith("[trainer]") else f"[{name}] {line}")
 
 
 def last_metrics(logdir: Path) -> Optional[dict]:
@@ -169,7 +181,7 @@ def _main(argv=None) -> int:
         console.say(f"learning until the last 10 episodes average {args.target:g} or {args.seconds:.0f} s pass "
                     f"(Ctrl-C stops early) ...")
         deadline = t_run + args.seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not console.gone:   # nobody reading: stop as on Ctrl-C
             if trainer.poll() is not None:
                 failed = f"the trainer exited early (code {trainer.poll()})"
                 break

@@ -237,3 +237,43 @@ def test_ctrl_c_of_make_demo_at_a_terminal_exits_0(tmp_path):
     assert "checkpoint" in text and "Error" not in text, text   # stopped in order: the final checkpoint
     assert (logdir / "checkpoint.pt").exists() and (logdir / "learning_curves.png").exists()
     _clean(text)
+
+
+def _processes_naming(text: str) -> list:
+    """PIDs of this machine's processes whose command line holds `text` (a test's own temp path)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_demo_piped_into_a_reader_that_leaves_stops_its_trainer_and_simulators(tmp_path):
+    """`make demo | head -3`: the demo's next print raised BrokenPipeError, which skipped its
+    clean-up, and the trainer (a session of its own) ran on with nobody to stop it. Now it stops
+    everything it started, in order, as on Ctrl-C."""
+    logdir = str(tmp_path / "demo")
+    demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", logdir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=str(ROOT))
+    try:
+        for _ in range(3):   # what `head -3` reads: the trainer has started by then
+            assert demo.stdout.readline(), demo.stderr.read().decode(errors="replace")
+        demo.stdout.close()
+        assert demo.wait(timeout=90) == 0, demo.stderr.read().decode(errors="replace")
+        deadline = time.monotonic() + 30
+        while _processes_naming(logdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_naming(logdir), "the demo's trainer was left running"
+        assert (tmp_path / "demo" / "checkpoint.pt").exists()   # stopped in order: its final checkpoint
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for pid in _processes_naming(logdir):
+            os.kill(pid, signal.SIGKILL)
