@@ -66,7 +66,9 @@ class Proc:
         self.argv = list(argv)
         self.lines: Deque[str] = collections.deque(maxlen=keep)
         self._on_line = on_line
-        self.address: Optional[str] = None   # the first "listening on ADDRESS" line's address
+        # Where it serves: the address its first "listening on ADDRESS" line named (start_server
+        # sets the one it checked health at)
+        self.address: Optional[str] = None
         self._announced = threading.Event()
         self.popen = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, bufsize=1,
@@ -176,10 +178,12 @@ def start_server(name: str, argv: Sequence[str], address: str, timeout: float = 
             t0 = time.monotonic()
             announced = proc.wait_address(timeout)
             if announced is None:
+                if not proc._announced.is_set():   # still running, and silent about its address
+                    raise RuntimeError(f"{name} announced no address after {timeout:.0f}s")
                 try:
                     proc.popen.wait(5.0)   # its output ended: it is exiting
                 except subprocess.TimeoutExpired:
-                    raise RuntimeError(f"{name} announced no address after {timeout:.0f}s") from None
+                    raise RuntimeError(f"{name} closed its output without announcing an address") from None
                 raise _exited(proc, address)
             address, timeout = announced, max(1.0, timeout - (time.monotonic() - t0))
         wait_for_health(address, timeout, proc)
