@@ -1,21 +1,25 @@
-"""The trainer daemon as a real process in tests: the environment its children get, when its port
-first answers, simulator processes beside it, the metrics it writes and a hard kill. Ports, the
-child environment and polite stops are simbridge.trainer.run.launch's (free_port, child_env,
-stop_all)."""
+"""The trainer daemon as a real process in tests: starting it, the environment its children get, when
+its port first answers, simulator processes beside it, the metrics it writes and a hard kill.
+Ports, the child environment and polite stops are simbridge.trainer.run.launch's (free_port,
+child_env, start_server, stop_all)."""
 import json
 import os
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module
+from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module, start_server
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
 # tests/trainer holds the learners the tests' configs name by module (linear_q_learner, slow_learner).
 LEARNERS = Path(__file__).resolve().parents[1] / "trainer"
+
+# A config's address for a trainer that takes a free port and names it (launch.start_server): a port
+# picked beforehand (free_port) could be taken by another test in the seconds the trainer loads torch.
+ANY = "127.0.0.1:0"
 
 
 def daemon_env() -> dict:
@@ -33,6 +37,14 @@ def metrics(logdir: Path) -> List[dict]:
         return []
     complete = path.read_text().split("\n")[:-1]
     return [json.loads(line) for line in complete if line.strip()]
+
+
+def start_trainer(cfg: Path, *args: str, name: str = "trainer", timeout: float = 60.0, keep: int = 5000,
+                  env: Optional[dict] = None) -> Proc:
+    """`simbridge-trainer run --config cfg *args`, whose config's address is ANY, once its port answers
+    health; its `address` is the port it took. env: daemon_env() unless given."""
+    return start_server(name, python_module("simbridge.trainer.cli", "run", "--config", str(cfg), *args), ANY,
+                        timeout=timeout, env=daemon_env() if env is None else env, keep=keep)
 
 
 def start_sim(name: str, module: str, address: str, *args) -> Proc:

@@ -6,9 +6,9 @@ import time
 
 from simbridge.trainer.config.values import toml_value
 from simbridge.trainer.learners.presets import DQN_CARTPOLE
-from simbridge.trainer.run.launch import child_env, python_module, start_server, stop_all
+from simbridge.trainer.run.launch import child_env, stop_all
 
-from support.daemon import metrics
+from support.daemon import metrics, start_trainer
 
 # DQN's CartPole preset (trainer/learners/presets.py) at about half its CPU per env step, for the tests
 # that prove a path (a group, a policy mapping) rather than the preset:
@@ -43,9 +43,7 @@ learner_process = {str(learner_process).lower()}
 {tables}
 """)
     env = child_env()
-    # port 0: the trainer takes a free one and names it (a port picked here could be taken meanwhile)
-    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),
-                           "127.0.0.1:0", timeout=120, env=env)
+    trainer = start_trainer(cfg, timeout=120, env=env, keep=200)
     address, procs = trainer.address, [trainer.popen]
     try:
         for i, cmd in enumerate(sims):

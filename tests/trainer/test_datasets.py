@@ -16,16 +16,15 @@ from simbridge.trainer import cli
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.config.dataset import DatasetSection, dataset_overrides
 from simbridge.trainer.data.datasets import dataset_id
-from simbridge.trainer.run.launch import Proc, python_module, start_server
+from simbridge.trainer.run.launch import Proc, python_module
 
 from simbridge.trainer.run.checkpoint import load_checkpoint
-from support.daemon import daemon_env, kill, metrics, start_sim
+from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
 from support.datasets import tiny_dataset
 from support.waits import wait
 
 minari = pytest.importorskip("minari", reason="the datasets extra: pip install 'simbridge[datasets]'")
 
-ANY = "127.0.0.1:0"   # each trainer takes a free port and names it (launch.start_server)
 
 
 def _summary(proc) -> dict:
@@ -65,9 +64,7 @@ def _record(tmp_path) -> tuple:
         [mapping]
         rules = ["cart_*=carts"]
     """)
-    daemon = start_server("recorder", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                    "--record-dataset"), ANY, timeout=60, env=daemon_env(),
-                          keep=5000)
+    daemon = start_trainer(cfg, "--record-dataset", name="recorder")
     address = daemon.address
     sims = [Proc("scripted", python_module("scripted_cartpole", "--address", address, "--episodes", "40",
                                            "--epsilon", "0.5"), env=daemon_env()),
@@ -133,9 +130,7 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
         config = {{ learning_starts = 500, updates_per_step = 0.5, batch_size = 64, hidden = [64, 64], lr = 1e-3, n_step = 3, gamma = 0.98 }}
     """)
     dataset_dir = root / dataset_id("default_policy")
-    daemon = start_server("offline", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                   "--warm-start", f"default_policy={dataset_dir}"),
-                          ANY, timeout=60, env=daemon_env(), keep=5000)
+    daemon = start_trainer(cfg, "--warm-start", f"default_policy={dataset_dir}", name="offline")
     address = daemon.address
     due = int((steps - 500) * 0.5)
     evaluator = None

@@ -5,8 +5,7 @@ import gymnasium as gym
 import numpy as np
 
 from simbridge.client import PolicyClient
-from simbridge.trainer.run.launch import python_module, start_server
-from support.daemon import daemon_env, kill, metrics, start_sim
+from support.daemon import kill, metrics, start_sim, start_trainer
 from support.waits import wait
 
 CARTPOLE = gym.make("CartPole-v1")
@@ -21,9 +20,8 @@ def test_evaluation_episodes_are_greedy_and_reported_apart(tmp_path):
                    f'print_every_s = 0.2\nseed = 0\nlearner_process = false\n[policies.default_policy]\nalgorithm = "dqn"\n'
                    f'config = {{ hidden = [16], learning_starts = 100000, epsilon_initial = 1.0, '
                    f'epsilon_final = 1.0 }}\n')
-    daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg)),
-                          "127.0.0.1:0", timeout=60, env=daemon_env(), keep=2000)
-    address = daemon.address   # the port it took (a port picked beforehand could be taken meanwhile)
+    daemon = start_trainer(cfg, keep=2000)
+    address = daemon.address
     sims = []
     try:
         c = PolicyClient(address, CARTPOLE.observation_space, CARTPOLE.action_space)

@@ -20,11 +20,10 @@ import pytest
 from simbridge.client.slot_client import SlotClient
 from simbridge.trainer.run import journal
 from simbridge.trainer.run.checkpoint import load_checkpoint
-from simbridge.trainer.run.launch import free_port, python_module, start_server, wait_for_health
-from support.daemon import daemon_env, kill, metrics, start_sim
+from simbridge.trainer.run.launch import free_port, python_module, wait_for_health
+from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
 from support.waits import wait
 
-ANY = "127.0.0.1:0"   # the trainer takes a free port and names it (launch.start_server)
 LEARNING_STARTS = 50
 FRAGMENT = 16
 QUEUE = 2
@@ -53,9 +52,7 @@ def _config(tmp_path: Path, address: str, algorithm: str, policy_config: str, qu
 
 
 def _daemon(cfg, *extra):
-    """The trainer of a config whose address has port 0 (ANY): its `address` is the port it took."""
-    return start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg), *extra),
-                        ANY, timeout=60, env=daemon_env(), keep=2000)
+    return start_trainer(cfg, *extra, keep=2000)
 
 
 def _owed(rec) -> float:

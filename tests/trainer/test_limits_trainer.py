@@ -17,9 +17,8 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.run.factory import PolicyFactory
-from simbridge.trainer.run.launch import ROOT, Proc, child_env, python_module, start_server
 from simbridge.wire.errors import BridgeError, Reason
-from support.daemon import kill, metrics
+from support.daemon import kill, metrics, start_sim, start_trainer
 from support.waits import wait
 
 HUGE = gym.spaces.Box(-1.0, 1.0, (100_000,), np.float32)
@@ -88,10 +87,8 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
         algorithm = "dqn"
         config = {{ learning_starts = 64, batch_size = 32 }}
     """)
-    env = child_env({"PYTHONPATH": str(ROOT)})
-    daemon = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path)),
-                          "127.0.0.1:0", timeout=90, env=env, keep=5000)
-    address = daemon.address   # the port it took (a port picked beforehand could be taken meanwhile)
+    daemon = start_trainer(cfg_path, timeout=90)
+    address = daemon.address
     sim = None
     try:
         huge = PolicyClient(address, HUGE, gym.spaces.Discrete(2), client_name="huge")
@@ -107,8 +104,7 @@ def test_trainer_refuses_a_huge_first_client_then_trains_another_and_checkpoints
         assert daemon.poll() is None, "\n".join(daemon.lines)
 
         # A well-sized client then binds default_policy and the learner trains.
-        sim = Proc("gym_sim", python_module("simbridge.sims.gym_sim", "--address", address, "--quiet",
-                                            "--env", "CartPole-v1", "--seed", "1"), env=env)
+        sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--env", "CartPole-v1", "--seed", "1")
 
         def trained():
             recs = metrics(logdir)

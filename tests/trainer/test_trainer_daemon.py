@@ -18,13 +18,12 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
                                       resolve_algorithm)
 from simbridge.trainer.daemon import TrainerDaemon
-from simbridge.trainer.run.launch import python_module, start_server
 from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.v1 import simbridge_pb2 as pb
-from support.daemon import daemon_env, kill, metrics, start_sim
+from support.daemon import kill, metrics, start_sim, start_trainer
 from support.waits import wait
 
 LINEAR_Q = "linear_q_learner:LinearQLearner"
@@ -221,8 +220,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
         rules = ["cart_1=p1"]
         default = "p0"
     """)
-    argv = python_module("simbridge.trainer.cli", "run", "--config", str(cfg_path))
-    daemon = start_server("trainer", argv, "127.0.0.1:0", timeout=60, env=daemon_env(), keep=5000)
+    daemon = start_trainer(cfg_path)
     address = daemon.address
     # gym_sim (agent0 -> p0) and a 2-cart multi-agent sim (cart_0 -> p0, cart_1 -> p1, frozen).
     sims = [start_sim("gym_sim", "simbridge.sims.gym_sim", address, "--slots", "4", "--seed", "1"),
@@ -270,9 +268,7 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     # --resume with a step budget: counters, returns and versions continue; it stops by itself.
     n_before = len(recs)
     total = c["env_steps"] + 300
-    daemon = start_server("trainer-resumed", python_module(
-        "simbridge.trainer.cli", "run", "--config", str(cfg_path), "--resume", "--total-env-steps", str(total)),
-        "127.0.0.1:0", timeout=60, env=daemon_env(), keep=5000)
+    daemon = start_trainer(cfg_path, "--resume", "--total-env-steps", str(total), name="trainer-resumed")
     address = daemon.address
     sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
     try:

@@ -15,6 +15,7 @@ import pytest
 from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
+from support.daemon import start_trainer
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 
@@ -160,8 +161,7 @@ def test_a_simulator_refused_for_its_spaces_is_said_on_both_consoles_with_the_fi
                    f'[policies.default_policy]\nalgorithm = "dqn"\n'
                    f'observation_space = {{ type = "Box", low = -1.0, high = 1.0, shape = [4] }}\n'
                    f'action_space = {{ type = "Discrete", n = 2 }}\n')
-    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--config", str(cfg),
-                                                    "--log-level", "WARNING"), "127.0.0.1:0", timeout=60, env=child_env())
+    trainer = start_trainer(cfg, "--log-level", "WARNING", env=child_env())
     address = trainer.address
     try:
         outs = [_sim(address, "--env", "MountainCar-v0", "--connect-timeout", "30")[0] for _ in range(2)]
