@@ -8,7 +8,6 @@ them. An address a client of this process moved away from (`mark_down`) is tried
 
 A process that is stopping (simbridge.client.stopping) gives up waiting for a server at once.
 """
-import errno
 import itertools
 import logging
 import math

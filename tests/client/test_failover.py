@@ -5,7 +5,6 @@ loopback; a real simulator process for the CLI's --address "A,B". Budget: ~25 s 
 import json
 import socket
 import subprocess
-import sys
 import time
 
 import gymnasium as gym

@@ -13,11 +13,8 @@ import time
 import grpc
 import gymnasium as gym
 import numpy as np
-import pytest
-
 from simbridge.server.experience import ExperienceQueue
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
-from simbridge.server.service import BridgeServer
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
 from simbridge.wire.errors import BridgeError, Reason

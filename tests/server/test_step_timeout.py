@@ -12,11 +12,9 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
-from simbridge.wire.errors import Reason
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 from support.raw import create_request, header, rows

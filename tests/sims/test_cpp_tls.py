@@ -21,8 +21,6 @@ import trustme
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import ServerSecurity
 from simbridge.server.service import BridgeServer
-from simbridge.wire.errors import BridgeError, Reason
-from simbridge.wire.v1 import simbridge_pb2_grpc as pb_grpc
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]

@@ -10,7 +10,6 @@ import torch.nn as nn
 
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners.dqn import DQNLearner
-from simbridge.trainer.learners.presets import DQN_CARTPOLE
 from simbridge.trainer.run.inprocess import run_inprocess
 
 torch.set_num_threads(1)

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from simbridge.client.local_policy import LocalPolicy
-from simbridge.trainer.config.trainer_config import ALGORITHMS, DEFAULT_CONFIG, load_config
+from simbridge.trainer.config.trainer_config import ALGORITHMS
 from simbridge.trainer.learners.ppo import PPOLearner
-from simbridge.trainer.learners.presets import PPO_CARTPOLE
 from simbridge.wire import preprocess
 from simbridge.wire import spaces as sb_spaces
 from support.batches import acted_rows

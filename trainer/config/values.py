@@ -101,7 +101,7 @@ def _mismatch(path: str, value, hint) -> None:
     if isinstance(value, str) and _parses_as(value, hint):
         msg += f"; write it without quotes: {path.rsplit('.', 1)[-1]} = {value}"
     elif isinstance(value, str) and hint is bool:
-        msg += f"; write true or false without quotes"
+        msg += "; write true or false without quotes"
     raise ConfigError(msg)
 
 

@@ -27,14 +27,12 @@ episode of its policy's dataset. docs/datasets.md
 Minari is imported only when a run records or warm-starts (`pip install 'simbridge[datasets]'`).
 """
 import collections
-import dataclasses
 import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 

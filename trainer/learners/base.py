@@ -35,7 +35,7 @@ from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
-from simbridge.wire.preprocess import flat_dim, flatten
+from simbridge.wire.preprocess import flat_dim
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 Read = TypeVar("Read")
