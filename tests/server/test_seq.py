@@ -13,6 +13,7 @@ import time
 import grpc
 import gymnasium as gym
 import numpy as np
+
 from simbridge.server.experience import ExperienceQueue
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.wire import spaces as sb_spaces
