@@ -56,7 +56,7 @@ def client_security(args) -> ClientSecurity:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGINT: the loop ends its open episodes (truncated) and exits cleanly.
+    """Set by SIGTERM / SIGINT / SIGHUP (a closed terminal; not where ignored, as under nohup): the loop ends its open episodes (truncated) and exits cleanly.
     The clients stop waiting for the server at once (simbridge.client.connection.stop_waiting):
     a simulator connecting, reconnecting or waiting for an answer that does not come stops within
     a second, saying what it was waiting for.
@@ -72,6 +72,8 @@ class StopFlag:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._handler)
             signal.signal(signal.SIGINT, self._handler)
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # its terminal closed; nohup's choice stands
+                signal.signal(signal.SIGHUP, self._handler)
         return self
 
     def _handler(self, signum, frame):

@@ -234,7 +234,8 @@ def cmd_export(args) -> int:
 
 
 def run_daemon(daemon) -> int:
-    """Runs a TrainerDaemon until SIGTERM / Ctrl-C (a second one: at once, no final checkpoint)."""
+    """Runs a TrainerDaemon until SIGTERM / Ctrl-C / SIGHUP (a second one: at once, no final checkpoint).
+    SIGHUP (its terminal closed) stops it as SIGTERM does, unless ignored (nohup)."""
     signals = []   # counted apart from stop_event: a run stopping on its own (total_env_steps, a lost
                    # process group that torchrun then signals) still writes its final checkpoint
 
@@ -246,6 +247,8 @@ def run_daemon(daemon) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # nohup's choice stands
+        signal.signal(signal.SIGHUP, on_signal)
     try:
         return daemon.run()
     except KeyboardInterrupt:

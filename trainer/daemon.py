@@ -33,6 +33,7 @@ from simbridge.trainer.config.writer import flat_config
 from simbridge.trainer.data import datasets
 from simbridge.trainer.learners.base import Learner, trains
 from simbridge.trainer.run import checkpoint, journal, listen, recovery
+from simbridge.trainer.run.console import Console
 from simbridge.trainer.run.factory import PolicyFactory
 from simbridge.trainer.run.learner_process import LearnerProcessDied
 from simbridge.trainer.run.loop import LearningLoop
@@ -53,7 +54,8 @@ class TrainerDaemon:
         self.cfg = cfg
         self.rank = rank
         self.writes = rank is None or rank.writes
-        self.out = out or sys.stdout
+        # its reader leaving (`| head`, a closed terminal) stops the run in order (trainer/run/console.py)
+        self.out = Console(out or sys.stdout, on_gone=lambda: self.request_stop("its console closed"))
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
         self.started_as = "fresh run"   # the listening line's words for a start that is not a resume (serve: its own)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from simbridge.trainer.run.console import Console
 from simbridge.trainer.run.launch import Proc, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 
@@ -36,23 +37,23 @@ class _Console:
         # Once the target is reached, the trainer's later progress lines are not shown: the one
         # its stop writes counts the episodes the stop cut short (and so do not the plot's curves).
         self.hide_after: Optional[int] = None   # env steps
-        self.gone = False                       # stdout's reader left
+        # Nobody reading any more (the demo piped into `head`, its terminal closed) must not stop
+        # the demo halfway: a print that raised there skipped its clean-up, and the trainer and
+        # simulators (sessions of their own) ran on. The main loop sees `gone` and stops them in
+        # order, quietly, as on Ctrl-C.
+        self._out = Console(sys.stdout)
+
+    @property
+    def gone(self) -> bool:
+        """stdout's reader left."""
+        return self._out.gone
 
     def say(self, msg: str) -> None:
         self._print(f"demo: {msg}")
 
     def _print(self, text: str) -> None:
-        """Nobody reading any more (the demo piped into `head`) must not stop the demo halfway:
-        a print that raised there skipped its clean-up, and the trainer and simulators (sessions of
-        their own) ran on. It stops them in order, quietly, as on Ctrl-C."""
         with self._lock:
-            if self.gone:
-                return
-            try:
-                print(text, flush=True)
-            except OSError:   # BrokenPipeError: the reader closed its end
-                self.gone = True
-                sys.stdout = open(os.devnull, "w")   # nor a traceback at exit's flush
+            print(text, file=self._out, flush=True)
 
     def on_line(self, name: str, line: str) -> None:
         if line.startswith("{"):  # the simulators' JSON summaries: shown in the summary instead
@@ -141,16 +142,22 @@ def _main(argv=None) -> int:
     console = _Console()
     stopping = threading.Event()
 
-    def _interrupt(*_):
+    signalled = []
+
+    def _interrupt(signum, _frame):
         # Ctrl-C reaches the demo only (its children have sessions of their own): the first one
         # stops the run in order, the trainer writing its checkpoint; later ones only say so.
         if stopping.is_set():
             console.say("still stopping (the trainer writes its checkpoint) ...")
             return
         stopping.set()
+        signalled.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    # its terminal closed: the children (sessions of their own) get no SIGHUP; the demo stops them
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # nohup's choice stands
+        signal.signal(signal.SIGHUP, _interrupt)
 
     address = "127.0.0.1:0"   # the trainer takes a free port and says which
     console.say(f"starting the trainer daemon (DQN on CartPole), logs in {logdir} ...")
@@ -197,7 +204,7 @@ def _main(argv=None) -> int:
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
-        console.say("interrupted (Ctrl-C)")
+        console.say(f"interrupted ({signalled[0] if signalled else 'Ctrl-C'})")
     finally:
         stopping.set()
         elapsed = time.monotonic() - t_run

@@ -57,14 +57,15 @@ class Sim:
             assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.err)
             time.sleep(0.05)
 
-    def interrupt(self) -> float:
-        """SIGINT; seconds until the process was gone (asserted within STOP_BOUND_S)."""
+    def interrupt(self, sig: int = signal.SIGINT) -> float:
+        """SIGINT (or `sig`); seconds until the process was gone (asserted within STOP_BOUND_S)."""
         t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=STOP_BOUND_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the simulator was still running {STOP_BOUND_S}s after Ctrl-C: {''.join(self.err)}")
+            pytest.fail(f"the simulator was still running {STOP_BOUND_S}s after {signal.Signals(sig).name}: "
+                        f"{''.join(self.err)}")
         return time.monotonic() - t0
 
     def close(self) -> None:
@@ -82,22 +83,24 @@ def sim(address: str, *args: str):
         s.close()
 
 
-def _stopped_cleanly(s: Sim, waiting_for: str) -> dict:
+def _stopped_cleanly(s: Sim, waiting_for: str, by: str = "SIGINT") -> dict:
     """Asserts the stop was clean and said what it waited for; returns the JSON summary."""
     assert s.proc.returncode == 0, "".join(s.err)
     said = "".join(s.err)
-    assert f"stopped while {waiting_for}" in said and "(SIGINT)" in said and "Traceback" not in said, said
+    assert f"stopped while {waiting_for}" in said and f"({by})" in said and "Traceback" not in said, said
     summary = json.loads(s.proc.stdout.read().strip().splitlines()[-1])
     assert "stopped" in summary, summary   # the JSON summary says so too
     return summary
 
 
-def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet():
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet(sig):
+    """SIGHUP (the simulator's terminal closed) stops it as Ctrl-C does: it used to die at once."""
     address = f"127.0.0.1:{free_port()}"
     with sim(address, "--connect-timeout", "120") as s:
         s.wait_for("waiting up to 120 s")
-        s.interrupt()
-        _stopped_cleanly(s, f"waiting for the simbridge trainer at {address}")
+        s.interrupt(sig)
+        _stopped_cleanly(s, f"waiting for the simbridge trainer at {address}", by=signal.Signals(sig).name)
 
 
 @pytest.mark.parametrize("args", [(), ("--slots", "4", "--transport", "unary", "--slot-protocol", "rows"),

@@ -15,7 +15,7 @@ import pytest
 from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
-from support.daemon import start_trainer
+from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 
@@ -277,3 +277,115 @@ def test_the_demo_piped_into_a_reader_that_leaves_stops_its_trainer_and_simulato
             demo.wait()
         for pid in _processes_naming(logdir):
             os.kill(pid, signal.SIGKILL)
+
+
+def _trainer_argv(logdir) -> list:
+    """The embedded default config (DQN on CartPole) on a port of its own, learning in the daemon's loop."""
+    return python_module("simbridge.trainer.cli", "run", "--address", ANY, "--logdir", str(logdir), "--log-level",
+                         "WARNING", "--set", "run.print_every_s=0.2", "--set", "run.learner_process=false")
+
+
+def _stopped_in_order(logdir) -> None:
+    assert metrics(logdir)[-1]["event"] == "stop", metrics(logdir)[-1:]
+    assert (logdir / "checkpoint.pt").exists()
+
+
+def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
+    """`simbridge-trainer run | head`, or the demo that read its output killed: the next progress line
+    raised BrokenPipeError, which ended the learning loop; the shutdown's first line raised again
+    before the server stopped, and the process hung at exit (RPC threads waiting for room in an
+    experience queue nobody drained), with no final checkpoint and no stop record. Now the reader
+    leaving stops the run as SIGTERM does (trainer/run/console.py)."""
+    logdir = tmp_path / "run"
+    trainer = subprocess.Popen(_trainer_argv(logdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=daemon_env(), cwd=str(ROOT))
+    sim = None
+    try:
+        seen = []
+        while not any("listening on" in x for x in seen):
+            seen.append(trainer.stdout.readline())
+            assert seen[-1], "".join(seen)
+        address = [x for x in seen if "listening on" in x][0].split("listening on ")[1].split()[0]
+        sim = start_sim("gym_sim", "simbridge.sims.gym_sim", address)
+        while not any(x.startswith("[trainer] env steps") and "episodes" in x for x in seen):
+            seen.append(trainer.stdout.readline())
+            assert seen[-1], "".join(seen)
+        trainer.stdout.close()   # what `head` does once it has its lines
+        try:
+            code = trainer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the trainer hung after its console's reader left")
+        err = trainer.stderr.read()
+        assert code == 0 and "Traceback" not in err, err
+        _stopped_in_order(logdir)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        kill(sim)
+
+
+def _ignore_sighup():
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["terminal-closed", "nohup"])
+def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path, nohup):
+    """A terminal closed under `simbridge-trainer run` (SIGHUP) killed it at once: no final checkpoint,
+    no stop record. Now SIGHUP stops it as SIGTERM does; under nohup (SIGHUP ignored) it runs on."""
+    logdir = tmp_path / "run"
+    trainer = start_server("trainer", _trainer_argv(logdir), ANY, timeout=60, env=daemon_env(),
+                           preexec_fn=_ignore_sighup if nohup else None)
+    try:
+        trainer.popen.send_signal(signal.SIGHUP)
+        if nohup:
+            time.sleep(1.0)
+            assert trainer.poll() is None, "\n".join(trainer.lines)
+            assert trainer.stop(timeout=30) == 0
+        else:
+            assert trainer.popen.wait(timeout=30) == 0, "\n".join(trainer.lines)
+            trainer.wait_output()
+            assert any("stopping (SIGHUP)" in x for x in trainer.lines), list(trainer.lines)
+        _stopped_in_order(logdir)
+    finally:
+        kill(trainer)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
+    """`python -m simbridge.trainer.demo` at a terminal that closes: the shell's SIGHUP killed the demo
+    at once, and its trainer and simulators (sessions of their own, so no SIGHUP for them) ran on.
+    Now the demo stops them in order, as on Ctrl-C."""
+    logdir = str(tmp_path / "demo")
+    demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", logdir),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                            cwd=str(ROOT))
+    sims = []
+    try:
+        said = []
+        while not any("Ctrl-C stops early" in x for x in said):
+            said.append(demo.stdout.readline())
+            assert said[-1], "".join(said)
+        demo.send_signal(signal.SIGHUP)
+        sims = [int(x.split(" pid ")[1].split()[0]) for x in said if x.startswith("demo: ") and " pid " in x]
+        said += demo.stdout.readlines()
+        assert demo.wait(timeout=60) == 0, "".join(said)
+        assert any("demo: interrupted (SIGHUP)" in x for x in said), "".join(said)
+        assert len(sims) == 2 and not [p for p in sims if _running(p)], "the demo's simulators were left running"
+        assert not _processes_naming(logdir), "the demo's trainer was left running"
+        assert (tmp_path / "demo" / "checkpoint.pt").exists()   # stopped in order: its final checkpoint
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for pid in _processes_naming(logdir) + [p for p in sims if _running(p)]:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """A live process (not a zombie that nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

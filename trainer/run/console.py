@@ -1,0 +1,71 @@
+"""The trainer's console: the stream its own lines go to, whose reader can leave.
+
+`simbridge-trainer run | head`, a terminal closed under it, or a parent that read its output (the
+demo) killed: the next line written fails (EPIPE, or EIO from a hung-up terminal). Unhandled, that
+exception ended the learning loop, and the daemon's shutdown, whose first act is to say so on the
+same stream, raised again before it stopped the server: no final checkpoint, and the process hung
+at exit on RPC threads that waited for room in an experience queue nobody drained.
+
+A `Console` takes the first failed write as the end of the show: it calls `on_gone` once (the
+daemon stops as on SIGTERM: drain, final checkpoint, the stop record), points the stream's file
+descriptor at /dev/null (so neither the interpreter's flush at exit nor a child process that
+inherited it meets the broken pipe), and drops every later line. metrics.jsonl, TensorBoard and
+the checkpoints are the run's record; the console only shows it.
+"""
+import os
+import threading
+from typing import Callable, Optional, TextIO
+
+
+class Console:
+    """A text stream (`print(..., file=console)`) that survives its reader leaving; see the module doc."""
+
+    def __init__(self, stream: TextIO, on_gone: Optional[Callable[[], None]] = None):
+        self.stream = stream
+        self.on_gone = on_gone
+        self.gone = False
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        return self._do(self.stream.write, text) or len(text)
+
+    def flush(self) -> None:
+        self._do(self.stream.flush)
+
+    def _do(self, op, *args):
+        if self.gone:
+            return None
+        try:
+            return op(*args)
+        except (OSError, ValueError):   # EPIPE, EIO; ValueError: the stream was closed
+            self._leave()
+            return None
+
+    def _leave(self) -> None:
+        with self._lock:
+            if self.gone:
+                return
+            self.gone = True
+        try:
+            fd = self.stream.fileno()
+            target = os.fstat(fd)
+            # stderr too where it is the same pipe or terminal (a child's stdout and stderr merged)
+            fds = [fd] + [other for other in (1, 2) if other != fd and _same_file(other, target)]
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                for each in fds:
+                    os.dup2(null, each)
+            finally:
+                os.close(null)
+        except (OSError, ValueError, AttributeError):   # not a file (a StringIO), or already closed
+            pass
+        if self.on_gone is not None:
+            self.on_gone()
+
+
+def _same_file(fd: int, st: os.stat_result) -> bool:
+    try:
+        other = os.fstat(fd)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
