@@ -14,6 +14,7 @@ import numpy as np
 from simbridge.client.stopping import Stopped, stop_waiting
 from simbridge.client.policy_client import SessionLost
 from simbridge.client.security import ClientSecurity, SecuritySettingError
+from simbridge.console import Console
 from simbridge.wire.errors import BridgeError, Reason
 
 
@@ -79,7 +80,12 @@ class StopFlag:
     def _handler(self, signum, frame):
         if self._event.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
+        self.request(signal.Signals(signum).name)
+
+    def request(self, why: str) -> None:
+        """Stop as a signal does; `why` (a signal's name) is said where the stop is."""
+        if self.signal_name is None:
+            self.signal_name = why
         self._event.set()
         stop_waiting()
 
@@ -114,6 +120,8 @@ class Stats:
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_steps = 0
+        # progress lines and the JSON summary; run_cli stops the simulator when its reader leaves
+        self.out = Console(sys.stdout)
 
     def episode(self, ret: float, truncated: bool, agent_returns: Optional[Dict[str, float]] = None) -> None:
         self.episodes += 1
@@ -128,7 +136,7 @@ class Stats:
             rate = (self.steps - self._last_steps) / max(now - self._last_t, 1e-9)
             self._last_t, self._last_steps = now, self.steps
             print(f"{self.prog}: episodes {self.episodes:6d} | return mean({len(self.recent)}) "
-                  f"{np.mean(self.recent):8.2f} | steps {self.steps:8d} ({rate:7.0f}/s)", flush=True)
+                  f"{np.mean(self.recent):8.2f} | steps {self.steps:8d} ({rate:7.0f}/s)", file=self.out, flush=True)
 
     def summary(self, **extra) -> dict:
         elapsed = time.monotonic() - self._t0
@@ -184,6 +192,7 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
     new session where the body keeps it: keep_client). Stopped by a signal while waiting for
     the server (connecting, reconnecting, or an answer that does not come): exit 0 at once."""
     stop = StopFlag().install()
+    stats.out.on_gone = lambda: stop.request("its output closed")   # `simbridge-sim | head`
     try:
         while True:
             try:
@@ -200,7 +209,7 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
                 print(f"{prog}: {e.message}; going on with new episodes", file=sys.stderr, flush=True)
     except Stopped as e:
         print(f"{prog}: {e.message} ({stop.signal_name or 'a signal'})", file=sys.stderr, flush=True)
-        print(json.dumps(stats.summary(stopped=e.message)), flush=True)
+        print(json.dumps(stats.summary(stopped=e.message)), file=stats.out, flush=True)
         return 0
     except SecuritySettingError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
@@ -209,16 +218,16 @@ def run_cli(prog: str, body: Callable[[StopFlag, Stats], dict], stats: Stats) ->
         if e.reason == Reason.TRAINING_OVER:   # the learner ended the session on purpose: a normal end
             if not stats.quiet:
                 print(f"{prog}: {e}: stopping", file=sys.stderr, flush=True)
-            print(json.dumps(stats.summary(ended="training_over")), flush=True)
+            print(json.dumps(stats.summary(ended="training_over")), file=stats.out, flush=True)
             return 0
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         if stats.connected:
-            print(json.dumps(stats.summary(error=str(e))), flush=True)
+            print(json.dumps(stats.summary(error=str(e))), file=stats.out, flush=True)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
     if stop.signal_name and not stats.quiet:
-        print(f"{prog}: stopped by {stop.signal_name}", file=sys.stderr, flush=True)
-    print(json.dumps(stats.summary(**extra)), flush=True)
+        print(f"{prog}: stopped ({stop.signal_name})", file=sys.stderr, flush=True)
+    print(json.dumps(stats.summary(**extra)), file=stats.out, flush=True)
     return 0

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from simbridge.console import Console
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.dataset import DatasetConfigError
@@ -33,7 +34,6 @@ from simbridge.trainer.config.writer import flat_config
 from simbridge.trainer.data import datasets
 from simbridge.trainer.learners.base import Learner, trains
 from simbridge.trainer.run import checkpoint, journal, listen, recovery
-from simbridge.trainer.run.console import Console
 from simbridge.trainer.run.factory import PolicyFactory
 from simbridge.trainer.run.learner_process import LearnerProcessDied
 from simbridge.trainer.run.loop import LearningLoop
@@ -54,7 +54,7 @@ class TrainerDaemon:
         self.cfg = cfg
         self.rank = rank
         self.writes = rank is None or rank.writes
-        # its reader leaving (`| head`, a closed terminal) stops the run in order (trainer/run/console.py)
+        # its reader leaving (`| head`, a closed terminal) stops the run in order (simbridge/console.py)
         self.out = Console(out or sys.stdout, on_gone=lambda: self.request_stop("its console closed"))
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume

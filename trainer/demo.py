@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from simbridge.trainer.run.console import Console
+from simbridge.console import Console
 from simbridge.trainer.run.launch import Proc, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 

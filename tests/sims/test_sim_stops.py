@@ -103,6 +103,27 @@ def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet(sig):
         _stopped_cleanly(s, f"waiting for the simbridge trainer at {address}", by=signal.Signals(sig).name)
 
 
+def test_a_simulator_whose_output_reader_leaves_stops_cleanly():
+    """`simbridge-sim | head -2`: the third progress line raised BrokenPipeError, and the simulator
+    died with a traceback, its episode open. Now it stops as on SIGTERM (simbridge/console.py)."""
+    server = _server()
+    try:
+        with sim(server.address, "--print-every", "1") as s:
+            for _ in range(2):
+                assert s.proc.stdout.readline(), "".join(s.err)
+            s.proc.stdout.close()   # what `head -2` does once it has its lines
+            try:
+                s.proc.wait(timeout=STOP_BOUND_S + 30)   # the next episode's end, then the stop
+            except subprocess.TimeoutExpired:
+                pytest.fail("the simulator ran on after its output's reader left: " + "".join(s.err))
+            said = "".join(s.err)
+            assert s.proc.returncode == 0 and "Traceback" not in said, said
+            assert "stopped (its output closed)" in said, said
+        wait(lambda: server.runtime.snapshot()["sessions"] == 0, 10, "the simulator's session to close")
+    finally:
+        server.stop(grace=None)
+
+
 @pytest.mark.parametrize("args", [(), ("--slots", "4", "--transport", "unary", "--slot-protocol", "rows"),
                                   ("--inference", "local", "--update-interval", "0.2", "--chunk-steps", "16")],
                          ids=["stream", "unary", "local-inference"])

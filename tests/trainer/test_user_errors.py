@@ -295,7 +295,7 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
     raised BrokenPipeError, which ended the learning loop; the shutdown's first line raised again
     before the server stopped, and the process hung at exit (RPC threads waiting for room in an
     experience queue nobody drained), with no final checkpoint and no stop record. Now the reader
-    leaving stops the run as SIGTERM does (trainer/run/console.py)."""
+    leaving stops the run as SIGTERM does (simbridge/console.py)."""
     logdir = tmp_path / "run"
     trainer = subprocess.Popen(_trainer_argv(logdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=daemon_env(), cwd=str(ROOT))

@@ -1,8 +1,8 @@
-"""trainer/run/console.py: the trainer's console survives its reader leaving, and says so once."""
+"""simbridge/console.py: a console survives its reader leaving, and says so once."""
 import io
 import os
 
-from simbridge.trainer.run.console import Console
+from simbridge.console import Console
 
 
 def test_a_pipe_whose_reader_left_is_taken_as_gone_once_and_later_lines_are_dropped():

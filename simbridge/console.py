@@ -1,16 +1,18 @@
-"""The trainer's console: the stream its own lines go to, whose reader can leave.
+"""A console: the stream a program's own lines go to, whose reader can leave.
 
-`simbridge-trainer run | head`, a terminal closed under it, or a parent that read its output (the
-demo) killed: the next line written fails (EPIPE, or EIO from a hung-up terminal). Unhandled, that
-exception ended the learning loop, and the daemon's shutdown, whose first act is to say so on the
-same stream, raised again before it stopped the server: no final checkpoint, and the process hung
-at exit on RPC threads that waited for room in an experience queue nobody drained.
+`simbridge-trainer run | head`, `simbridge-sim | head`, a terminal closed under either, or a parent
+that read their output (the demo) killed: the next line written fails (EPIPE, or EIO from a
+hung-up terminal). Unhandled, in the trainer that exception ended the learning loop, and the
+daemon's shutdown, whose first act is to say so on the same stream, raised again before it stopped
+the server: no final checkpoint, and the process hung at exit on RPC threads that waited for room
+in an experience queue nobody drained. A simulator died with a traceback, its episodes open.
 
 A `Console` takes the first failed write as the end of the show: it calls `on_gone` once (the
-daemon stops as on SIGTERM: drain, final checkpoint, the stop record), points the stream's file
-descriptor at /dev/null (so neither the interpreter's flush at exit nor a child process that
-inherited it meets the broken pipe), and drops every later line. metrics.jsonl, TensorBoard and
-the checkpoints are the run's record; the console only shows it.
+trainer and the simulators stop as on SIGTERM: the trainer drains and writes its final checkpoint
+and stop record; a simulator ends its episodes), points the stream's file descriptor at /dev/null
+(so neither the interpreter's flush at exit nor a child process that inherited it meets the broken
+pipe), and drops every later line. The trainer's record is metrics.jsonl, TensorBoard and the
+checkpoints; the console only shows it.
 """
 import os
 import threading
