@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from simbridge.console import Console
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
@@ -95,7 +96,10 @@ def main(argv=None) -> int:
     stop = threading.Event()
     threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"simbridge-server listening on {server.address}", flush=True)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # its terminal closed; nohup's choice stands
+        signal.signal(signal.SIGHUP, lambda *_: stop.set())
+    out = Console(sys.stdout, on_gone=stop.set)   # `| head`: stop as on SIGTERM (simbridge/console.py)
+    print(f"simbridge-server listening on {server.address}", file=out, flush=True)
     last_steps, last_t = 0, time.monotonic()
     try:
         while not stop.wait(args.print_every or 3600):
@@ -103,12 +107,12 @@ def main(argv=None) -> int:
             now = time.monotonic()
             rate = (snap["env_steps"] - last_steps) / max(now - last_t, 1e-9)
             last_steps, last_t = snap["env_steps"], now
-            print(json.dumps(snap) if args.json else progress_line(snap, rate), flush=True)
+            print(json.dumps(snap) if args.json else progress_line(snap, rate), file=out, flush=True)
     except KeyboardInterrupt:
         pass
     stop.set()
     server.stop()
-    print(json.dumps({"final": runtime.snapshot()}), flush=True)
+    print(json.dumps({"final": runtime.snapshot()}), file=out, flush=True)
     return 0
 
 

@@ -1,0 +1,34 @@
+"""`simbridge-server` (the bridge alone, random actions) as a process: it stops in order, exit 0, on
+SIGTERM, on SIGHUP (its terminal closed) and when the reader of its progress lines leaves (`| head`);
+before, the last two killed it (SIGHUP) or ended it with a BrokenPipeError traceback."""
+import signal
+import subprocess
+
+import pytest
+
+from simbridge.trainer.run.launch import ROOT, child_env, python_module
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sighup", "reader-leaves"])
+def test_the_bare_bridge_stops_in_order(how):
+    server = subprocess.Popen(python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT))
+    try:
+        for _ in range(2):   # its listening line and a first progress line
+            assert server.stdout.readline(), server.stderr.read()
+        if how == "reader-leaves":
+            server.stdout.close()
+        else:
+            server.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+        try:
+            code = server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"simbridge-server ran on ({how})")
+        err = server.stderr.read()
+        assert code == 0 and "Traceback" not in err, (code, err)
+        if how != "reader-leaves":
+            assert '"final"' in server.stdout.read()   # its last line: the final counts
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
