@@ -13,8 +13,13 @@ and stop record; a simulator ends its episodes), points the stream's file descri
 (so neither the interpreter's flush at exit nor a child process that inherited it meets the broken
 pipe), and drops every later line. The trainer's record is metrics.jsonl, TensorBoard and the
 checkpoints; the console only shows it.
+
+`on_hangup` is the other way a terminal goes: closed, it sends SIGHUP, whose default ends a process
+at once (no final checkpoint, episodes left open, and the demo's children, sessions of their own,
+running on). The programs take it as SIGTERM, unless it is ignored, as under nohup.
 """
 import os
+import signal
 import threading
 from typing import Callable, Optional, TextIO
 
@@ -63,6 +68,13 @@ class Console:
             pass
         if self.on_gone is not None:
             self.on_gone()
+
+
+def on_hangup(handler) -> None:
+    """`handler(signum, frame)` on SIGHUP (the terminal closed), unless SIGHUP is ignored (nohup's
+    choice stands). From the main thread, as signal.signal."""
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, handler)
 
 
 def _same_file(fd: int, st: os.stat_result) -> bool:

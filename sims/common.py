@@ -14,7 +14,7 @@ import numpy as np
 from simbridge.client.stopping import Stopped, stop_waiting
 from simbridge.client.policy_client import SessionLost
 from simbridge.client.security import ClientSecurity, SecuritySettingError
-from simbridge.console import Console
+from simbridge.console import Console, on_hangup
 from simbridge.wire.errors import BridgeError, Reason
 
 
@@ -73,8 +73,7 @@ class StopFlag:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._handler)
             signal.signal(signal.SIGINT, self._handler)
-            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # its terminal closed; nohup's choice stands
-                signal.signal(signal.SIGHUP, self._handler)
+            on_hangup(self._handler)
         return self
 
     def _handler(self, signum, frame):

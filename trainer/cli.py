@@ -60,6 +60,7 @@ import sys
 from pathlib import Path
 
 import simbridge
+from simbridge.console import on_hangup
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use, in_use_message
@@ -247,8 +248,7 @@ def run_daemon(daemon) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # nohup's choice stands
-        signal.signal(signal.SIGHUP, on_signal)
+    on_hangup(on_signal)
     try:
         return daemon.run()
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from simbridge.console import Console
+from simbridge.console import Console, on_hangup
 from simbridge.trainer.run.launch import Proc, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 
@@ -155,9 +155,7 @@ def _main(argv=None) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    # its terminal closed: the children (sessions of their own) get no SIGHUP; the demo stops them
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # nohup's choice stands
-        signal.signal(signal.SIGHUP, _interrupt)
+    on_hangup(_interrupt)   # its terminal closed: its children, sessions of their own, get no SIGHUP
 
     address = "127.0.0.1:0"   # the trainer takes a free port and says which
     console.say(f"starting the trainer daemon (DQN on CartPole), logs in {logdir} ...")

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from simbridge.console import Console
+from simbridge.console import Console, on_hangup
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
@@ -96,8 +96,7 @@ def main(argv=None) -> int:
     stop = threading.Event()
     threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # its terminal closed; nohup's choice stands
-        signal.signal(signal.SIGHUP, lambda *_: stop.set())
+    on_hangup(lambda *_: stop.set())
     out = Console(sys.stdout, on_gone=stop.set)   # `| head`: stop as on SIGTERM (simbridge/console.py)
     print(f"simbridge-server listening on {server.address}", file=out, flush=True)
     last_steps, last_t = 0, time.monotonic()
