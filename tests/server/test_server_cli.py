@@ -7,12 +7,14 @@ import subprocess
 import pytest
 
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
+from support.signals import as_at_a_terminal
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sighup", "reader-leaves"])
 def test_the_bare_bridge_stops_in_order(how):
     server = subprocess.Popen(python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT))
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT),
+                              preexec_fn=as_at_a_terminal)
     try:
         for _ in range(2):   # its listening line and a first progress line
             assert server.stdout.readline(), server.stderr.read()

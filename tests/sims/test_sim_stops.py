@@ -21,6 +21,7 @@ from simbridge.server.policies import RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
 from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
+from support.signals import as_at_a_terminal
 from support.waits import wait
 
 # From SIGINT to the process gone. The simulator gives up at once (an answer it waits for within
@@ -40,7 +41,7 @@ class Sim:
     def __init__(self, address: str, *args: str):
         self.proc = subprocess.Popen(python_module("simbridge.sims.gym_sim", "--address", address, *args),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                                     cwd=str(ROOT))
+                                     cwd=str(ROOT), preexec_fn=as_at_a_terminal)
         self.err = []
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
 

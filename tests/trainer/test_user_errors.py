@@ -16,6 +16,7 @@ from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
+from support.signals import as_at_a_terminal, as_under_nohup
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 
@@ -325,17 +326,13 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
         kill(sim)
 
 
-def _ignore_sighup():
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal-closed", "nohup"])
 def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path, nohup):
     """A terminal closed under `simbridge-trainer run` (SIGHUP) killed it at once: no final checkpoint,
     no stop record. Now SIGHUP stops it as SIGTERM does; under nohup (SIGHUP ignored) it runs on."""
     logdir = tmp_path / "run"
     trainer = start_server("trainer", _trainer_argv(logdir), ANY, timeout=60, env=daemon_env(),
-                           preexec_fn=_ignore_sighup if nohup else None)
+                           preexec_fn=as_under_nohup if nohup else as_at_a_terminal)
     try:
         trainer.popen.send_signal(signal.SIGHUP)
         if nohup:
@@ -359,7 +356,7 @@ def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
     logdir = str(tmp_path / "demo")
     demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", logdir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
-                            cwd=str(ROOT))
+                            cwd=str(ROOT), preexec_fn=as_at_a_terminal)
     sims = []
     try:
         said = []
