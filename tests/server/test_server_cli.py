@@ -7,14 +7,17 @@ import subprocess
 import pytest
 
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
-from support.signals import as_at_a_terminal
+from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, WHY_NOT
 
 
-@pytest.mark.parametrize("how", ["sigterm", "sighup", "reader-leaves"])
+@pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=pytest.mark.skipif(
+    not ENV_SETS_SIGNALS, reason=WHY_NOT)), "reader-leaves"])
 def test_the_bare_bridge_stops_in_order(how):
-    server = subprocess.Popen(python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT),
-                              preexec_fn=as_at_a_terminal)
+    argv = python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1")
+    if how == "sighup":
+        argv = [*AT_A_TERMINAL, *argv]
+    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                              cwd=str(ROOT))
     try:
         for _ in range(2):   # its listening line and a first progress line
             assert server.stdout.readline(), server.stderr.read()

@@ -1,14 +1,16 @@
 """SIGHUP as the process under test would have it, whatever the test runner's own: a run under
 nohup (or a CI runner that ignores SIGHUP) passes its SIG_IGN to every child, and the programs keep
-an ignored SIGHUP ignored on purpose (simbridge.console.on_hangup). For Popen's preexec_fn."""
-import signal
+an ignored SIGHUP ignored on purpose (simbridge.console.on_hangup).
 
+A prefix for the child's argv (GNU env resets or ignores the signal, then execs), not a Popen
+preexec_fn: that runs Python in the forked child of a test process whose gRPC threads did not come
+along, and gRPC's fork handlers aborted such children (SIGABRT, "epoll_wait error: Bad file
+descriptor") in a fresh clone's run."""
+import subprocess
 
-def as_at_a_terminal() -> None:
-    """SIGHUP's default, as for a program started at a terminal."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+AT_A_TERMINAL = ["env", "--default-signal=HUP"]   # SIGHUP's default, as at a terminal
+UNDER_NOHUP = ["env", "--ignore-signal=HUP"]      # SIGHUP ignored, as nohup starts a program
 
-
-def as_under_nohup() -> None:
-    """SIGHUP ignored, as nohup starts a program."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+# coreutils 8.31 and later (Debian 11+); elsewhere the tests that need it skip
+ENV_SETS_SIGNALS = subprocess.run([*AT_A_TERMINAL, "true"], capture_output=True).returncode == 0
+WHY_NOT = "needs GNU env's --default-signal (coreutils >= 8.31)"

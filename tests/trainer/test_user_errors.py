@@ -16,7 +16,7 @@ from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
-from support.signals import as_at_a_terminal, as_under_nohup
+from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, UNDER_NOHUP, WHY_NOT
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 
@@ -273,11 +273,17 @@ def test_the_demo_piped_into_a_reader_that_leaves_stops_its_trainer_and_simulato
         assert not _processes_naming(logdir), "the demo's trainer was left running"
         assert (tmp_path / "demo" / "checkpoint.pt").exists()   # stopped in order: its final checkpoint
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-        for pid in _processes_naming(logdir):
-            os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(demo, logdir)
+
+
+def _kill_what_is_left(demo, logdir: str, sims=()) -> None:
+    """A demo test's cleanup: the demo, its trainer (whose command line names `logdir`) and the
+    simulators `sims` (PIDs), where still running."""
+    if demo.poll() is None:
+        demo.kill()
+        demo.wait()
+    for pid in _processes_naming(logdir) + [p for p in sims if _running(p)]:
+        os.kill(pid, signal.SIGKILL)
 
 
 def _trainer_argv(logdir) -> list:
@@ -326,13 +332,14 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
         kill(sim)
 
 
+@pytest.mark.skipif(not ENV_SETS_SIGNALS, reason=WHY_NOT)
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal-closed", "nohup"])
 def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path, nohup):
     """A terminal closed under `simbridge-trainer run` (SIGHUP) killed it at once: no final checkpoint,
     no stop record. Now SIGHUP stops it as SIGTERM does; under nohup (SIGHUP ignored) it runs on."""
     logdir = tmp_path / "run"
-    trainer = start_server("trainer", _trainer_argv(logdir), ANY, timeout=60, env=daemon_env(),
-                           preexec_fn=as_under_nohup if nohup else as_at_a_terminal)
+    trainer = start_server("trainer", [*(UNDER_NOHUP if nohup else AT_A_TERMINAL), *_trainer_argv(logdir)], ANY,
+                           timeout=60, env=daemon_env())
     try:
         trainer.popen.send_signal(signal.SIGHUP)
         if nohup:
@@ -348,15 +355,15 @@ def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path,
         kill(trainer)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc") or not ENV_SETS_SIGNALS, reason="reads /proc; " + WHY_NOT)
 def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
     """`python -m simbridge.trainer.demo` at a terminal that closes: the shell's SIGHUP killed the demo
     at once, and its trainer and simulators (sessions of their own, so no SIGHUP for them) ran on.
     Now the demo stops them in order, as on Ctrl-C."""
     logdir = str(tmp_path / "demo")
-    demo = subprocess.Popen(python_module("simbridge.trainer.demo", "--seconds", "120", "--logdir", logdir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
-                            cwd=str(ROOT), preexec_fn=as_at_a_terminal)
+    demo = subprocess.Popen([*AT_A_TERMINAL, *python_module("simbridge.trainer.demo", "--seconds", "120",
+                                                            "--logdir", logdir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=str(ROOT))
     sims = []
     try:
         said = []
@@ -372,11 +379,7 @@ def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
         assert not _processes_naming(logdir), "the demo's trainer was left running"
         assert (tmp_path / "demo" / "checkpoint.pt").exists()   # stopped in order: its final checkpoint
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-        for pid in _processes_naming(logdir) + [p for p in sims if _running(p)]:
-            os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(demo, logdir, sims)
 
 
 def _running(pid: int) -> bool:
