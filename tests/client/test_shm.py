@@ -3,6 +3,7 @@ simbridge/client/shm_channel.py, simbridge/wire/shm_ring.py): the same answers a
 exactly-once resend after a broken channel, the same errors, a SIGKILLed simulator's episodes ended
 truncated, an owner-only handover and region, and a bounded ring."""
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -188,7 +189,8 @@ def test_a_shared_memory_address_is_one_host_not_one_of_a_list():
 
 
 @pytest.mark.nets("shm")
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user")
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux) "
+                                                                          "to run a probe as another user")
 def test_another_user_cannot_open_a_channel(make_server, net):
     import subprocess
     import sys
@@ -198,8 +200,10 @@ def test_another_user_cannot_open_a_channel(make_server, net):
     probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
              "    print('connected')\nexcept PermissionError:\n    print('refused')\n")
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable   # one `nobody` may run
-    out = subprocess.run([python, "-I", "-c", probe, path], capture_output=True, text=True, timeout=30, cwd="/",
-                         preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    # setpriv, not a preexec_fn: Python code in the forked child of a process running gRPC can be
+    # aborted by gRPC's fork handlers (tests/support/signals.py)
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I", "-c", probe,
+                          path], capture_output=True, text=True, timeout=30, cwd="/")
     assert out.stdout.strip() == "refused", out.stdout + out.stderr
 
 
