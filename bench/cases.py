@@ -17,7 +17,7 @@ import numpy as np
 
 from bench import cpp_cases, echo
 from bench.harness import (WARMUP_S, environ, key, proc_cpu_s, run_clients, start_bridge_server,
-                           start_dqn_trainer, summary, die_with_parent)
+                           start_dqn_trainer, summary, dying_with_parent)
 from bench.sims import BATCH
 
 log = logging.getLogger("bench")
@@ -205,7 +205,7 @@ def cpp(children, seconds, case):
     proc, address = start_bridge_server(children, net=cpp_cases.net_of(case))
     try:
         got = cpp_cases.run_example(children, case, address, seconds, WARMUP_S,
-                                    functools.partial(proc_cpu_s, proc.pid), die_with_parent)
+                                    functools.partial(proc_cpu_s, proc.pid), dying_with_parent)
     finally:
         children.stop(proc)
     return cpp_cases.summarize(case, got)

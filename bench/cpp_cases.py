@@ -117,17 +117,18 @@ def _read_lines(stream, into):
     into.put(None)
 
 
-def run_example(children, case, address, seconds, warmup_s, server_cpu_s, preexec_fn=None):
+def run_example(children, case, address, seconds, warmup_s, server_cpu_s, wrap=list):
     """Run `case`'s example against `address` for warmup_s + seconds; its window's figures, plus the
-    server's CPU seconds over the window (server_cpu_s() is sampled when it opens and at the end)."""
+    server's CPU seconds over the window (server_cpu_s() is sampled when it opens and at the end).
+    wrap: the example's argv as it is started (harness.dying_with_parent: ended with the bench)."""
     build, why = ensure_built()
     if build is None:
         raise RuntimeError(why)
     program, options, _, _ = CPP_CASES[case]
     cmd = [str(build / program), "--address", address, "--seconds", str(seconds), "--warmup-s", str(warmup_s),
            *options]
-    proc = children.add(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=sys.stderr.fileno(), text=True, preexec_fn=preexec_fn))
+    proc = children.add(subprocess.Popen(wrap(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=sys.stderr.fileno(), text=True))
     lines = queue.SimpleQueue()
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + 120 + warmup_s + seconds

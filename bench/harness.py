@@ -17,6 +17,7 @@ import logging  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import os  # noqa: E402
 import queue  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -62,9 +63,20 @@ except (OSError, AttributeError, ImportError):
 
 
 def die_with_parent():
-    """preexec_fn of a child: SIGTERM to it when this process dies, even by SIGKILL (Linux)."""
+    """This process gets SIGTERM when its parent dies, even by SIGKILL (Linux). For a process of
+    its own (a multiprocessing child); a child started by argv takes `dying_with_parent(argv)`."""
     if _prctl is not None:
         _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def dying_with_parent(argv):
+    """argv, started so that it gets SIGTERM when this process dies (util-linux's setpriv sets
+    PR_SET_PDEATHSIG, then execs). Not a Popen preexec_fn: Python in the forked child of a process
+    running gRPC threads can be aborted by gRPC's fork handlers (tests/support/signals.py)."""
+    return [_SETPRIV, "--pdeathsig", "TERM", *argv] if _SETPRIV else list(argv)
 
 
 class Children:
@@ -168,7 +180,7 @@ def _to_stderr(name, line):
 def _start(children, name, argv, address, timeout_s):
     """launch.Proc of argv, once its health check answers; None if it exited with code 2 (its port
     was taken meanwhile), an error for any other failure."""
-    proc = children.add(Proc(name, argv, on_line=_to_stderr, env=child_env(), preexec_fn=die_with_parent))
+    proc = children.add(Proc(name, dying_with_parent(argv), on_line=_to_stderr, env=child_env()))
     try:
         wait_for_health(address, timeout_s, proc)
         return proc
