@@ -58,10 +58,11 @@ class Proc:
 
     def __init__(self, name: str, argv: Sequence[str], on_line: Optional[LineHandler] = None,
                  env: Optional[dict] = None, cwd: Optional[str] = None, keep: int = 200,
-                 own_session: bool = False, preexec_fn: Optional[Callable[[], None]] = None):
+                 own_session: bool = False):
         """own_session: out of the caller's process group, so that a Ctrl-C at the terminal reaches
-        the caller only, which then stops its children in its own order. preexec_fn: run in the
-        child before it starts (bench/harness.py's die_with_parent)."""
+        the caller only, which then stops its children in its own order. No preexec_fn: Python run
+        in the forked child of a process running gRPC threads can be aborted by gRPC's fork
+        handlers; what a child needs set goes in its argv (bench/harness.py's dying_with_parent)."""
         self.name = name
         self.argv = list(argv)
         self.lines: Deque[str] = collections.deque(maxlen=keep)
@@ -73,7 +74,7 @@ class Proc:
         self.popen = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, bufsize=1,
                                       env=env if env is not None else child_env(), cwd=cwd or str(ROOT),
-                                      start_new_session=own_session, preexec_fn=preexec_fn)
+                                      start_new_session=own_session)
         self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
 
