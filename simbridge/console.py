@@ -70,11 +70,13 @@ class Console:
             self.on_gone()
 
 
-def on_hangup(handler) -> None:
+def on_hangup(handler):
     """`handler(signum, frame)` on SIGHUP (the terminal closed), unless SIGHUP is ignored (nohup's
-    choice stands). From the main thread, as signal.signal."""
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, handler)
+    choice stands). From the main thread, as signal.signal. Returns the handler it replaced, None
+    where it installed none."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return None
+    return signal.signal(signal.SIGHUP, handler)
 
 
 def _same_file(fd: int, st: os.stat_result) -> bool:

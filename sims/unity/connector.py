@@ -44,6 +44,7 @@ from mlagents_envs.side_channel.environment_parameters_channel import Environmen
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel  # noqa: E402
 
 from simbridge.client.policy_client import MultiAgentPolicyClient, open_channel  # noqa: E402
+from simbridge.console import Console, on_hangup  # noqa: E402
 from simbridge.wire.errors import BridgeError  # noqa: E402
 from simbridge.sims.common import Stats, StopFlag, add_common_args, client_security, run_cli  # noqa: E402
 from simbridge.sims.unity.behavior import BehaviorBridge  # noqa: E402
@@ -330,8 +331,9 @@ def _child(args, worker_id: int, results) -> None:
 
 
 def run_many(args) -> int:
-    """One process per instance (each prints its own summary); the parent forwards SIGTERM
-    and SIGINT as SIGTERM, and prints the merged summary last."""
+    """One process per instance (each prints its own summary); the parent forwards SIGTERM,
+    SIGINT and SIGHUP (its terminal closed; not where ignored) as SIGTERM, and prints the merged
+    summary last."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(args, i, results), name=f"{PROG}#{i}") for i in range(args.num_envs)]
@@ -347,6 +349,9 @@ def run_many(args) -> int:
                     pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    hup = on_hangup(forward)
+    if hup is not None:
+        old[signal.SIGHUP] = hup
     got: Dict[int, Tuple[int, dict]] = {}
     try:
         while len(got) < len(procs):
@@ -367,7 +372,7 @@ def run_many(args) -> int:
                  for i in range(len(procs))]
     keys = ("episodes", "steps", "terminated", "truncated", "cut_at_exit")
     total = {k: sum(s.get(k) or 0 for s in instances) for k in keys}
-    print(json.dumps({**total, "num_envs": args.num_envs, "instances": instances}), flush=True)
+    print(json.dumps({**total, "num_envs": args.num_envs, "instances": instances}), file=Console(sys.stdout), flush=True)
     return max(codes)
 
 

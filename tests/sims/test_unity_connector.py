@@ -7,8 +7,10 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from simbridge.trainer.run.launch import child_env, free_port
+from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, WHY_NOT
 from unity_peer.harness import PEER, ROOT, Bridge, check_replay, free_base_port, run_connector
 
 
@@ -91,6 +93,34 @@ def test_no_server_fails_before_starting_unity(tmp_path):
     assert run.code == 2, run.explain()
     assert f"no simbridge trainer at {dead}" in run.stderr
     assert not list(tmp_path.glob("trace-*.jsonl"))  # the player was never started
+
+
+@pytest.mark.skipif(not ENV_SETS_SIGNALS, reason=WHY_NOT)
+def test_several_instances_stop_in_order_when_their_terminal_closes(tmp_path):
+    """SIGHUP to the connector running two instances (a terminal closed under it) killed the parent
+    at once, and the instances, processes of their own, ran on. Now it forwards SIGHUP as SIGTERM,
+    and the instances end their episodes and the merged summary comes as on SIGTERM."""
+    bridge = Bridge(["Ball*=ball"])
+    base = free_base_port(2)
+    cmd = [*AT_A_TERMINAL, sys.executable, "-m", "simbridge.sims.unity.connector", "--address", bridge.address,
+           "--env", str(PEER), "--base-port", str(base), "--num-envs", "2", "--timeout-wait", "30",
+           "--connect-timeout", "10", "--log-folder", str(tmp_path), "--no-graphics", "--quiet",
+           "--max-steps", "20000", "--env-args", "--scene", "ball", "--agents", "2", "--step-delay", "0.005"]
+    conn = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env({"SIMBRIDGE_PEER_PYTHON": sys.executable}), cwd=str(ROOT))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len({s["session_id"] for s in bridge.summaries}) < 2:
+            time.sleep(0.1)   # both instances have ended an episode
+        conn.send_signal(signal.SIGHUP)
+        out, err = conn.communicate(timeout=30)
+    finally:
+        if conn.poll() is None:
+            conn.kill()
+        bridge.stop()
+    assert conn.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["num_envs"] == 2 and [i["stopped_by"] for i in summary["instances"]] == ["SIGTERM"] * 2, summary
 
 
 def test_attaching_to_the_editor_and_stopping_with_sigterm(tmp_path):
