@@ -253,6 +253,7 @@ def run_daemon(daemon) -> int:
         return daemon.run()
     except KeyboardInterrupt:
         print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
+        daemon.abort()
         return 130
 
 

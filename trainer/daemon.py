@@ -300,6 +300,13 @@ class TrainerDaemon:
         self.stop_reason = self.stop_reason or reason
         self.stop_event.set()
 
+    def abort(self) -> None:
+        """Out at once, without the final checkpoint (the CLI's second signal): the learner
+        processes are killed, or the process would wait for them at exit."""
+        kill = getattr(getattr(self, "loop", None), "kill", None)
+        if kill is not None:
+            kill()
+
     def run(self) -> int:
         """Serves and trains until stopped; the exit code. The port is bound before anything is
         written: a start that fails (a busy port, bad TLS files) leaves the logdir as it was."""

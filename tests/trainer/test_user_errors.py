@@ -17,6 +17,7 @@ from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
 from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, UNDER_NOHUP, WHY_NOT
+from support.waits import wait
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
 
@@ -389,3 +390,55 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _learner_processes_of(pid: int) -> list:
+    """PIDs of the learner processes (multiprocessing's spawned children) whose parent is `pid`; not
+    its resource tracker, which ends by itself a moment after the trainer."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    spawned = b"spawn_main" in f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == pid and spawned:
+                kids.append(int(entry))
+    return kids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_second_ctrl_c_while_the_trainer_stops_ends_it_and_its_learner_processes_at_once(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the trainer writes its final checkpoint ("interrupted again:
+    exiting without a final checkpoint"): the process never exited. Its learner processes ignore
+    SIGINT and SIGTERM (the trainer asks them for their state at a stop), and multiprocessing waited
+    for them at exit. Now the second signal kills them."""
+    logdir = tmp_path / "run"
+    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--address", ANY, "--logdir",
+                                                    str(logdir), "--set", "run.print_every_s=0.2"),
+                           ANY, timeout=60, env=daemon_env())
+    sim = None
+    try:
+        sim = start_sim("gym_sim", "simbridge.sims.gym_sim", trainer.address, "--slots", "4")
+
+        def learning():
+            recs = metrics(logdir)
+            return recs and recs[-1].get("updates", {}).get("default_policy", 0) > 0
+        wait(learning, 60, "the learner process's first updates", [trainer, sim])
+        learners = _learner_processes_of(trainer.pid)
+        trainer.popen.send_signal(signal.SIGINT)
+        # the second while the first stop is under way: its server stop waits 0.5 s for the open stream
+        wait(lambda: any("stopping (SIGINT)" in x for x in trainer.lines), 30, "the first stop", [trainer])
+        trainer.popen.send_signal(signal.SIGINT)
+        try:
+            code = trainer.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the trainer did not exit after a second Ctrl-C: " + "\n".join(trainer.lines))
+        trainer.wait_output()
+        assert code == 130 and any("interrupted again" in x for x in trainer.lines), (code, list(trainer.lines))
+        assert learners and not [p for p in learners if _running(p)], "its learner processes were left running"
+    finally:
+        kill(trainer, sim)

@@ -151,6 +151,12 @@ class LearnerProcess:
             self.proc.join(5)
         self.conn.close()
 
+    def kill(self) -> None:
+        """At once, without its state (the trainer's second Ctrl-C)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
     # ---------------------------------------------------------------- internals
 
     def _handle(self, msg: bytes) -> bytes:

@@ -194,6 +194,16 @@ class LearningLoop:
         for b in self.runtime.experience.get_all():
             self.ingest(b)
 
+    def kill(self) -> None:
+        """Ends the learner processes at once, without their state (a second Ctrl-C). They ignore
+        SIGINT and SIGTERM, so that the trainer can ask them for their state at a stop; left
+        running, they would hold the trainer's exit for good (multiprocessing joins its children)."""
+        for proc in self.procs.values():
+            proc.kill()
+        for proc, conn in self._spares:
+            proc.kill()
+            proc.join(5)
+
     def close(self) -> None:
         """Ends the learner processes (after the final checkpoint)."""
         for proc in self.procs.values():
