@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import socket
+import ssl
 import stat
 import threading
 import time
@@ -138,7 +139,7 @@ def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[st
                     return a, security.wrap(pending.pop(a))
                 except grpc.FutureTimeoutError:
                     pass
-                why[a], hopeless = diagnose(a, security.uses_tls)
+                why[a], hopeless = diagnose(a, security.uses_tls, tls_ca=security.tls_ca)
                 if hopeless:
                     ready[a].cancel()
                     close_unwatched(pending.pop(a))
@@ -201,7 +202,7 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
             ready.cancel()
             close_unwatched(channel)
             raise
-        what, hopeless = diagnose(address, security.uses_tls)
+        what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
         if hopeless or time.monotonic() >= deadline:
             ready.cancel()
             close_unwatched(channel)
@@ -229,11 +230,13 @@ def say_if_starting(channel: grpc.Channel, address: str) -> None:
                     "waits until it serves", address)
 
 
-def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[str, bool]:
+def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
+             tls_ca: Optional[bytes] = None) -> Tuple[str, bool]:
     """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
     nothing listening (a trainer may still come), a host that does not answer, or something
     listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
-    unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open."""
+    unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
+    tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify."""
     if is_unix(address):
         sock, why = _connect_unix(unix_path(address), timeout_s)
         if sock is None:
@@ -252,6 +255,9 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
         # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
         # run files in between), and that looks the same as a failed handshake from here.
         if tls:
+            refused = _certificate_refused(sock, tls_ca) if tls_ca and not is_unix(address) else None
+            if refused:
+                return refused, True
             return "a server answers but the TLS handshake or the gRPC connection failed", False
         try:
             sock.sendall(_HTTP1_PROBE)
@@ -267,6 +273,28 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0) -> Tuple[s
     if answer[:1] in (b"\x15", b"\x16"):
         return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
     return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
+
+
+def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 0.5) -> Optional[str]:
+    """Why the server's certificate fails the roots of --tls-ca, if it does; else None (verified,
+    some other failure, or no answer within timeout_s: a trainer that has bound its port but not
+    started serving does not answer a handshake yet, and may still come). Only the chain is
+    judged, with the roots gRPC is given: names (--tls-server-name) follow gRPC's own rules."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    try:
+        ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError):
+        return None   # roots Python cannot read: gRPC's own failure says it
+    ctx.set_alpn_protocols(["h2"])
+    sock.settimeout(timeout_s)
+    try:
+        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
+            return None
+    except ssl.SSLCertVerificationError as e:
+        return f"the server's TLS certificate is not signed by the CA of --tls-ca ({e.verify_message})"
+    except OSError:   # ssl.SSLError and timeouts included: not a verdict on the certificate
+        return None
 
 
 def _connect_unix(path: str, timeout_s: float):
