@@ -57,7 +57,9 @@ def client_security(args) -> ClientSecurity:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGINT / SIGHUP (a closed terminal; not where ignored, as under nohup): the loop ends its open episodes (truncated) and exits cleanly.
+    """Set by SIGTERM / SIGINT / SIGHUP (a closed terminal; not where ignored, as under nohup), or
+    by request (run_cli's when stdout's reader left): the loop ends its open episodes (truncated)
+    and exits cleanly.
     The clients stop waiting for the server at once (simbridge.client.connection.stop_waiting):
     a simulator connecting, reconnecting or waiting for an answer that does not come stops within
     a second, saying what it was waiting for.

@@ -252,8 +252,11 @@ def run_daemon(daemon) -> int:
     try:
         return daemon.run()
     except KeyboardInterrupt:
-        print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
-        daemon.abort()
+        daemon.abort()   # first: a print to a closed terminal would raise before it
+        try:
+            print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
+        except OSError:
+            pass
         return 130
 
 

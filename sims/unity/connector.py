@@ -372,7 +372,8 @@ def run_many(args) -> int:
                  for i in range(len(procs))]
     keys = ("episodes", "steps", "terminated", "truncated", "cut_at_exit")
     total = {k: sum(s.get(k) or 0 for s in instances) for k in keys}
-    print(json.dumps({**total, "num_envs": args.num_envs, "instances": instances}), file=Console(sys.stdout), flush=True)
+    print(json.dumps({**total, "num_envs": args.num_envs, "instances": instances}), file=Console(sys.stdout),
+          flush=True)
     return max(codes)
 
 
