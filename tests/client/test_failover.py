@@ -16,7 +16,7 @@ from simbridge.client.connection import SessionLost, parse_addresses
 from simbridge.client.policy_client import MultiAgentPolicyClient, PolicyClient
 from simbridge.client.slot_client import SlotClient
 from simbridge.server.sample_batch import MultiAgentBatch
-from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
+from simbridge.trainer.run.launch import ROOT, child_env, free_ports, python_module
 from simbridge.wire.errors import BridgeError, Reason
 from support.waits import wait
 
@@ -169,7 +169,7 @@ def test_clients_spread_over_the_addresses(make_server, monkeypatch):
 
 
 def test_all_addresses_down_names_every_one():
-    down = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    down = [f"127.0.0.1:{port}" for port in free_ports(2)]
     t0 = time.monotonic()
     with pytest.raises(BridgeError) as e:
         PolicyClient(down, OBS, ACT, connect_timeout_s=1.0)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from simbridge.client.channels import FAILOVER_AFTER_S
-from simbridge.trainer.run.launch import free_port
+from simbridge.trainer.run.launch import free_ports
 from support.waits import wait
 
 
@@ -160,7 +160,7 @@ def test_a_host_that_listens_but_does_not_answer_gets_the_grace_then_the_client_
 
 
 def test_all_addresses_down_names_every_one(build):
-    down = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    down = [f"127.0.0.1:{port}" for port in free_ports(2)]   # distinct: the SDK saw a list of one once
     t0 = time.monotonic()
     out = subprocess.run([os.path.join(build, "cartpole"), "--address", ",".join(down), "--connect-timeout", "1"],
                          capture_output=True, text=True, timeout=30)

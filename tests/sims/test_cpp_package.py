@@ -11,7 +11,6 @@ libprotobuf-dev)."""
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 
@@ -20,15 +19,10 @@ import pytest
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.server.service import BridgeServer
+from simbridge.trainer.run.launch import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONSUMER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp_consumer")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pyproject_version() -> str:
@@ -68,8 +62,8 @@ def test_the_installed_headers_need_no_grpc_or_protobuf(cpp_install):
 
 
 def test_an_engine_built_against_the_installed_sdk_acts_and_logs_through_its_callback(consumer):
-    address = f"127.0.0.1:{_free_port()}"
-    dead = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
+    address, *dead = (f"127.0.0.1:{port}" for port in free_ports(3))
+    dead = ",".join(dead)
     rt = BridgeRuntime(BridgeConfig(rollout_fragment_length=5))
     srv = BridgeServer(rt, address).start()
     fresh = None

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from simbridge.trainer.run.launch import Proc, child_env, free_port, python_module, wait_for_health
+from simbridge.trainer.run.launch import Proc, child_env, free_port, free_ports, python_module, wait_for_health
 from support.daemon import metrics
 from support.waits import wait
 
@@ -59,7 +59,7 @@ class Hosts:
     def _loopback(self, why: str) -> "Hosts":
         self.why = f"network namespaces unavailable ({why}): the two ranks run on loopback with two ports"
         warnings.warn(self.why)   # shown in pytest's summary
-        self.host, self.ifname, self.port = ["127.0.0.1", "127.0.0.1"], ["lo", "lo"], [free_port(), free_port()]
+        self.host, self.ifname, self.port = ["127.0.0.1", "127.0.0.1"], ["lo", "lo"], free_ports(2)
         return self
 
     def addr(self, i: int) -> str:

@@ -35,9 +35,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the usual bind-to-0 trick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
+    """n distinct TCP ports that were free a moment ago: bound together, then closed (free_port
+    twice can give the same port twice; a test's two dead addresses were once one)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def python_module(module: str, *args: str) -> List[str]:
