@@ -303,9 +303,7 @@ class TrainerDaemon:
     def abort(self) -> None:
         """Out at once, without the final checkpoint (the CLI's second signal): the learner
         processes are killed, or the process would wait for them at exit."""
-        kill = getattr(getattr(self, "loop", None), "kill", None)
-        if kill is not None:
-            kill()
+        self.loop.kill()
 
     def run(self) -> int:
         """Serves and trains until stopped; the exit code. The port is bound before anything is

@@ -146,9 +146,7 @@ class LearnerProcess:
             except OSError:
                 pass
         self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+        self.kill()
         self.conn.close()
 
     def kill(self) -> None:

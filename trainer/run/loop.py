@@ -200,14 +200,15 @@ class LearningLoop:
         running, they would hold the trainer's exit for good (multiprocessing joins its children)."""
         for proc in self.procs.values():
             proc.kill()
-        for proc, conn in self._spares:
-            proc.kill()
-            proc.join(5)
+        self._end_spares()
 
     def close(self) -> None:
         """Ends the learner processes (after the final checkpoint)."""
         for proc in self.procs.values():
             proc.close()
+        self._end_spares()
+
+    def _end_spares(self) -> None:
         for proc, conn in self._spares:
             # Never used, so nothing to keep: killed at once. Closing the pipe alone ended one only
             # once its imports were done, and a trainer stopped seconds after its start waited for
