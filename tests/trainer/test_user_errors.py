@@ -383,31 +383,24 @@ def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
         _kill_what_is_left(demo, logdir, sims)
 
 
-def _running(pid: int) -> bool:
-    """A live process (not a zombie that nobody has reaped yet)."""
+def _stat(pid: int) -> list:
+    """/proc/PID/stat's fields after the command name (state, parent, ...); [] for a process gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
+        return []
+
+
+def _running(pid: int) -> bool:
+    """A live process (not a zombie that nobody has reaped yet)."""
+    return _stat(pid)[:1] not in ([], ["Z"])
 
 
 def _learner_processes_of(pid: int) -> list:
     """PIDs of the learner processes (multiprocessing's spawned children) whose parent is `pid`; not
     its resource tracker, which ends by itself a moment after the trainer."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    spawned = b"spawn_main" in f.read()
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == pid and spawned:
-                kids.append(int(entry))
-    return kids
+    return [p for p in _processes_naming("spawn_main") if _stat(p)[1:2] == [str(pid)]]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
