@@ -287,10 +287,12 @@ def _kill_what_is_left(demo, logdir: str, sims=()) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _trainer_argv(logdir) -> list:
-    """The embedded default config (DQN on CartPole) on a port of its own, learning in the daemon's loop."""
+def _trainer_argv(logdir, learner_process: bool = False) -> list:
+    """The embedded default config (DQN on CartPole) on a port of its own, learning in the daemon's
+    loop unless learner_process."""
     return python_module("simbridge.trainer.cli", "run", "--address", ANY, "--logdir", str(logdir), "--log-level",
-                         "WARNING", "--set", "run.print_every_s=0.2", "--set", "run.learner_process=false")
+                         "WARNING", "--set", "run.print_every_s=0.2",
+                         "--set", f"run.learner_process={str(learner_process).lower()}")
 
 
 def _stopped_in_order(logdir) -> None:
@@ -410,9 +412,7 @@ def test_a_second_ctrl_c_while_the_trainer_stops_ends_it_and_its_learner_process
     SIGINT and SIGTERM (the trainer asks them for their state at a stop), and multiprocessing waited
     for them at exit. Now the second signal kills them."""
     logdir = tmp_path / "run"
-    trainer = start_server("trainer", python_module("simbridge.trainer.cli", "run", "--address", ANY, "--logdir",
-                                                    str(logdir), "--set", "run.print_every_s=0.2"),
-                           ANY, timeout=60, env=daemon_env())
+    trainer = start_server("trainer", _trainer_argv(logdir, learner_process=True), ANY, timeout=60, env=daemon_env())
     sim = None
     try:
         sim = start_sim("gym_sim", "simbridge.sims.gym_sim", trainer.address, "--slots", "4")
