@@ -7,11 +7,10 @@ import subprocess
 import pytest
 
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
-from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, WHY_NOT
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS
 
 
-@pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=pytest.mark.skipif(
-    not ENV_SETS_SIGNALS, reason=WHY_NOT)), "reader-leaves"])
+@pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=NEEDS_ENV_SIGNALS), "reader-leaves"])
 def test_the_bare_bridge_stops_in_order(how):
     argv = python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1")
     if how == "sighup":

@@ -21,7 +21,7 @@ from simbridge.server.policies import RandomPolicy
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
 from simbridge.trainer.run.launch import ROOT, child_env, free_port, python_module
-from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, WHY_NOT
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS
 from support.waits import wait
 
 # From SIGINT to the process gone. The simulator gives up at once (an answer it waits for within
@@ -94,8 +94,8 @@ def _stopped_cleanly(s: Sim, waiting_for: str, by: str = "SIGINT") -> dict:
     return summary
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGHUP, marks=pytest.mark.skipif(
-    not ENV_SETS_SIGNALS, reason=WHY_NOT))], ids=["ctrl-c", "terminal-closed"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGHUP, marks=NEEDS_ENV_SIGNALS)],
+                         ids=["ctrl-c", "terminal-closed"])
 def test_ctrl_c_while_connecting_to_a_trainer_not_there_yet(sig):
     """SIGHUP (the simulator's terminal closed) stops it as Ctrl-C does: it used to die at once."""
     address = f"127.0.0.1:{free_port()}"

@@ -7,10 +7,9 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 from simbridge.trainer.run.launch import child_env, free_port
-from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, WHY_NOT
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS
 from unity_peer.harness import PEER, ROOT, Bridge, check_replay, free_base_port, run_connector
 
 
@@ -95,7 +94,7 @@ def test_no_server_fails_before_starting_unity(tmp_path):
     assert not list(tmp_path.glob("trace-*.jsonl"))  # the player was never started
 
 
-@pytest.mark.skipif(not ENV_SETS_SIGNALS, reason=WHY_NOT)
+@NEEDS_ENV_SIGNALS
 def test_several_instances_stop_in_order_when_their_terminal_closes(tmp_path):
     """SIGHUP to the connector running two instances (a terminal closed under it) killed the parent
     at once, and the instances, processes of their own, ran on. Now it forwards SIGHUP as SIGTERM,

@@ -8,9 +8,12 @@ along, and gRPC's fork handlers aborted such children (SIGABRT, "epoll_wait erro
 descriptor") in a fresh clone's run."""
 import subprocess
 
+import pytest
+
 AT_A_TERMINAL = ["env", "--default-signal=HUP"]   # SIGHUP's default, as at a terminal
 UNDER_NOHUP = ["env", "--ignore-signal=HUP"]      # SIGHUP ignored, as nohup starts a program
 
 # coreutils 8.31 and later (Debian 11+); elsewhere the tests that need it skip
 ENV_SETS_SIGNALS = subprocess.run([*AT_A_TERMINAL, "true"], capture_output=True).returncode == 0
-WHY_NOT = "needs GNU env's --default-signal (coreutils >= 8.31)"
+NEEDS_ENV_SIGNALS = pytest.mark.skipif(not ENV_SETS_SIGNALS, reason="needs GNU env's --default-signal "
+                                                                    "(coreutils >= 8.31)")

@@ -16,7 +16,7 @@ from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
-from support.signals import AT_A_TERMINAL, ENV_SETS_SIGNALS, UNDER_NOHUP, WHY_NOT
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS, UNDER_NOHUP
 from support.waits import wait
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
@@ -335,7 +335,7 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
         kill(sim)
 
 
-@pytest.mark.skipif(not ENV_SETS_SIGNALS, reason=WHY_NOT)
+@NEEDS_ENV_SIGNALS
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal-closed", "nohup"])
 def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path, nohup):
     """A terminal closed under `simbridge-trainer run` (SIGHUP) killed it at once: no final checkpoint,
@@ -358,7 +358,8 @@ def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path,
         kill(trainer)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc") or not ENV_SETS_SIGNALS, reason="reads /proc; " + WHY_NOT)
+@NEEDS_ENV_SIGNALS
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
     """`python -m simbridge.trainer.demo` at a terminal that closes: the shell's SIGHUP killed the demo
     at once, and its trainer and simulators (sessions of their own, so no SIGHUP for them) ran on.
