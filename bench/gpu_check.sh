@@ -14,10 +14,13 @@
 #   pytest_gpu.txt       tests/trainer/test_update_paths.py: the CUDA graph path against eager
 #   learner_speed.json   bench/learner_speed.py: updates/s of DQN, SAC and PPO's minibatch step,
 #                        cpu and cuda, batch 256 and 4,096, eager and graph, on cuda with TF32
-#                        products (the default) and full float32, with the ratios and the
-#                        issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256; 4,096 >= 0.8x 256)
+#                        products (the default; full float32 was measured on 27 Nov), with the
+#                        ratios and the issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256;
+#                        4,096 >= 0.8x 256)
 #   learner_speed_profile.json  the same for DQN and SAC on cuda with --profile: each row's costliest
 #                        kernels per update (what grows from batch 256 to 4,096)
+#   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
+#                        in the learner's own CUDA graph) beside the graph path, in one process
 #   learner_speed_cublaslt.json  DQN and SAC's graph path with torch's BLAS set to cuBLASLt
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
@@ -27,8 +30,6 @@
 #   pixels_pong.json     bench/pixels.py, Pong from pixels for 10k env steps on the GPU (when ale-py
 #                        came and time is left)
 #   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
-#   learner_speed_compile.log  torch.compile on cuda (SAC, DQN, batch 256), when the run is early
-#                        enough to afford compiling
 #   summary.txt          the figures above in a few lines
 set -u
 here=$(pwd)
@@ -59,7 +60,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 
 step "bench/learner_speed.py"
-timeout 150 python3 bench/learner_speed.py --tf32 both --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"
+timeout 150 python3 bench/learner_speed.py --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"
 python3 - "$out/learner_speed.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -80,6 +81,22 @@ for x in json.load(open(sys.argv[1]))["results"]:
     print(f'  {x["learner"]} b{x["batch"]} {x["path"]}: ' + "; ".join(
         f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 EOF
+
+step "bench/learner_speed.py: the compile path (inductor's kernels captured as one CUDA graph) beside the graph path"
+# the batch-4,096 question's first candidate: fused element-wise kernels, where the graph path runs
+# one kernel per op (tens of seconds of compiling per learner and batch). Rows are read from the log,
+# one JSON line per row as it ends, so that a row cut by the timeout does not lose the ones before.
+timeout 200 python3 bench/learner_speed.py --devices cuda --paths graph,compile --learners dqn,sac --window 0.2 \
+  --no-acting --out "$out/learner_speed_compile.json" > /dev/null 2> "$out/learner_speed_compile.log"
+grep -h '^{"learner"' "$out/learner_speed_compile.log" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    x = json.loads(line)
+    print(f'  {x[\"learner\"]} b{x[\"batch\"]} {x[\"path_asked\"]}->{x[\"path\"]}: {x[\"updates_per_s\"]}/s warmup {x[\"warmup_s\"]} s')
+" >> "$out/summary.txt" 2>&1
+python3 -c "import json, sys; print('  ratios', json.load(open(sys.argv[1]))['ratios'])" "$out/learner_speed_compile.json" \
+  >> "$out/summary.txt" 2>&1
+grep -h -E "updates run eagerly from now on|without a CUDA graph" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
 
 step "bench/learner_speed.py --blas cublaslt: the graph path with cuBLASLt's kernels, for the batch-4,096 question"
 timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths graph --window 0.1 --no-acting \
@@ -131,22 +148,6 @@ done
 kill "$apps" 2>/dev/null
 grep -h -E "updates run|learns on|also use|WARNING|Traceback|Error" "$out"/processes_*.log 2>/dev/null | sed -E "s/^[0-9-]+ [0-9:,]+ //" | sort | uniq -c | head -20 \
   >> "$out/summary.txt"
-
-# torch.compile on cuda (reduce-overhead: inductor kernels in CUDA graphs), where time is left:
-# compiling takes tens of seconds per learner. Its rows are read from the log, one JSON line per
-# row as it ends, so that a row cut by the timeout does not lose the ones before it.
-if [ $(( $(date +%s) - start )) -lt 300 ]; then
-  step "bench/learner_speed.py: torch.compile on cuda (SAC and DQN, batch 256; eager and graph rows above)"
-  timeout 150 python3 bench/learner_speed.py --devices cuda --paths compile --learners sac,dqn \
-    --batches 256 --no-acting > /dev/null 2> "$out/learner_speed_compile.log"
-  grep -h '^{"learner"' "$out/learner_speed_compile.log" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    x = json.loads(line)
-    print(f'  {x[\"learner\"]} b{x[\"batch\"]} {x[\"path_asked\"]}->{x[\"path\"]}: {x[\"updates_per_s\"]}/s warmup {x[\"warmup_s\"]} s')
-" >> "$out/summary.txt" 2>&1
-  grep -h "updates run eagerly from now on" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
-fi
 
 # Pong from pixels on the GPU (the Nature CNN: an image network learns and acts on the GPU), where
 # time is left and ale-py came along (EXTRA_WHEELS=ale-py for prepare.sh): the throughput against the

@@ -9,14 +9,16 @@ with the CartPole preset), each device present (cpu; cuda when torch sees one) a
 the learner's own update loop (`run_update_steps`: replay draws on the device, the update on its
 path, metrics left on the device) over a replay of 5,000 synthetic transitions, timed in `--repeats`
 windows of at least `--window` seconds, the device synchronised at both ends of each. Paths: eager
-everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile) with --compile only:
-compiling takes minutes on a small CPU. Prints one JSON object:
+everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile; on cuda its kernels
+captured as one CUDA graph) with --compile or --paths only: compiling takes minutes on a small CPU.
+Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile), with --profile K: profile, the K ops with the most
            self time per update (on the device on cuda)}
-  ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`), and per
+  ratios:  per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
+           compile path's over the graph path's (`compile_vs_graph`, cuda), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`)
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
@@ -183,6 +185,9 @@ def ratios(results: list) -> dict:
         eager = by.get((learner, device, batch, "eager", tf32))
         if path != "eager" and eager:
             out[f"{learner}/{device}{tag}/b{batch}/{path}_vs_eager"] = round(rate / eager, 3)
+        graph = by.get((learner, device, batch, "graph", tf32))
+        if path == "compile" and graph:
+            out[f"{learner}/{device}{tag}/b{batch}/compile_vs_graph"] = round(rate / graph, 3)
         small = by.get((learner, device, 256, path, tf32))
         if batch == 4096 and small:
             out[f"{learner}/{device}{tag}/{path}/b4096_vs_b256"] = round(rate / small, 3)

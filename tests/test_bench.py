@@ -94,3 +94,20 @@ def test_learner_speed_runs_on_the_cpu_and_reports_rates_and_profiles(tmp_path):
         assert r["device"] == "cpu" and r["path"] == "eager" and r["tf32"] is False and r["updates_per_s"] > 0
         assert len(r["profile"]) == 3 and all(p["self_us_per_update"] > 0 for p in r["profile"])
     assert report["targets"] == {}   # the issue's bars are cuda's
+
+
+def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_graph():
+    """The GPU check decides the compile path against the graph path from these ratios, and the
+    batch question from b4096_vs_b256 per path."""
+    from bench.learner_speed import ratios
+    rates = {("eager", 256): 200.0, ("graph", 256): 2000.0, ("compile", 256): 2500.0,
+             ("graph", 4096): 1200.0, ("compile", 4096): 2000.0}
+    rows = [{"learner": "sac", "device": "cuda:0", "batch": b, "path_asked": p, "tf32": True, "updates_per_s": r}
+            for (p, b), r in rates.items()]
+    got = ratios(rows)
+    assert got["sac/cuda:0/tf32/b256/graph_vs_eager"] == 10.0
+    assert got["sac/cuda:0/tf32/b256/compile_vs_graph"] == 1.25
+    assert got["sac/cuda:0/tf32/b4096/compile_vs_graph"] == 1.667
+    assert got["sac/cuda:0/tf32/compile/b4096_vs_b256"] == 0.8
+    assert got["sac/cuda:0/tf32/graph/b4096_vs_b256"] == 0.6
+    assert "sac/cuda:0/tf32/b4096/compile_vs_eager" not in got   # no eager row at 4,096

@@ -36,6 +36,30 @@ def test_adam_steps_equal_torch_fused_adam_bit_for_bit(tensor_lr):
     assert all(p.grad is None for p in ours_net.parameters())
 
 
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_adam_under_torch_compile_runs_the_fused_kernels_arithmetic_as_traceable_ops(tensor_lr, monkeypatch):
+    """Inside a torch.compile'd step the kernel cannot be traced (no fake kernel for its tensor-lr
+    form); the traced form computes the same to float rounding, state included."""
+    fused_net, traced_net = _net(), _net()
+    lr = (lambda: torch.tensor(3e-3)) if tensor_lr else (lambda: 3e-3)
+    fused = optim.Adam(fused_net.parameters(), lr(), eps=1e-5, weight_decay=0.01)
+    traced = optim.Adam(traced_net.parameters(), lr(), eps=1e-5, weight_decay=0.01)
+    kernel = torch._fused_adam_
+    for step in range(12):
+        _grads(fused_net, step)
+        fused.step()
+        _grads(traced_net, step)
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            m.setattr(torch, "_fused_adam_", None)   # the traced form must not call it
+            traced.step()
+        assert torch._fused_adam_ is kernel
+    for a, b in zip(fused_net.parameters(), traced_net.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)   # steps of ~3e-3 each
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(fused.state[a][key], traced.state[b][key], rtol=1e-5, atol=1e-7)
+
+
 def test_a_state_dict_moves_between_this_adam_and_torchs_both_ways():
     nets = [_net() for _ in range(4)]
     ours = optim.Adam(nets[0].parameters(), 1e-2)

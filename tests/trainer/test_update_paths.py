@@ -5,7 +5,8 @@ with one read-back per train() call; a checkpoint written with one optimizer for
 learning rate, as the graph and compile paths keep it) loads into the other; the compile path's
 machinery (a stand-in compiler: torch.compile itself takes minutes on this CPU) equals eager, and
 falls back when compiling fails. The CUDA graph path itself runs only where torch sees a GPU
-(the tests marked `cuda`): equal to eager within float tolerance, checkpoints across paths.
+(the tests marked `cuda`): equal to eager within float tolerance, checkpoints across paths, and
+the compile path's step captured as a graph there.
 """
 import io
 import logging
@@ -269,6 +270,23 @@ def test_compile_path_runs_the_compiled_step_and_equals_eager():
     assert comp.last_metrics["critic_loss"] == pytest.approx(eager.last_metrics["critic_loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_the_whole_update_traces_under_torch_compile_without_falling_back(kind, caplog):
+    """torch.compile with its aot_eager backend: dynamo, AOT autograd and fake tensors, where an op
+    that cannot be traced fails (as the learners' fused Adam with a tensor learning rate did: the
+    compile path had fallen back to eager on every device), without inductor's code generation
+    (minutes on this CPU). 5-11 CPU-s each."""
+    eager, comp = learner(kind), learner(kind, update_path="compile")
+    comp.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
+    for lrn in (eager, comp):
+        fill(lrn)
+        lrn.train(max_updates=5)
+    assert comp.updater.path == "compile", comp.updater.reason
+    assert not [r for r in caplog.records if "eagerly from now on" in r.getMessage()]
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_failing_compile_falls_back_to_eager_says_so_and_loses_no_update(caplog):
     def broken(fn):
         def run(inputs):
@@ -343,6 +361,30 @@ def test_graph_path_refuses_a_wrapped_optimizer_step_and_runs_eagerly(caplog):
     assert any("wrapped optimizer step" in r.getMessage() for r in caplog.records)
 
 
+def test_compile_path_with_a_wrapped_optimizer_step_runs_compiled_without_a_graph(caplog):
+    """On cuda the compile path captures its compiled step as a graph, which a data-parallel
+    group's wrapped step forbids; the compiled step then still runs, launched op by op, and the
+    log says so. The cuda decision is reached on the CPU by calling the graph runner directly."""
+    compiled = []
+    dqn, eager = learner("dqn", update_path="compile"), learner("dqn")
+    dqn.updater._compiler = lambda fn: compiled.append(fn) or fn
+    calls = []
+    real_step = dqn.optimizer.step
+    dqn.optimizer.step = lambda *a, **k: calls.append(1) or real_step(*a, **k)
+    dqn.updater.device = torch.device("cuda")   # only compared: nothing is allocated there
+    assert dqn.updater._captures() and "captured as one CUDA graph" in dqn.updater.describe()
+    for lrn in (dqn, eager):
+        fill(lrn)
+        lrn.train(max_updates=3)
+    assert dqn.updater.path == "compile" and not dqn.updater._captures()
+    assert dqn.updates == 3 and len(calls) == 3 and len(compiled) == 1
+    assert "captured" not in dqn.updater.describe()
+    assert any("compiled updates run without a CUDA graph (a wrapped optimizer step" in r.getMessage()
+               for r in caplog.records)
+    for a, b in zip(weights(eager), weights(dqn)):
+        torch.testing.assert_close(a, b)
+
+
 # ------------------------------------------------------------------ acting placement
 
 def test_acting_device_auto_keeps_small_networks_on_the_cpu_and_sends_large_ones_to_the_learner():
@@ -399,6 +441,28 @@ def test_graph_path_equals_eager_on_cuda(kind):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     for name in graph.METRICS:
         assert graph.last_metrics[name] == pytest.approx(eager.last_metrics[name], rel=1e-3, abs=1e-4), name
+
+
+@cuda
+@pytest.mark.parametrize("kind, real", [("dqn", True), ("sac", False)])
+def test_compile_path_captures_the_compiled_step_as_a_graph_and_equals_eager_on_cuda(kind, real):
+    """The compile path on cuda: inductor's kernels (DQN: the real torch.compile, seconds on a GPU
+    machine; SAC: a stand-in compiler) captured as one CUDA graph by the learner, not by
+    torch.compile's own CUDA graphs (which skip a step that writes its inputs in place)."""
+    compiled = []
+    eager, comp = learner(kind, "cuda", update_path="eager"), learner(kind, "cuda", update_path="compile")
+    if not real:
+        comp.updater._compiler = lambda fn: compiled.append(fn) or fn
+    for lrn in (eager, comp):
+        fill(lrn)
+        lrn.train(max_updates=capture.WARMUP + 20)
+    assert comp.updater.path == "compile", comp.updater.reason
+    assert len(comp.updater._graphs) >= 1 and all(e[1] is not None for e in comp.updater._graphs.values())
+    assert real or len(compiled) == 1
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for name in comp.METRICS:
+        assert comp.last_metrics[name] == pytest.approx(eager.last_metrics[name], rel=1e-3, abs=1e-4), name
 
 
 @cuda

@@ -6,9 +6,13 @@ The config key `update_path` (every learner, COMMON_DEFAULTS):
   "graph"    the whole update (replay gather, losses, backward, optimizer steps, target update,
              metrics) captured once as a torch.cuda.CUDAGraph and replayed: one launch per update.
              cuda only; elsewhere, or when capture fails, eager (the log says why)
-  "compile"  torch.compile(mode="reduce-overhead"): inductor kernels, CUDA graphs on cuda. Slower
-             than "graph" on cuda and no certain win over eager on the CPU, after seconds to
-             minutes of compiling (docs/benchmarks.md), so "auto" never picks it.
+  "compile"  torch.compile: inductor's kernels (fused element-wise work) for the step; on cuda
+             the compiled step is captured as one CUDA graph, as on "graph". Not torch.compile's
+             own CUDA graphs (mode "reduce-overhead"): they skip a step that writes its inputs in
+             place, as every update does (its weights, moments, metrics), which left it 9-13x
+             slower than "graph" on an H200. Compiling costs seconds (cuda) to minutes (this
+             project's 2-core CPU) and won nothing certain on the CPU (docs/benchmarks.md), so
+             "auto" does not pick it.
 
 Why a graph: on a GPU a small-network update is bound by its ~100 kernel launches and by host
 synchronisation, not by arithmetic (an eager update runs as fast at 4,096 rows as at 256; the
@@ -111,6 +115,7 @@ class Updates:
         self.ran = 0              # updates run
         self._graphs: Dict[Hashable, list] = {}   # key -> [eager runs so far, graph, static inputs]
         self._compiled = None
+        self._uncaptured: Optional[str] = None   # why a compiled step on cuda runs without a graph
         self._side: Optional[torch.cuda.Stream] = None
         # cuBLAS's precision around the steps that choose kernels; nothing to switch off cuda
         self._precision = _Precision(tf32) if device.type == "cuda" else contextlib.nullcontext()
@@ -120,6 +125,8 @@ class Updates:
 
     def describe(self) -> str:
         how = {"graph": "as one CUDA graph", "compile": "through torch.compile", "eager": "eagerly"}[self.path]
+        if self.path == "compile" and self._captures():
+            how += ", captured as one CUDA graph"
         return how + (", float32 products on TF32 tensor cores" if self.tf32 else "")
 
     # ---------------------------------------------------------------- running
@@ -129,17 +136,27 @@ class Updates:
         self.latest.copy_(m)
         self.total.add_(m)
 
+    def _captures(self) -> bool:
+        """Whether updates are replayed from CUDA graphs: "graph", and "compile" on cuda."""
+        return self.path == "graph" or (self.path == "compile" and self.device.type == "cuda"
+                                        and self._uncaptured is None)
+
     def run(self, inputs: Inputs, key: Hashable = ()) -> None:
-        if self.path == "graph":
+        if self._captures():
             self._run_graph(inputs, key)
         else:
             with self._precision:
-                if self.path == "compile":
-                    self._run_compiled(inputs)
-                else:
-                    self._body(inputs)
+                self._run_once(inputs)
         self.count += 1
         self.ran += 1
+
+    def _run_once(self, inputs: Inputs) -> None:
+        """One update outside a graph: the compiled step on the compile path (eager from now on if
+        it fails), else the eager step."""
+        if self.path == "compile":
+            self._run_compiled(inputs)
+        else:
+            self._body(inputs)
 
     def _fall_back(self, why: str) -> None:
         log.warning("%s: updates run eagerly from now on (%s)", self.owner, why)
@@ -152,13 +169,17 @@ class Updates:
         self._graphs.clear()
         self._compiled = None
 
-    def _run_compiled(self, inputs: Inputs) -> None:
+    def _compiled_body(self) -> Callable[[Inputs], None]:
         if self._compiled is None:
-            compiler = self._compiler or (lambda fn: torch.compile(
-                fn, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False))
+            # inductor's kernels only: on cuda this class captures the compiled step itself
+            compiler = self._compiler or (lambda fn: torch.compile(fn, mode="default", dynamic=False))
             self._compiled = compiler(self._body)
+        return self._compiled
+
+    def _run_compiled(self, inputs: Inputs) -> None:
+        compiled = self._compiled_body()
         try:
-            self._compiled(inputs)
+            compiled(inputs)
         except Exception as e:   # noqa: BLE001 - an op inductor cannot build: eager still can
             self._fall_back(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
             self._body(inputs)
@@ -176,6 +197,13 @@ class Updates:
         entry = self._graphs.get(full_key)
         if entry is None:
             why = self._hooked()
+            if why is not None and self.path == "compile":
+                # the compiled step still runs, its kernels launched one by one
+                log.warning("%s: compiled updates run without a CUDA graph (%s)", self.owner, why)
+                self._uncaptured = why
+                with self._precision:
+                    self._run_once(inputs)
+                return
             if why is not None:
                 self._fall_back(why)
                 with self._precision:
@@ -195,17 +223,19 @@ class Updates:
 
     def _warm_or_capture(self, entry: list, inputs: Inputs) -> None:
         if entry[0] < WARMUP:
+            # on the compile path the first warm-up compiles (outside any capture)
             with torch.cuda.stream(self._side):
-                self._body(inputs)
+                self._run_once(inputs)
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             entry[0] += 1
             return
         static = {k: v.clone() for k, v in inputs.items()}
+        step = self._compiled_body() if self.path == "compile" else self._body
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: the bridge's threads may run acting passes on this GPU meanwhile
             with torch.cuda.graph(graph, stream=self._side, capture_error_mode="thread_local"):
-                self._body(static)
+                step(static)
         except Exception as e:   # noqa: BLE001 - an op that cannot be captured: eager still runs it
             torch.cuda.synchronize(self.device)
             self._fall_back(f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}")
