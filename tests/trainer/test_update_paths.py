@@ -275,14 +275,49 @@ def test_the_whole_update_traces_under_torch_compile_without_falling_back(kind, 
     """torch.compile with its aot_eager backend: dynamo, AOT autograd and fake tensors, where an op
     that cannot be traced fails (as the learners' fused Adam with a tensor learning rate did: the
     compile path had fallen back to eager on every device), without inductor's code generation
-    (minutes on this CPU). 5-11 CPU-s each."""
+    (minutes on this CPU). 4-6 s each."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()   # versions other tests compiled, which this learner's guards may pass
     eager, comp = learner(kind), learner(kind, update_path="compile")
     comp.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
     for lrn in (eager, comp):
         fill(lrn)
-        lrn.train(max_updates=5)
+        lrn.train(max_updates=3)
+    graphs = counters["stats"]["unique_graphs"]
+    for lrn in (eager, comp):
+        lrn.train(max_updates=4)
+    # the first two updates compile (no gradients, then no optimizer state yet); later ones reuse
+    # them (dropped gradients had recompiled at every update)
+    assert counters["stats"]["unique_graphs"] == graphs
     assert comp.updater.path == "compile", comp.updater.reason
     assert not [r for r in caplog.records if "eagerly from now on" in r.getMessage()]
+    for a, b in zip(weights(eager), weights(comp)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # every learner in a process compiles its own versions of one code object: room for many, and
+    # past it an error (a fall-back the log names), not dynamo's silent eager run
+    import torch._dynamo.config as dynamo_config
+    assert dynamo_config.recompile_limit >= 64 and dynamo_config.fail_on_recompile_limit_hit
+
+
+def test_a_compiled_step_past_dynamos_recompile_limit_falls_back_and_says_so(caplog, monkeypatch):
+    import torch._dynamo.config as dynamo_config
+    real = capture._allow_recompiles
+
+    def then_one(limit: int = 64) -> None:
+        real(limit)
+        dynamo_config.recompile_limit = 1   # a first update without gradients, a second with: two versions
+    monkeypatch.setattr(capture, "_allow_recompiles", then_one)
+    eager, comp = learner("dqn"), learner("dqn", update_path="compile")
+    comp.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
+    torch._dynamo.reset()   # other tests' versions of the same steps, whose guards this learner may pass
+    with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit,   # as they were, after
+                             fail_on_recompile_limit_hit=dynamo_config.fail_on_recompile_limit_hit):
+        for lrn in (eager, comp):
+            fill(lrn)
+            lrn.train(max_updates=5)
+    assert comp.updater.path == "eager" and comp.updates == 5
+    assert any("torch.compile failed" in r.getMessage() and "recompile" in r.getMessage().lower()
+               for r in caplog.records), [r.getMessage()[:300] for r in caplog.records]
     for a, b in zip(weights(eager), weights(comp)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

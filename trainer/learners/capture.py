@@ -171,6 +171,7 @@ class Updates:
 
     def _compiled_body(self) -> Callable[[Inputs], None]:
         if self._compiled is None:
+            _allow_recompiles()
             # inductor's kernels only: on cuda this class captures the compiled step itself
             compiler = self._compiler or (lambda fn: torch.compile(fn, mode="default", dynamic=False))
             self._compiled = compiler(self._body)
@@ -264,6 +265,21 @@ class Updates:
     def clear(self) -> None:
         self.total.zero_()
         self.count = 0
+
+
+def _allow_recompiles(limit: int = 64) -> None:
+    """dynamo keeps at most `recompile_limit` (8) compiled versions of one code object, and every
+    learner in a process compiles `Updates._body` and its step's pieces anew (their guards name the
+    learner's own tensors), about two versions each (the first update has no gradients and no
+    optimizer state yet). Past the limit dynamo runs a piece eagerly without a word: instead the
+    limit is raised, and a piece that still reaches it raises, which the compile path reports as
+    a fall-back to eager."""
+    import torch._dynamo.config as dynamo_config   # only here: a learner that never compiles never imports dynamo
+    if hasattr(dynamo_config, "recompile_limit"):   # torch < 2.6: cache_size_limit, and no fail switch
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
+        dynamo_config.fail_on_recompile_limit_hit = True
+    else:
+        dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, limit)
 
 
 def stack(values: List[torch.Tensor]) -> torch.Tensor:

@@ -41,6 +41,10 @@ class Adam:
         self.state: Dict[torch.Tensor, dict] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        # inside a torch.compile'd step the gradients are zeroed in place, never dropped: the
+        # compiled pieces guard on the gradient tensors, and a new one at every update recompiled
+        # them at every update (until dynamo gave up and ran them eagerly)
+        set_to_none = set_to_none and not _compiling()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
