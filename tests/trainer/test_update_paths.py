@@ -277,6 +277,7 @@ def test_the_whole_update_traces_under_torch_compile_without_falling_back(kind, 
     compile path had fallen back to eager on every device), without inductor's code generation
     (minutes on this CPU). 4-6 s each."""
     from torch._dynamo.utils import counters
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
     torch._dynamo.reset()   # versions other tests compiled, which this learner's guards may pass
     eager, comp = learner(kind), learner(kind, update_path="compile")
     comp.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
@@ -290,6 +291,8 @@ def test_the_whole_update_traces_under_torch_compile_without_falling_back(kind, 
     # them (dropped gradients had recompiled at every update)
     assert counters["stats"]["unique_graphs"] == graphs
     assert comp.updater.path == "compile", comp.updater.reason
+    built = [r.getMessage() for r in caplog.records if "torch.compile built the update in" in r.getMessage()]
+    assert len(built) == 1 and built[0].startswith(type(comp).__name__), built
     assert not [r for r in caplog.records if "eagerly from now on" in r.getMessage()]
     for a, b in zip(weights(eager), weights(comp)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -40,6 +40,7 @@ same draws: results agree to float rounding (tests/trainer/test_update_paths.py)
 """
 import contextlib
 import logging
+import time
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
@@ -178,12 +179,17 @@ class Updates:
         return self._compiled
 
     def _run_compiled(self, inputs: Inputs) -> None:
+        first = self._compiled is None
         compiled = self._compiled_body()
+        started = time.perf_counter()
         try:
             compiled(inputs)
         except Exception as e:   # noqa: BLE001 - an op inductor cannot build: eager still can
             self._fall_back(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
             self._body(inputs)
+            return
+        if first:   # the learner's pause at its first update, said
+            log.info("%s: torch.compile built the update in %.1f s", self.owner, time.perf_counter() - started)
 
     def _hooked(self) -> Optional[str]:
         for opt in self.optimizers:
