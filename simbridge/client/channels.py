@@ -44,6 +44,7 @@ NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's wo
 NO_SOCKET_FILE = "no socket file there (no server has created it, or it stopped)"   # ... for unix:PATH
 STALE_SOCKET = "nothing listens there (a stale socket file: connection refused)"
 CLOSED = (NOTHING_LISTENS, NO_SOCKET_FILE, STALE_SOCKET)   # nothing serves there: its sessions are gone
+TLS_REFUSED = "the server's TLS certificate"   # how each verdict on a server's certificate begins
 
 
 def mark_down(address: str) -> None:
@@ -139,7 +140,7 @@ def connect_any(addresses: List[str], connect_timeout_s: float, fix: Optional[st
                     return a, security.wrap(pending.pop(a))
                 except grpc.FutureTimeoutError:
                     pass
-                why[a], hopeless = diagnose(a, security.uses_tls, tls_ca=security.tls_ca)
+                why[a], hopeless = why_not_ready(a, pending[a], security)
                 if hopeless:
                     ready[a].cancel()
                     close_unwatched(pending.pop(a))
@@ -202,12 +203,14 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
             ready.cancel()
             close_unwatched(channel)
             raise
-        what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
+        what, hopeless = why_not_ready(address, channel, security)
         if hopeless or time.monotonic() >= deadline:
             ready.cancel()
             close_unwatched(channel)
             msg = f"no simbridge trainer at {address}: {what}: {fix}"
-            if security.uses_tls:
+            if what.startswith(TLS_REFUSED):   # a server is there; its certificate is what fails, and `what` says the fix
+                msg = f"this client refuses the server at {address}: {what}"
+            elif security.uses_tls:
                 msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
                         "verify or whose name does not match, fails the same way; see --tls-server-name)")
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, msg) from None
@@ -228,6 +231,40 @@ def say_if_starting(channel: grpc.Channel, address: str) -> None:
     if status == health_pb2.HealthCheckResponse.NOT_SERVING:
         log.warning("the simbridge trainer at %s is still starting (loading torch and its learners): this client "
                     "waits until it serves", address)
+
+
+def why_not_ready(address: str, channel: grpc.Channel, security: ClientSecurity) -> Tuple[str, bool]:
+    """diagnose's answer, and with TLS gRPC's own verdict on the server's name: a certificate
+    that does not hold the name this client checks is refused at every handshake, so waiting for
+    it is hopeless."""
+    what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
+    if security.uses_tls and not hopeless:
+        refused = _name_refused(channel, security.tls_server_name or address.rpartition(":")[0].strip("[]"))
+        if refused:
+            return refused, True
+    return what, hopeless
+
+
+# gRPC's words for a certificate without the checked name: grpc >= 1.5x's hostname verifier, and
+# the older security connector's.
+_NAME_REFUSALS = ("Hostname Verification Check failed", "is not in peer certificate")
+
+
+def _name_refused(channel: grpc.Channel, name: str) -> Optional[str]:
+    """Whether gRPC's last handshake on `channel` refused the server's certificate for its name.
+    A call that does not wait for the channel ends at once with the channel's last error while its
+    connection attempts fail (a channel still connecting answers within 0.2 s, with no verdict).
+    Names follow gRPC's rules (Python's differ: a common-name fallback), so only gRPC judges them."""
+    try:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.2,
+                                                  wait_for_ready=False)
+    except grpc.RpcError as e:
+        said = [part for part in (e.details() or "").split(": ") if any(w in part for w in _NAME_REFUSALS)]
+        if said:
+            return (f"{TLS_REFUSED} does not hold the name {name!r} this client checks (gRPC: "
+                    f"{said[-1].rstrip('.')}): connect by a name the certificate holds, or pass it with "
+                    f"--tls-server-name")
+    return None
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
@@ -292,7 +329,7 @@ def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 
         with ctx.wrap_socket(sock, do_handshake_on_connect=True):
             return None
     except ssl.SSLCertVerificationError as e:
-        return f"the server's TLS certificate is not signed by the CA of --tls-ca ({e.verify_message})"
+        return f"{TLS_REFUSED} is not signed by the CA of --tls-ca ({e.verify_message})"
     except OSError:   # ssl.SSLError and timeouts included: not a verdict on the certificate
         return None
 

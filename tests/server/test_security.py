@@ -98,6 +98,27 @@ def test_wrong_ca_fails_fast_and_names_tls(make_server, pki):
     assert srv.runtime.snapshot()["sessions"] == 0
 
 
+@pytest.mark.parametrize("several", [False, True])
+def test_a_certificate_without_the_checked_name_fails_fast_and_names_it(make_server, pki, several):
+    """gRPC refuses the certificate at every handshake, as it refuses one from another CA; the client
+    used to wait out its whole connect timeout. The verdict is gRPC's own (its name rules), read
+    from the channel's last error. With several addresses, each is judged the same way."""
+    srv = _serve(make_server, pki, tokens=False)
+    sec = ClientSecurity.from_files(tls_ca=pki["ca"], tls_server_name="wrong.example")
+    address = f"127.0.0.1:{_port(srv)}"
+    t0 = time.monotonic()
+    with pytest.raises(BridgeError) as e:
+        _act([address, f"localhost:{_port(srv)}"] if several else address, sec, timeout=30)
+    assert time.monotonic() - t0 < 10, e.value.message
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "TLS certificate does not hold the name 'wrong.example' this client checks" in e.value.message
+    assert "--tls-server-name" in e.value.message
+    if not several:   # a server is there: no "start a trainer"
+        assert e.value.message.startswith(f"this client refuses the server at {address}: "), e.value.message
+        assert "start one" not in e.value.message
+    assert srv.runtime.snapshot()["sessions"] == 0
+
+
 def test_tls_client_waits_for_a_trainer_that_has_bound_but_not_yet_started(pki):
     # The trainer binds its port, writes its run files, then serves: a TLS simulator started in
     # between must wait for it, not give up on the first unanswered handshake.
