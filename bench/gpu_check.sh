@@ -95,8 +95,8 @@ for line in sys.stdin:
     x = json.loads(line)
     print(f'  {x[\"learner\"]} b{x[\"batch\"]} {x[\"path_asked\"]}->{x[\"path\"]}: {x[\"updates_per_s\"]}/s warmup {x[\"warmup_s\"]} s')
 " >> "$out/summary.txt" 2>&1
-python3 -c "import json, sys; print('  ratios', json.load(open(sys.argv[1]))['ratios'])" "$out/learner_speed_compile.json" \
-  >> "$out/summary.txt" 2>&1
+python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print('  ratios', r['ratios']); print('  targets', r['targets'])" \
+  "$out/learner_speed_compile.json" >> "$out/summary.txt" 2>&1
 grep -h -E "updates run eagerly from now on|without a CUDA graph" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
 
 step "bench/learner_speed.py --blas cublaslt: the graph path with cuBLASLt's kernels, for the batch-4,096 question"
