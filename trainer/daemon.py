@@ -374,7 +374,8 @@ class TrainerDaemon:
         self.checkpoint()
 
     def _shutdown(self, server) -> None:
-        print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint",
+        again = f" ({self.stop_reason} again: at once, without it)" if str(self.stop_reason).startswith("SIG") else ""
+        print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint{again}",
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group

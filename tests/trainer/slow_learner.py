@@ -7,9 +7,13 @@ from linear_q_learner import LinearQLearner
 
 
 class SlowLinearQ(LinearQLearner):
-    DEFAULTS = {**LinearQLearner.DEFAULTS, "update_sleep_s": 0.004}
+    """`started_file`: a path it creates as its first update begins (a test's sign that the learner
+    process is inside an update)."""
+    DEFAULTS = {**LinearQLearner.DEFAULTS, "update_sleep_s": 0.004, "started_file": ""}
 
     def update(self, batch):
+        if self.config["started_file"]:
+            open(self.config["started_file"], "a").close()
         time.sleep(self.config["update_sleep_s"])
         return super().update(batch)
 

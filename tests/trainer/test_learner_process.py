@@ -363,3 +363,39 @@ def test_a_learner_process_that_fails_stops_the_trainer_with_its_error(tmp_path)
     assert daemon.poll() == 1, out
     assert "failed (RuntimeError: deliberate failure after 20 updates" in out and "--resume" in out, out
     assert "Traceback" not in out, out
+
+
+def test_a_long_wait_for_a_learner_process_state_is_said(caplog, monkeypatch, tmp_path):
+    """A checkpoint (the stop's included) asks the child for its state, which it sends between its
+    updates: after torch.compile had built the first one (16 s on this CPU), a Ctrl-C'd trainer had
+    said nothing in between. Here the child is inside two updates of 1.5 s when asked."""
+    from slow_learner import SlowLinearQ
+    from simbridge.server.sample_batch import SampleBatch
+    from simbridge.trainer.run import learner_process
+    from simbridge.trainer.run.learner_process import LearnerProcess
+
+    monkeypatch.setattr(learner_process, "STATE_WAIT_SAID_S", 0.5)
+    started = tmp_path / "started"
+    learner = SlowLinearQ(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                          config={"updates_per_step": 1.0, "learning_starts": 0, "batch_size": 2,
+                                  "update_sleep_s": 1.5, "started_file": str(started)}, device="cpu")
+    proc = LearnerProcess("slow", learner)
+    rng = np.random.default_rng(0)
+    n = 2
+    try:
+        proc.add(SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
+                             new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
+                             rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool),
+                             eps_id=np.zeros(n, np.int64), agent_index=np.zeros(n, np.int64), t=np.arange(n),
+                             policy_version=np.zeros(n, np.int64), action_logp=np.full(n, -0.7, np.float32)))
+        deadline = time.monotonic() + 60   # the child's start (importing torch) is all this waits for
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the learner process never began an update"
+        state = proc.state(include_replay=False)
+        assert state["updates"] == n   # sent after the updates in hand
+        said = [r.getMessage() for r in caplog.records if "waiting for its learner process's state" in r.getMessage()]
+        assert said == ["policy 'slow': waiting for its learner process's state, which it sends after the updates "
+                        f"in hand (up to {learner_process.CHUNK})"], said
+    finally:
+        proc.close()

@@ -180,6 +180,9 @@ class Updates:
 
     def _run_compiled(self, inputs: Inputs) -> None:
         first = self._compiled is None
+        if first:   # the learner's pause, said before it (the simulators may wait for it meanwhile)
+            log.info("%s: torch.compile is building the update; updates wait for it (seconds on a GPU, up to a "
+                     "minute on a small CPU)", self.owner)
         compiled = self._compiled_body()
         started = time.perf_counter()
         try:
@@ -188,7 +191,7 @@ class Updates:
             self._fall_back(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
             self._body(inputs)
             return
-        if first:   # the learner's pause at its first update, said
+        if first:
             log.info("%s: torch.compile built the update in %.1f s", self.owner, time.perf_counter() - started)
 
     def _hooked(self) -> Optional[str]:

@@ -45,6 +45,7 @@ from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.learners.replay import ReplayBuffer
 
 log = logging.getLogger("simbridge.trainer")
+STATE_WAIT_SAID_S = 2.0   # a wait for a child's state this long is said (a checkpoint, the stop)
 
 CHUNK = 64          # updates between two weight hand-overs
 _INIT, _ROWS, _STATE_Q, _STOP = b"I", b"R", b"Q", b"X"      # parent -> child
@@ -132,12 +133,22 @@ class LearnerProcess:
     def state(self, include_replay: bool) -> dict:
         """The child's whole state, after every row sent so far (the pipe keeps order)."""
         self._send(_STATE_Q + (b"1" if include_replay else b"0"))
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
+        asked = time.monotonic()
+        said = False
+        while time.monotonic() < asked + 600:
             msg = self._recv(timeout=1.0)
             if msg is not None and self._handle(msg) == _STATE:
                 return self._state
+            if not said and time.monotonic() > asked + STATE_WAIT_SAID_S:
+                said = True
+                log.warning("policy %r: waiting for its learner process's state, which it sends after the "
+                            "updates in hand (up to %d)%s", self.policy_id, CHUNK, self._compiling())
         raise self._died("did not send its state within 600 s")
+
+    def _compiling(self) -> str:
+        if self.learner.update_path == "compile" and self.learner.updates == 0:
+            return ": torch.compile is still building the first (seconds to minutes)"
+        return ""
 
     def close(self, timeout: float = 10.0) -> None:
         if self.proc.is_alive() and self._dead is None:
