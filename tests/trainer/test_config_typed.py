@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from simbridge.trainer.config.trainer_config import CONFIG_DIR, ConfigError, load_config, parse_config, resolve_algorithm
 from simbridge.trainer.config.values import parse_overrides
@@ -110,3 +111,30 @@ def test_cli_refuses_a_bad_value_at_start_up_and_writes_nothing(tmp_path):
     assert "\"cuda:N\"" in out.stderr and not logdir.exists()
     out = _trainer("--logdir", str(logdir), "--set", "run.sed=1")
     assert out.returncode == 2 and "did you mean 'seed'?" in out.stderr, out.stderr
+    if not torch.cuda.is_available():   # a device this machine lacks: said at start, not by a failed learner later
+        out = _trainer("--logdir", str(logdir), "--address", "127.0.0.1:0", "--device", "cuda")
+        assert out.returncode == 2 and "[run] device = 'cuda': torch sees no CUDA device" in out.stderr, out.stderr
+        assert "overridden: server.address, run.logdir, run.device" in out.stderr, out.stderr
+        assert 'use "auto" (the GPU when there is one) or "cpu"' in out.stderr and not logdir.exists()
+
+
+@pytest.mark.parametrize("name, cuda, count, visible, pieces", [
+    ("cuda", None, 0, None, ["torch sees no CUDA device", "is built without CUDA"]),
+    ("cuda", "12.8", 0, "", ["CUDA_VISIBLE_DEVICES hides every GPU"]),
+    ("cuda:0", "12.8", 0, "0", ["no GPU, or no driver for it: nvidia-smi"]),
+    ("cuda:2", "12.8", 2, None, ["torch sees 2 CUDA device(s), cuda:0 to cuda:1"]),
+])
+def test_a_device_torch_cannot_use_is_refused_with_why(monkeypatch, name, cuda, count, visible, pieces):
+    from simbridge.trainer.learners import placement
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(ValueError) as e:
+        placement.pick_device(name)
+    assert str(e.value).startswith(f"device = {name!r}: ") and all(p in str(e.value) for p in pieces), str(e.value)
+    assert placement.pick_device("cpu") == torch.device("cpu")
+    assert placement.pick_device("auto") == torch.device("cuda" if count else "cpu")

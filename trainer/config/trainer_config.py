@@ -127,6 +127,11 @@ class TrainerConfig:
     def trainable(self, policy_id: str) -> bool:
         return policy_id in self.policies_to_train
 
+    @property
+    def where(self) -> str:
+        """How errors name this config: its file, and the keys overridden."""
+        return config_where(self.source, self.overrides)
+
     def section_tables(self) -> Dict[str, Dict[str, Any]]:
         tables = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
         if self.dataset.used:   # so that --resume records and warm-starts as the run did
@@ -155,6 +160,10 @@ def load_config(path=None, overrides: Sequence[Override] = ()) -> TrainerConfig:
     return parse_config(text, str(path), overrides)
 
 
+def config_where(source: str, overrides: Sequence[Override]) -> str:
+    return source if not overrides else f"{source} (overridden: {', '.join(k for k, _ in overrides)})"
+
+
 def parse_config(text: str, source: str = "<config>", overrides: Sequence[Override] = ()) -> TrainerConfig:
     try:
         data = tomllib.loads(text)
@@ -162,7 +171,7 @@ def parse_config(text: str, source: str = "<config>", overrides: Sequence[Overri
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
     overrides = list(overrides)
     apply_overrides(data, overrides)
-    where = source if not overrides else f"{source} (overridden: {', '.join(k for k, _ in overrides)})"
+    where = config_where(source, overrides)
     known_top = {*SECTIONS, "policies", "mapping", "policies_to_train", "dataset"}
     check_table_keys(data, known_top, f"{where}: top level")
     sections = {}

@@ -28,9 +28,30 @@ _thread_state = threading.local()   # pin_torch_threads: per thread
 
 
 def pick_device(name: Optional[str] = None) -> torch.device:
-    if name and name != "auto":
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device `name` names ("auto": cuda when torch sees one, else the CPU). A device this
+    process cannot use is a ValueError that says why, at once: a learner built there failed later,
+    in its learner process, with torch's own words, once the first simulator had connected."""
+    if not name or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device = {name!r}: torch sees no CUDA device ({_why_no_cuda()}): use \"auto\" (the "
+                             f"GPU when there is one) or \"cpu\"")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device = {name!r}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device = {name!r}: torch sees no MPS device (Apple silicon's GPU): use \"auto\" or \"cpu\"")
+    return device
+
+
+def _why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return f"this torch, {torch.__version__}, is built without CUDA"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return "CUDA_VISIBLE_DEVICES hides every GPU"
+    return "no GPU, or no driver for it: nvidia-smi lists what the driver sees"
 
 
 def pin_torch_threads() -> None:

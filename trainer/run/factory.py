@@ -13,6 +13,7 @@ from simbridge.server.mapping import pattern_mapping
 from simbridge.server.policies import Policy, RandomPolicy
 from simbridge.trainer.config.trainer_config import TrainerConfig
 from simbridge.trainer.config.algorithms import resolve_algorithm
+from simbridge.trainer.config.values import ConfigError
 from simbridge.trainer.learners import placement
 from simbridge.trainer.learners.base import Learner, trains
 from simbridge.trainer.run.learner_process import refuse_in_learner_bootstrap
@@ -31,6 +32,10 @@ class PolicyFactory:
         refuse_in_learner_bootstrap()
         self.cfg = cfg
         self.classes = {pid: resolve_algorithm(spec, cfg.source, cfg.overrides) for pid, spec in cfg.policies.items()}
+        try:   # before serving: a device this process cannot use fails the start, not the first learner
+            placement.pick_device(cfg.run.device)
+        except ValueError as e:
+            raise ConfigError(f"{cfg.where}: [run] {e}") from None
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
