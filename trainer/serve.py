@@ -28,7 +28,7 @@ import torch
 
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.trainer.run import checkpoint
-from simbridge.trainer.learners import export
+from simbridge.trainer.learners import export, placement
 from simbridge.trainer.config.trainer_config import ConfigError, TrainerConfig, load_config
 from simbridge.trainer.run.factory import PolicyFactory
 from simbridge.trainer.run.rundir import CHECKPOINT, SAVED_CONFIG
@@ -48,6 +48,10 @@ def frozen_config(ckpt_dir: Path) -> TrainerConfig:
                           f"each policy is; copy the run's config there")
     cfg = load_config(ckpt_dir / SAVED_CONFIG)
     cfg.policies_to_train = []
+    try:   # trained on a GPU, served or exported where there is none: nothing here needs that device
+        placement.pick_device(cfg.run.device)
+    except ValueError:
+        cfg.run.device = "auto"
     cfg.dataset.warm_start = {}   # nothing learns here; [dataset] record still records what is served
     return cfg
 

@@ -81,6 +81,18 @@ def test_export_writes_the_onnx_model_equal_to_torch(tmp_path, algorithm, capsys
             np.testing.assert_allclose(greedy, learner.compute_actions(obs, explore=False).actions, atol=1e-5)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no CUDA device")
+def test_a_run_trained_on_a_gpu_exports_where_there_is_none(tmp_path, capsys):
+    """The run's config says [run] device = "cuda" (trained on a GPU machine); export and serve on a
+    machine without one pick "auto": nothing they do needs the training device."""
+    run, _ = _run_dir(tmp_path, DQNLearner, CARTPOLE, "dqn")
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(text.replace("[run]\n", '[run]\ndevice = "cuda"\n'))
+    assert 'device = "cuda"' in (run / "config.toml").read_text()
+    assert cli.main(["export", "--checkpoint", str(run), "--onnx", str(tmp_path / "x.onnx")]) == 0
+    assert '"ok": true' in capsys.readouterr().out
+
+
 def test_export_errors_name_the_fix(tmp_path, capsys):
     assert cli.main(["export", "--checkpoint", str(tmp_path / "none"), "--onnx", str(tmp_path / "x.onnx")]) == 2
     assert "no checkpoint.pt there" in capsys.readouterr().err
