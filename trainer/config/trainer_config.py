@@ -161,7 +161,7 @@ def load_config(path=None, overrides: Sequence[Override] = ()) -> TrainerConfig:
 
 
 def config_where(source: str, overrides: Sequence[Override]) -> str:
-    return source if not overrides else f"{source} (overridden: {', '.join(k for k, _ in overrides)})"
+    return source if not overrides else f"{source} (overridden: {', '.join(dict.fromkeys(k for k, _ in overrides))})"
 
 
 def parse_config(text: str, source: str = "<config>", overrides: Sequence[Override] = ()) -> TrainerConfig:

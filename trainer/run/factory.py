@@ -35,7 +35,7 @@ class PolicyFactory:
         try:   # before serving: a device this process cannot use fails the start, not the first learner
             placement.pick_device(cfg.run.device)
         except ValueError as e:
-            raise ConfigError(f"{cfg.where}: [run] {e}") from None
+            raise ConfigError(f"{cfg.where}: [run] {e} (the command line's --device)") from None
         # A learner seeds torch's global generator, then draws its initial weights from it:
         # two built at once would interleave those draws and break the run's seeding.
         self._build_lock = threading.Lock()
