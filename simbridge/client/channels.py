@@ -239,7 +239,8 @@ def why_not_ready(address: str, channel: grpc.Channel, security: ClientSecurity)
     it is hopeless."""
     what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
     if security.uses_tls and not hopeless:
-        refused = _name_refused(channel, security.tls_server_name or address.rpartition(":")[0].strip("[]"))
+        host = "localhost" if is_unix(address) else address.rpartition(":")[0].strip("[]")   # gRPC's default names
+        refused = _name_refused(channel, security.tls_server_name or host)
         if refused:
             return refused, True
     return what, hopeless
