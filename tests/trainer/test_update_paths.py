@@ -557,12 +557,14 @@ def test_a_graph_checkpoint_loads_on_the_cpu_and_a_cpu_one_on_the_graph_path(kin
 
 
 @pytest.mark.parametrize("acting, built_on", [("auto", "cpu"), ("cpu", "cpu")])
-def test_the_daemons_copy_of_a_gpu_learner_with_a_learner_process_is_built_on_the_cpu(acting, built_on):
+def test_the_daemons_copy_of_a_gpu_learner_with_a_learner_process_is_built_on_the_cpu(acting, built_on, monkeypatch):
     """[run] device "cuda" with a learner process: the daemon's copy only acts, on the CPU for a small
     network, so nothing in the daemon touches the GPU (no second CUDA context); its learner process
-    is told to train on cuda. Runs without a GPU: nothing here allocates on cuda."""
+    is told to train on cuda. Runs without a GPU: nothing here allocates on cuda (torch is told it
+    has one, so that the factory accepts the device)."""
     from simbridge.trainer.config.trainer_config import load_config
     from simbridge.trainer.run.factory import PolicyFactory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = load_config(overrides=[("run.device", "cuda"), ("run.acting_device", acting), ("run.learner_process", True)])
     policy = PolicyFactory(cfg).build("default_policy", CARTPOLE.observation_space, CARTPOLE.action_space)
     assert policy.device.type == built_on and policy.acting_device.type == "cpu"
