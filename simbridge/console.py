@@ -17,10 +17,17 @@ checkpoints; the console only shows it.
 `on_hangup` is the other way a terminal goes: closed, it sends SIGHUP, whose default ends a process
 at once (no final checkpoint, episodes left open, and the demo's children, sessions of their own,
 running on). The programs take it as SIGTERM, unless it is ignored, as under nohup.
+
+`StopEvent` is the event a stop signal's handler sets. Python runs a signal handler in the main
+thread between two bytecodes, also while that thread is inside `threading.Event.wait` holding the
+event's own lock (when the signal was delivered to another thread, the main thread takes it there,
+just after its wait times out): the handler's `set()` then waited for that lock forever. Seen once:
+`simbridge-server` ran on after SIGHUP in a fresh clone's test run.
 """
 import os
 import signal
 import threading
+import time
 from typing import Callable, Optional, TextIO
 
 
@@ -85,3 +92,25 @@ def _same_file(fd: int, st: os.stat_result) -> bool:
     except OSError:
         return False
     return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
+class StopEvent(threading.Event):
+    """A threading.Event that a signal handler may set while the main thread waits on it or sets
+    it: its lock is reentrant (no deadlock when the handler runs inside `wait`), and `wait` looks
+    at the flag at least every SLICE_S (a handler run between `wait`'s look at the flag and its
+    sleep would otherwise go unnoticed until the timeout)."""
+
+    SLICE_S = 0.25
+
+    def __init__(self):
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self.SLICE_S if deadline is None else min(self.SLICE_S, deadline - time.monotonic())
+            if super().wait(max(0.0, left)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False

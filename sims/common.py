@@ -14,7 +14,7 @@ import numpy as np
 from simbridge.client.stopping import Stopped, stop_waiting
 from simbridge.client.policy_client import SessionLost
 from simbridge.client.security import ClientSecurity, SecuritySettingError
-from simbridge.console import Console, on_hangup
+from simbridge.console import Console, StopEvent, on_hangup
 from simbridge.wire.errors import BridgeError, Reason
 
 
@@ -68,7 +68,7 @@ class StopFlag:
     """
 
     def __init__(self):
-        self._event = threading.Event()
+        self._event = StopEvent()   # set by the signal handlers: simbridge/console.py
         self.signal_name: Optional[str] = None
 
     def install(self) -> "StopFlag":

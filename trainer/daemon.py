@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from simbridge.console import Console
+from simbridge.console import Console, StopEvent
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.dataset import DatasetConfigError
@@ -59,7 +59,7 @@ class TrainerDaemon:
         self.logdir = Path(cfg.run.logdir)
         self.resume = resume
         self.started_as = "fresh run"   # the listening line's words for a start that is not a resume (serve: its own)
-        self.stop_event = threading.Event()
+        self.stop_event = StopEvent()   # request_stop runs in signal handlers: simbridge/console.py
         self.serving = threading.Event()   # set once bound and serving on self.address
         self.address = ""
         self.stop_reason = ""

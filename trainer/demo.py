@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from simbridge.console import Console, on_hangup
+from simbridge.console import Console, StopEvent, on_hangup
 from simbridge.trainer.run.launch import Proc, python_module, start_server
 from simbridge.wire.columns import DEFAULT_POLICY
 
@@ -140,7 +140,7 @@ def _main(argv=None) -> int:
     logdir = Path(args.logdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
     console = _Console()
-    stopping = threading.Event()
+    stopping = StopEvent()   # set by the signal handler and the main thread: simbridge/console.py
 
     signalled = []
 

@@ -13,10 +13,11 @@ import weakref
 
 import grpc
 
+from simbridge.console import StopEvent
 from simbridge.wire.errors import BridgeError
 
 STOP_GRACE_S = 0.5
-_stopping = threading.Event()
+_stopping = StopEvent()   # set from a signal handler (StopFlag): simbridge/console.py
 _watched: "weakref.WeakSet" = weakref.WeakSet()   # objects with give_up_wait(cutoff): connections
 
 

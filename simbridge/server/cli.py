@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from simbridge.console import Console, on_hangup
+from simbridge.console import Console, StopEvent, on_hangup
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     except RuntimeError as e:
         print(f"simbridge-server: error: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop = StopEvent()   # set by signal handlers: simbridge/console.py
     threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     on_hangup(lambda *_: stop.set())
