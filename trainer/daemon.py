@@ -374,7 +374,7 @@ class TrainerDaemon:
         self.checkpoint()
 
     def _shutdown(self, server) -> None:
-        again = f" ({self.stop_reason} again: at once, without it)" if str(self.stop_reason).startswith("SIG") else ""
+        again = " (Ctrl-C again: at once, without it)" if self.stop_reason == "SIGINT" else ""   # a user's, at a terminal
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint{again}",
               file=self.out, flush=True)
         self.loop.drain_while(lambda: server.stop(grace=0.5))

@@ -434,7 +434,7 @@ def test_a_second_ctrl_c_while_the_trainer_stops_ends_it_and_its_learner_process
         trainer.wait_output()
         assert code == 130 and any("interrupted again" in x for x in trainer.lines), (code, list(trainer.lines))
         # the first stop's line said how to cut it short
-        assert any("writing the checkpoint (SIGINT again: at once, without it)" in x for x in trainer.lines)
+        assert any("writing the checkpoint (Ctrl-C again: at once, without it)" in x for x in trainer.lines)
         assert learners and not [p for p in learners if _running(p)], "its learner processes were left running"
     finally:
         kill(trainer, sim)
