@@ -51,6 +51,17 @@ class _Console:
     def say(self, msg: str) -> None:
         self._print(f"demo: {msg}")
 
+    def say_from_a_signal_handler(self, msg: str) -> None:
+        """One write to the descriptor, no lock: the handler runs in the main thread, which may be
+        inside `_print` holding the lock (a second Ctrl-C then hung the demo) or inside the
+        stream's own write (a reentrant write raises)."""
+        if self._out.gone:
+            return
+        try:
+            os.write(self._out.stream.fileno(), f"demo: {msg}\n".encode())
+        except (OSError, ValueError):
+            pass   # nobody reading, or no descriptor: nothing to say
+
     def _print(self, text: str) -> None:
         with self._lock:
             print(text, file=self._out, flush=True)
@@ -148,7 +159,7 @@ def _main(argv=None) -> int:
         # Ctrl-C reaches the demo only (its children have sessions of their own): the first one
         # stops the run in order, the trainer writing its checkpoint; later ones only say so.
         if stopping.is_set():
-            console.say("still stopping (the trainer writes its checkpoint) ...")
+            console.say_from_a_signal_handler("still stopping (the trainer writes its checkpoint) ...")
             return
         stopping.set()
         signalled.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)

@@ -360,6 +360,27 @@ def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path,
 
 @NEEDS_ENV_SIGNALS
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_demos_still_stopping_line_from_its_signal_handler_takes_no_lock(monkeypatch):
+    """A second Ctrl-C while the demo stops says "still stopping". Its handler runs in the main
+    thread, which may be inside the console's print holding its lock: through that print, the
+    handler waited for the lock forever (the demo hung). It writes to the descriptor instead."""
+    import sys
+    from simbridge.trainer import demo
+    r, w = os.pipe()
+    os.set_blocking(r, False)   # a line not written fails the read below instead of waiting
+    monkeypatch.setattr(sys, "stdout", os.fdopen(w, "w"))
+    console = demo._Console()
+
+    def handler_inside_print():   # the main thread holding the lock, where the handler runs
+        with console._lock:
+            console.say_from_a_signal_handler("still stopping")
+    t = threading.Thread(target=handler_inside_print, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the handler's line waited for the lock its own thread held"
+    assert os.read(r, 100) == b"demo: still stopping\n"
+
+
 def test_sighup_to_the_demo_stops_its_trainer_and_simulators(tmp_path):
     """`python -m simbridge.trainer.demo` at a terminal that closes: the shell's SIGHUP killed the demo
     at once, and its trainer and simulators (sessions of their own, so no SIGHUP for them) ran on.
