@@ -183,10 +183,9 @@ class Updates:
         if first:   # the learner's pause, said before it (the simulators may wait for it meanwhile)
             log.info("%s: torch.compile is building the update; updates wait for it (seconds on a GPU, up to a "
                      "minute on a small CPU)", self.owner)
-        compiled = self._compiled_body()
         started = time.perf_counter()
         try:
-            compiled(inputs)
+            self._compiled_body()(inputs)
         except Exception as e:   # noqa: BLE001 - an op inductor cannot build: eager still can
             self._fall_back(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
             self._body(inputs)
@@ -284,11 +283,10 @@ def _allow_recompiles(limit: int = 64) -> None:
     limit is raised, and a piece that still reaches it raises, which the compile path reports as
     a fall-back to eager."""
     import torch._dynamo.config as dynamo_config   # only here: a learner that never compiles never imports dynamo
-    if hasattr(dynamo_config, "recompile_limit"):   # torch < 2.6: cache_size_limit, and no fail switch
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"   # torch < 2.6
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
         dynamo_config.fail_on_recompile_limit_hit = True
-    else:
-        dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, limit)
 
 
 def stack(values: List[torch.Tensor]) -> torch.Tensor:
