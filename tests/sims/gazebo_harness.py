@@ -220,11 +220,46 @@ class World:
             self._out.flush()
 
     def stop(self, timeout: float = 60.0) -> Optional[int]:
-        """SIGINT: gz-sim stops its loop and unloads its systems (the plugin logs its summary)."""
+        """gz-sim's own stop (its /server_control service, `stop: true`): it stops its loop and unloads
+        its systems, so the plugin logs its summary. Not SIGINT: gz-common 5's signal handler logs
+        through the logger's lock, and a SIGINT that lands while gz writes a log line (at every world
+        reset, UserCommands advertises its ~30 services again) hung gz for good (gdb: the main thread,
+        interrupted inside FileLogger::Buffer::sync, waiting in the handler for the lock it held).
+        A world still running after `timeout` gets its threads' stacks written into its log (gdb,
+        where there is one), then SIGKILL."""
         try:
-            return stop_process(self.proc, signal.SIGINT, timeout)
+            if self.proc.poll() is None:
+                self._request_stop()
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self._write_stacks()
+            return stop_process(self.proc, signal.SIGKILL, 30)
         finally:
             self._out.close()
+
+    def _request_stop(self) -> None:
+        gz = str(Path(self.env["PATH"].split(os.pathsep)[0]) / "gz")
+        try:
+            out = subprocess.run([gz, "service", "-s", "/server_control", "--reqtype", "gz.msgs.ServerControl",
+                                  "--reptype", "gz.msgs.Boolean", "--timeout", "5000", "--req", "stop: true"],
+                                 env=self.env, capture_output=True, text=True, timeout=60)
+            said = f"rc {out.returncode}: {(out.stdout + out.stderr).strip()[-300:]}"
+        except subprocess.TimeoutExpired:
+            said = "no answer within 60 s"
+        self._out.write(f"\n[harness] asked gz sim to stop (/server_control stop: true): {said}\n".encode())
+        self._out.flush()
+
+    def _write_stacks(self) -> None:
+        self._out.write(f"\n[harness] gz sim still running {self.proc.pid} after its stop; its threads:\n".encode())
+        self._out.flush()
+        if shutil.which("gdb"):
+            try:
+                subprocess.run(["gdb", "-p", str(self.proc.pid), "-batch", "-ex", "thread apply all bt 30"],
+                               stdout=self._out, stderr=subprocess.STDOUT, timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        self._out.flush()
 
 
 def configure_and_build(prefix: Path, build: Path, timeout: float = 900.0, sdk: Optional[Path] = None) -> dict:
