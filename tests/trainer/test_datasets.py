@@ -131,12 +131,12 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
         keep_replay_in_checkpoint = true
         [policies.default_policy]
         algorithm = "dqn"
-        config = {{ learning_starts = 500, updates_per_step = 0.5, batch_size = 64, hidden = [64, 64], lr = 1e-3, n_step = 3, gamma = 0.98 }}
+        config = {{ learning_starts = 500, updates_per_step = 1.0, batch_size = 64, hidden = [64, 64], lr = 1e-3, n_step = 3, gamma = 0.98 }}
     """)
     dataset_dir = root / dataset_id("default_policy")
     daemon = start_trainer(cfg, "--warm-start", f"default_policy={dataset_dir}", name="offline")
     address = daemon.address
-    due = int((steps - 500) * 0.5)
+    due = int((steps - 500) * 1.0)
     evaluator = None
     try:
         wait(lambda: any(r["updates"].get("default_policy", 0) >= due for r in metrics(logdir2)), 180,
@@ -153,8 +153,10 @@ def test_record_then_learn_offline_from_the_dataset(tmp_path):
     assert f"warm start of default_policy: {steps:,} transitions ({episodes} episodes)" in out
     print(json.dumps({"dataset_episodes": episodes, "dataset_steps": steps, "updates": due,
                       "eval_return_mean": ev["return_mean"]}))
-    # The random policy's mean return on CartPole is ~22, the scripted data's ~170; this config
-    # learned 193-500 from one such dataset over 7 learner seeds in-process, 187-471 in this test.
+    # The random policy's mean return on CartPole is ~22, the scripted data's ~170. With half an
+    # update per dataset row this test's evaluations ranged 110-500 over 18 runs (27 Nov; 2 below
+    # the bound, 5 below 250: the dataset's make-up varies with the simulators' interleaving); with
+    # one update per row 217-500 over 8 runs.
     assert ev["return_mean"] >= 120, (ev, out)
     state = load_checkpoint(logdir2 / "checkpoint.pt")["policies"]["default_policy"]["state"]
     assert state["agent_steps"] == steps and state["replay"]["size"] == steps
