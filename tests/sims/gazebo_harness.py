@@ -188,8 +188,8 @@ class World:
         self.log = Path(log)
         # stdbuf -oL: gz's console writes through stdio, block-buffered into a file; line-buffered, the
         # log holds every line up to the process's end, however it ends
-        cmd = (["stdbuf", "-oL"] if shutil.which("stdbuf") else []) + [
-            str(prefix / "bin" / "gz"), "sim", "-s", "-r", "-v", str(verbosity)]
+        self.gz = str(prefix / "bin" / "gz")
+        cmd = (["stdbuf", "-oL"] if shutil.which("stdbuf") else []) + [self.gz, "sim", "-s", "-r", "-v", str(verbosity)]
         if iterations is not None:
             cmd += ["--iterations", str(iterations)]
         cmd.append(str(world))
@@ -239,9 +239,8 @@ class World:
             self._out.close()
 
     def _request_stop(self) -> None:
-        gz = str(Path(self.env["PATH"].split(os.pathsep)[0]) / "gz")
         try:
-            out = subprocess.run([gz, "service", "-s", "/server_control", "--reqtype", "gz.msgs.ServerControl",
+            out = subprocess.run([self.gz, "service", "-s", "/server_control", "--reqtype", "gz.msgs.ServerControl",
                                   "--reptype", "gz.msgs.Boolean", "--timeout", "5000", "--req", "stop: true"],
                                  env=self.env, capture_output=True, text=True, timeout=60)
             said = f"rc {out.returncode}: {(out.stdout + out.stderr).strip()[-300:]}"

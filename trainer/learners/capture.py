@@ -206,17 +206,14 @@ class Updates:
         entry = self._graphs.get(full_key)
         if entry is None:
             why = self._hooked()
-            if why is not None and self.path == "compile":
-                # the compiled step still runs, its kernels launched one by one
-                log.warning("%s: compiled updates run without a CUDA graph (%s)", self.owner, why)
-                self._uncaptured = why
+            if why is not None:
+                if self.path == "compile":   # the compiled step still runs, its kernels launched one by one
+                    log.warning("%s: compiled updates run without a CUDA graph (%s)", self.owner, why)
+                    self._uncaptured = why
+                else:
+                    self._fall_back(why)
                 with self._precision:
                     self._run_once(inputs)
-                return
-            if why is not None:
-                self._fall_back(why)
-                with self._precision:
-                    self._body(inputs)
                 return
             entry = self._graphs[full_key] = [0, None, None]
         if entry[1] is not None:
