@@ -4,7 +4,9 @@ CallGate counts open calls (a Stream is one for as long as it is open), server-w
 client identity (security.py). A call beyond either cap is refused at once with
 RESOURCE_EXHAUSTED / TOO_MANY_CALLS instead of waiting for a thread: one client's idle
 streams can fill its own share, never the server. The gRPC thread pool is sized above the
-server-wide cap, so an admitted call never queues behind others.
+server-wide cap, so an admitted call never queues behind others. At a stop the gate closes:
+gRPC's own stop returns while handlers still run (it cancels their calls, it cannot end their
+threads), so the server waits here for them before its owner takes its last counts.
 
 NoticeLog logs a repeated event (undecodable requests, refused tokens) once per client per
 interval, with how many there were since, instead of once per request.
@@ -15,7 +17,7 @@ import threading
 import time
 from typing import Dict, Tuple
 
-from simbridge.wire.errors import Reason, resource_exhausted
+from simbridge.wire.errors import Reason, resource_exhausted, unavailable
 
 
 class CallGate:
@@ -23,12 +25,17 @@ class CallGate:
         self.max_calls = max_calls
         self.max_per_client = max_per_client
         self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)
         self._open = 0
+        self._closed = False
         self._by_client: Dict[str, int] = collections.Counter()
 
     def enter(self, client: str) -> None:
-        """Admit one call of `client`, or raise TOO_MANY_CALLS; admitted calls must `leave`."""
+        """Admit one call of `client`, or raise TOO_MANY_CALLS (SERVER_UNAVAILABLE once closed);
+        admitted calls must `leave`."""
         with self._lock:
+            if self._closed:
+                raise unavailable("the server is stopping: retry (a restarted trainer takes the call)")
             if self._open >= self.max_calls:
                 raise resource_exhausted(
                     f"the server is serving its maximum of {self.max_calls} calls at once: retry later",
@@ -49,9 +56,21 @@ class CallGate:
                 self._by_client[client] = left
             else:
                 del self._by_client[client]   # the table holds clients with open calls only
+            if not self._open:
+                self._left.notify_all()
 
     def open_calls(self) -> int:
         return self._open
+
+    def close(self, timeout_s: float) -> int:
+        """Admit no more calls and wait up to `timeout_s` for the open ones to leave; the number
+        still open then (a handler stuck past the bound is left to run, and said by the caller)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._closed = True
+            while self._open and time.monotonic() < deadline:
+                self._left.wait(min(0.25, max(0.0, deadline - time.monotonic())))
+            return self._open
 
 
 class NoticeLog:

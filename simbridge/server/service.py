@@ -221,6 +221,8 @@ def _internal(method: str, e: Exception) -> BridgeError:
                        Reason.SERVER_FAILURE)
 
 
+HANDLERS_WAIT_S = 5.0   # what a stop waits for handlers still running (each returns within ms once cancelled)
+
 _HEALTH_SERVICES = ("", "simbridge.v1.ExternalEnv", "simbridge.v1.ExternalMultiAgentEnv")
 
 
@@ -332,6 +334,12 @@ class BridgeServer:
         # now (a bare server): it keeps its batch aside instead of holding its thread forever,
         # which would also hold the process at exit (concurrent.futures joins its workers).
         self.runtime.experience.close()
+        # gRPC's stop cancels the calls but returns while their handlers still run: one could
+        # commit a step after the owner's final counts (a trainer's last checkpoint). Wait for them.
+        left = self.gate.close(HANDLERS_WAIT_S)
+        if left:
+            log.warning("%d call(s) still running %.0f s after the server stopped: steps they commit now "
+                        "miss the final counts", left, HANDLERS_WAIT_S)
         if self._shm is not None:
             self._shm.join()
 
