@@ -11,7 +11,6 @@ passes run outside it (batched across callers by DynamicBatcher), policies are
 created outside it (PolicyRegistry.ensure), and handing finished batches to
 the ExperienceQueue (which may block) happens outside it.
 """
-import itertools
 import threading
 from typing import Callable, List
 
@@ -35,7 +34,8 @@ class ServerContext:
         self.experience = experience
         self.metrics = Metrics()
         self.episode_end_callbacks = episode_end_callbacks
-        self._episode_numbers = itertools.count(1)
+        self._next_eps = 1
+        self._eps_lock = threading.Lock()   # its own: slot banks number episodes without `lock`
         self.journal = None
         # Batches completed by a settle that are still on their way into the queue.
         self._settling = 0
@@ -43,17 +43,21 @@ class ServerContext:
 
     def next_eps_id(self) -> int:
         """A server-wide unique episode number (the eps_id column). Thread-safe."""
-        return next(self._episode_numbers)
+        with self._eps_lock:
+            n = self._next_eps
+            self._next_eps = n + 1
+            return n
 
     def next_episode_number(self) -> int:
-        """Lock held. The number next_eps_id() gives next (a checkpoint keeps it)."""
-        n = next(self._episode_numbers)
-        self._episode_numbers = itertools.count(n)
-        return n
+        """The number next_eps_id() gives next (a checkpoint keeps it). It only looks: taking the
+        number and putting it back raced with a caller outside `lock`, which then shared an eps_id."""
+        with self._eps_lock:
+            return self._next_eps
 
     def start_episode_numbers(self, n: int) -> None:
         """Before serving: episode numbers continue from n (a resumed run's)."""
-        self._episode_numbers = itertools.count(max(1, n))
+        with self._eps_lock:
+            self._next_eps = max(1, n)
 
     def set_journal(self, journal) -> None:
         """Before serving. journal: add_rows(policy, columns, n), add_row(policy, row),
