@@ -10,7 +10,14 @@ Locking: `lock` guards sessions, episodes and the collector; policy forward
 passes run outside it (batched across callers by DynamicBatcher), policies are
 created outside it (PolicyRegistry.ensure), and handing finished batches to
 the ExperienceQueue (which may block) happens outside it.
+
+Hand-over order: a batch the collector completes is queued for the learner in the order it was
+completed (under `lock`), whichever call's thread puts it. An episode's rows span consecutive
+batches, and the consumers that read a trajectory across batches (n-step returns, a recorded
+dataset) need its rows in order; two threads putting their own batches after leaving the lock
+could swap them, most of all while the queue holds intake back.
 """
+import collections
 import threading
 from typing import Callable, List
 
@@ -37,6 +44,10 @@ class ServerContext:
         self._next_eps = 1
         self._eps_lock = threading.Lock()   # its own: slot banks number episodes without `lock`
         self.journal = None
+        # Batches completed (under `lock`, in that order) and not yet in the queue; put in order
+        # by whichever thread holds `_handing_over`.
+        self._completed: "collections.deque" = collections.deque()
+        self._handing_over = threading.Lock()
         # Batches completed by a settle that are still on their way into the queue.
         self._settling = 0
         self._settled = threading.Condition()
@@ -76,13 +87,25 @@ class ServerContext:
     def file_summary(self, summary: EpisodeSummary) -> None:
         self.file_summaries((summary,))
 
+    def ready(self, flush: bool = False):
+        """Lock held. The collector's completed batch (every row it holds with `flush`), or None;
+        a batch is in line for the queue from now on, and the caller must `deliver` it."""
+        batch = self.collector.flush() if flush else self.collector.ready()
+        if batch is not None:
+            self._completed.append(batch)
+        return batch
+
     def deliver(self, batch) -> None:
-        """Lock NOT held: the queue may block (backpressure, never a drop)."""
+        """Lock NOT held: the queue may block (backpressure, never a drop). Returns once `batch`
+        (from `ready`) and every batch completed before it are in the queue."""
         if self.journal is not None:   # the call that delivers is applied: on record first
             with self.lock:
                 self.committed()
-        if batch is not None:
-            self.experience.put(batch)
+        if batch is None:
+            return
+        with self._handing_over:   # one thread puts at a time, in completion order
+            while self._completed:
+                self.experience.put(self._completed.popleft())
 
     # A streamed GetAction or Step is answered as soon as it is validated and acted on; the
     # bookkeeping (transitions, rewards, ended episodes, the hand-over to the learner) is left in
@@ -97,7 +120,7 @@ class ServerContext:
             if not session.settle():
                 return
             self.committed()
-            batch = self.collector.ready()
+            batch = self.ready()
             if batch is None:
                 return
             self._settling += 1

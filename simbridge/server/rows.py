@@ -142,7 +142,7 @@ class RowCalls:
             stepped = set()
             for p in parts:
                 self.transitions.act(p, p.actions, None, [-1] * p.n, stepped)  # version -1: the simulator's own choice
-            batch = self.ctx.collector.ready()
+            batch = self.ctx.ready()
         self.ctx.deliver(batch)
         return pb.LogActionResponse()
 
@@ -155,7 +155,7 @@ class RowCalls:
             self.transitions.apply_returns(s, plans)
             for em in req.custom_metrics:
                 s.episodes[em.episode_id].custom_metrics.update(em.values)
-            batch = self.ctx.collector.ready()
+            batch = self.ctx.ready()
         self.ctx.deliver(batch)
         return pb.LogReturnsResponse()
 
@@ -199,7 +199,7 @@ class RowCalls:
             if starts:
                 training = req.start_training_enabled if req.HasField("start_training_enabled") else True
                 self.transitions.open_episodes(s, starts, training, req.start_evaluation)
-            batch = self.ctx.collector.ready()
+            batch = self.ctx.ready()
         self.ctx.deliver(batch)
         return pb.EndEpisodeResponse()
 

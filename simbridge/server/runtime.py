@@ -194,7 +194,7 @@ class BridgeRuntime:
             ended = self.rows.end_all(s, reason)
             self.slots.close_bank(s, reason)
             self.sessions.remove(s)
-            batch = self.collector.ready()
+            batch = self.ctx.ready()
         self.ctx.deliver(batch)
         return pb.CloseSessionResponse(truncated_episode_ids=ended)
 
@@ -285,7 +285,7 @@ class BridgeRuntime:
             for s in self.sessions.all():
                 s.settle()
                 self.slots.hand_over(s)
-            batch = self.collector.flush()
+            batch = self.ctx.ready(flush=True)
         self.ctx.deliver(batch)
         self.settle_all()
 

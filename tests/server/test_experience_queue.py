@@ -83,3 +83,40 @@ def test_rows_admitted_counts_each_policys_rows_before_they_queue_and_a_failed_o
     assert q.rows_admitted["p"] == 3
     q.get()
     assert q.rows_admitted["p"] == 3, "taking is the consumer's to count"
+
+
+def test_batches_queue_in_the_order_they_were_completed_whichever_thread_puts_them():
+    """An episode's rows span consecutive batches: a put that waits (the queue full, or held) must
+    not let a batch completed after it overtake it, or a trajectory reaches the learner's n-step
+    returns and a recorded dataset out of order (a dataset's episode was once written in two
+    pieces). Thread A completes batch 1 and waits inside its put; thread B completes batch 2."""
+    from simbridge.server.runtime import BridgeRuntime
+    ctx = BridgeRuntime().ctx
+    made = iter([_batch(1), _batch(2)])
+    ctx.collector.ready = lambda: next(made)
+    queued, second_put, first_in_put = [], threading.Event(), threading.Event()
+    put = ctx.experience.put
+
+    def slow_first_put(batch):
+        if not queued and batch.count == 1:
+            first_in_put.set()
+            second_put.wait(1.0)   # the old hand-over: B's put came meanwhile, and went first
+        else:
+            second_put.set()
+        queued.append(batch.count)
+        put(batch)
+    ctx.experience.put = slow_first_put
+
+    def complete_and_deliver():
+        with ctx.lock:
+            batch = ctx.ready()
+        ctx.deliver(batch)
+    a = threading.Thread(target=complete_and_deliver)
+    a.start()
+    assert first_in_put.wait(5)
+    b = threading.Thread(target=complete_and_deliver)
+    b.start()
+    a.join(5)
+    b.join(5)
+    assert queued == [1, 2]
+    assert [x.count for x in ctx.experience.get_all()] == [1, 2]
