@@ -12,7 +12,8 @@
 # (./gpu_check_out without $OUT):
 #   setup.log            ../shared/gpu/device_setup.sh: wheels and this project into /tmp/site
 #   nvidia-smi.txt       the card, and the processes on it at the start
-#   pytest_gpu.txt       tests/trainer/test_update_paths.py: the CUDA graph path against eager
+#   pytest_gpu.txt       tests/trainer/test_update_paths.py and test_splitk.py: the CUDA graph
+#                        path against eager, row-chunked gradients against one product
 #   learner_speed.json   bench/learner_speed.py: updates/s of DQN, SAC and PPO's minibatch step,
 #                        cpu and cuda, batch 256 and 4,096, eager and graph, on cuda with TF32
 #                        products (the default; full float32 was measured on 27 Nov), with the
@@ -22,6 +23,8 @@
 #                        kernels per update (what grows from batch 256 to 4,096)
 #   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
 #                        in the learner's own CUDA graph) beside the graph path, in one process
+#   learner_speed_chunks.json  DQN and SAC's graph path at 4,096 with grad_row_chunks 1, 8 and 32
+#                        (weight gradients summed in row chunks: more thread blocks), with profiles
 #   learner_speed_cublaslt.json  DQN and SAC's graph path with torch's BLAS set to cuBLASLt
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
@@ -55,8 +58,8 @@ cd /tmp/run || { step "no /tmp/run: setup failed"; exit 1; }
 python3 -c "import torch, simbridge.trainer.learners.capture as c; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
   >> "$out/summary.txt" 2>&1 || { step "simbridge.trainer does not import: see setup.log"; exit 1; }
 
-step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py)"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py \
+step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py)"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py tests/trainer/test_splitk.py \
   > "$out/pytest_gpu.txt" 2>&1
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 
@@ -81,6 +84,23 @@ import json, sys
 for x in json.load(open(sys.argv[1]))["results"]:
     print(f'  {x["learner"]} b{x["batch"]} {x["path"]}: ' + "; ".join(
         f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
+EOF
+
+step "bench/learner_speed.py --grad-row-chunks 1,8,32: weight gradients in row chunks at batch 4,096"
+# the batch-4,096 question's cheapest candidate: a thin layer's weight gradient (128x128, 256x256)
+# as one product over 4,096 rows may run on a few thread blocks; in chunks it runs as one batched
+# product on many (trainer/learners/splitk.py). chunksK_vs_1 > 1 where cuBLAS did not split itself;
+# the profile's kernel names say which it did (splitK).
+timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --batches 4096 --paths graph \
+  --grad-row-chunks 1,8,32 --window 0.1 --no-acting --profile 6 --out "$out/learner_speed_chunks.json" \
+  > /dev/null 2> "$out/learner_speed_chunks.log"
+python3 - "$out/learner_speed_chunks.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["results"]:
+    print(f'  {x["learner"]} b{x["batch"]} chunks {x["grad_row_chunks"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
+        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:4]))
+print("  ratios", json.dumps(r["ratios"]))
 EOF
 
 step "bench/learner_speed.py: the compile path (inductor's kernels captured as one CUDA graph) beside the graph path"

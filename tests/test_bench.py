@@ -111,3 +111,18 @@ def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_grap
     assert got["sac/cuda:0/tf32/compile/b4096_vs_b256"] == 0.8
     assert got["sac/cuda:0/tf32/graph/b4096_vs_b256"] == 0.6
     assert "sac/cuda:0/tf32/b4096/compile_vs_eager" not in got   # no eager row at 4,096
+
+
+def test_learner_speed_sets_row_chunked_gradients_beside_one_product_and_its_bar_takes_the_faster():
+    """The GPU check's grad_row_chunks rows (trainer/learners/splitk.py): a ratio each against
+    chunks 1, kept out of the path ratios, and the 4,096 bar met by the fastest setting."""
+    from bench.learner_speed import ratios, targets
+    rows = [{"learner": "dqn", "device": "cuda:0", "batch": b, "path_asked": "graph", "tf32": True,
+             "grad_row_chunks": k, "updates_per_s": r}
+            for b, k, r in ((256, 1, 6000.0), (4096, 1, 4500.0), (4096, 8, 5100.0), (4096, 32, 4000.0))]
+    got = ratios(rows)
+    assert got["dqn/cuda:0/tf32/b4096/graph/chunks8_vs_1"] == 1.133
+    assert got["dqn/cuda:0/tf32/b4096/graph/chunks32_vs_1"] == 0.889
+    assert got["dqn/cuda:0/tf32/graph/b4096_vs_b256"] == 0.75   # chunks 1 against chunks 1
+    t = targets(rows)["dqn"]
+    assert (t["b4096"], t["b4096_grad_row_chunks"], t["b4096_met"]) == (5100.0, 8, True)

@@ -30,7 +30,7 @@ import torch
 
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import capture, export, optim, placement
+from simbridge.trainer.learners import capture, export, optim, placement, splitk
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
@@ -52,6 +52,7 @@ COMMON_DEFAULTS = {
     "vis_encode_type": "auto",  # image observations' encoder: trainer/learners/encoders.py
     "update_path": "auto",     # "auto" | "eager" | "graph" | "compile": trainer/learners/capture.py
     "tf32": True,              # on cuda, the updates' float32 products on TF32 tensor cores (capture.py)
+    "grad_row_chunks": 1,      # weight gradients of batches >= 1,024 rows summed in this many chunks (splitk.py)
 }
 
 
@@ -111,6 +112,9 @@ class Learner(Policy):
             raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
                              f"known: {sorted(cfg)}")
         cfg.update(config or {})
+        if not isinstance(cfg["grad_row_chunks"], int) or cfg["grad_row_chunks"] < 1:
+            raise ValueError(f"{type(self).__name__}: grad_row_chunks must be an integer >= 1 (1: one product), "
+                             f"got {cfg['grad_row_chunks']!r}")
         self.config = cfg
         self.device = placement.pick_device(device)
         # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the
@@ -132,6 +136,9 @@ class Learner(Policy):
         self._act_lock = threading.Lock()
         self._exports = export.PortableCache()
         self.build()
+        for m in list(vars(self).values()):
+            if isinstance(m, torch.nn.Module):
+                splitk.set_chunks(m, cfg["grad_row_chunks"])
         if trainable:
             encoders.say_cost(type(self), observation_space, action_space, cfg)
         self.acting_device, self.acting_reason = placement.acting_device(

@@ -55,7 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from simbridge.server.sample_batch import SampleBatch
-from simbridge.trainer.learners import capture, export, optim
+from simbridge.trainer.learners import capture, export, optim, splitk
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import action_branches, action_start
@@ -113,12 +113,12 @@ class QNetwork(nn.Module):
         super().__init__()
         layers, last = [], obs_dim
         for h in hidden:
-            layers += [nn.Linear(last, h), nn.ReLU()]
+            layers += [splitk.Linear(last, h), nn.ReLU()]
             last = h
         self.body = nn.Sequential(*layers)
         self.dueling = dueling
-        self.advantage = nn.Linear(last, int(nvec.sum()))  # all branches' heads side by side
-        self.value = nn.Linear(last, 1) if dueling else None
+        self.advantage = splitk.Linear(last, int(nvec.sum()))  # all branches' heads side by side
+        self.value = splitk.Linear(last, 1) if dueling else None
         # gather index (branches, max_actions) into the side-by-side heads, and the valid slots
         width = int(nvec.max())
         offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])

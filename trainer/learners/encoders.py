@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from simbridge.trainer.learners import splitk
 from simbridge.wire.preprocess import flat_dim, flatten, image_layout
 
 log = logging.getLogger("simbridge.trainer")
@@ -121,7 +122,7 @@ def conv_side(side: int, kernel: int, stride: int = 1) -> int:
 
 
 def dense(n_in: int, n_out: int) -> nn.Sequential:
-    layer = nn.Linear(n_in, n_out)
+    layer = splitk.Linear(n_in, n_out)
     nn.init.kaiming_normal_(layer.weight)   # ML-Agents: KaimingHeNormal, gain 1.41
     layer.weight.data.mul_(1.41)
     nn.init.zeros_(layer.bias)

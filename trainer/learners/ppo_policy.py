@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from simbridge.trainer.learners import splitk
 from simbridge.trainer.learners.heads import (HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, STORE_CLIP, action_branches,
                                              action_start, squashed_sample)
 
@@ -159,7 +160,7 @@ def tanh_mlp(sizes: List[int], out_std: float) -> nn.Sequential:
     layers: List[nn.Module] = []
     for i in range(len(sizes) - 1):
         last = i == len(sizes) - 2
-        layers.append(layer_init(nn.Linear(sizes[i], sizes[i + 1]), out_std if last else math.sqrt(2)))
+        layers.append(layer_init(splitk.Linear(sizes[i], sizes[i + 1]), out_std if last else math.sqrt(2)))
         if not last:
             layers.append(nn.Tanh())
     return nn.Sequential(*layers)

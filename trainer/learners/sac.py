@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge.trainer.learners import capture, export
+from simbridge.trainer.learners import capture, export, splitk
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import LOG_STD_MAX, LOG_STD_MIN, STORE_CLIP, squashed_sample
@@ -68,7 +68,7 @@ SAC_DEFAULTS = {
 def mlp(sizes: List[int]) -> nn.Sequential:
     layers: List[nn.Module] = []
     for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        layers.append(splitk.Linear(sizes[i], sizes[i + 1]))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU(inplace=True))
     return nn.Sequential(*layers)
@@ -104,6 +104,7 @@ class TwinQ(nn.Module):
             self.weights.append(nn.Parameter(torch.empty(heads, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(heads, 1, fan_out).uniform_(-bound, bound)))
         self.heads = heads
+        self.grad_row_chunks = 1   # splitk.set_chunks
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         """detach_params: gradients flow to the inputs only (for the actor loss)."""
@@ -112,7 +113,7 @@ class TwinQ(nn.Module):
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             if detach_params:
                 w, b = w.detach(), b.detach()
-            x = torch.baddbmm(b, x, w)
+            x = splitk.baddbmm(b, x, w, self.grad_row_chunks)
             if i < n - 1:
                 x = torch.relu_(x)
         return x.squeeze(-1)

@@ -1,0 +1,141 @@
+"""Weight gradients summed over row chunks (trainer/learners/splitk.py): the same gradients as one
+product, for plain layers and the twin critics' batched ones, whichever inputs want gradients; the
+learners' `grad_row_chunks` reaches every layer and leaves their updates as they were. Whether it
+pays is the GPU's question (bench/gpu_check.sh); the cuda test here runs there."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from simbridge.trainer.learners import splitk
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.learners.nstep import DISCOUNTS
+from simbridge.trainer.learners.presets import DQN_CARTPOLE, SAC_PENDULUM
+from simbridge.trainer.learners.sac import SACLearner
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def test_chunks_divide_the_rows_and_small_batches_stay_whole():
+    assert splitk.chunks_for(4096, 8) == 8
+    assert splitk.chunks_for(4096, 1) == 1
+    assert splitk.chunks_for(splitk.MIN_ROWS - 1, 8) == 1
+    assert splitk.chunks_for(1028, 8) == 4   # 1028 = 4 * 257: the largest power-of-two cut that divides
+    assert splitk.chunks_for(1025, 8) == 1
+
+
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_a_linear_layers_gradients_equal_one_products(x_grad):
+    torch.manual_seed(0)
+    one, split = splitk.Linear(24, 40).double(), splitk.Linear(24, 40).double()
+    split.load_state_dict(one.state_dict())
+    split.grad_row_chunks = 8
+    x = torch.randn(2048, 24, dtype=torch.float64)
+    xs = [x.clone().requires_grad_(x_grad) for _ in range(2)]
+    outs = [m(xi) for m, xi in zip((one, split), xs)]
+    torch.testing.assert_close(outs[0], outs[1])
+    g = torch.randn_like(outs[0])
+    for o in outs:
+        o.backward(g)
+    torch.testing.assert_close(split.weight.grad, one.weight.grad)
+    torch.testing.assert_close(split.bias.grad, one.bias.grad)
+    torch.testing.assert_close(split.weight.grad, g.t() @ x)   # the formula itself, not just agreement
+    if x_grad:
+        torch.testing.assert_close(xs[1].grad, xs[0].grad)
+
+
+def test_the_twin_critics_batched_layer_with_an_expanded_input():
+    torch.manual_seed(0)
+    w = torch.randn(2, 5, 64, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 1, 64, dtype=torch.float64, requires_grad=True)
+    x0 = torch.randn(4096, 5, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for chunks in (1, 16):
+        x = x0.expand(2, -1, -1)   # both critics read the same rows, as TwinQ's first layer
+        y = splitk.baddbmm(b, x, w, chunks)
+        (y.square().sum()).backward()
+        grads.append([t.grad.clone() for t in (w, b, x0)])
+        for t in (w, b, x0):
+            t.grad = None
+    for a, c in zip(*grads):
+        torch.testing.assert_close(a, c)
+
+
+def test_without_gradients_it_is_the_plain_product():
+    m = splitk.Linear(8, 4)
+    m.grad_row_chunks = 8
+    x = torch.randn(2048, 8)
+    with torch.no_grad():
+        y = m(x)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, F.linear(x, m.weight, m.bias))
+    w = torch.randn(2, 8, 4)   # no gradient wanted: torch's own op
+    assert splitk.baddbmm(torch.zeros(2, 1, 4), x.expand(2, -1, -1), w, 8).grad_fn is None
+
+
+def _learner(kind: str, **cfg):
+    env, cls, preset = {"dqn": (gym.make("CartPole-v1"), DQNLearner, DQN_CARTPOLE),
+                        "sac": (gym.make("Pendulum-v1"), SACLearner, SAC_PENDULUM)}[kind]
+    device = cfg.pop("device", "cpu")
+    base = {"hidden": [32, 32], "batch_size": 1024, "learning_starts": 100, "buffer_size": 4000, "seed": 0}
+    lrn = cls(env.observation_space, env.action_space, {**preset, **base, **cfg}, device=device)
+    rng = np.random.default_rng(0)
+    rows = 3000
+    obs = rng.uniform(-1, 1, (rows,) + env.observation_space.shape).astype(np.float32)
+    env.action_space.seed(0)
+    actions = np.stack([env.action_space.sample() for _ in range(rows)])
+    lrn.replay.add({OBS: obs, NEW_OBS: obs * 0.9, ACTIONS: lrn.store_actions(actions),
+                    REWARDS: rng.standard_normal(rows).astype(np.float32),
+                    DISCOUNTS: np.where(rng.random(rows) < 0.1, 0.0, 0.99).astype(np.float32)})
+    lrn.agent_steps += rows
+    return lrn
+
+
+def _weights(lrn) -> list:
+    return [t.detach().cpu().clone() for t in lrn.modules_for_acting().state_dict().values()]
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_learner_with_row_chunks_reaches_every_layer_and_updates_as_before(kind):
+    one, split = _learner(kind), _learner(kind, grad_row_chunks=8)
+    chunked = [m for m in split.__dict__.values() if isinstance(m, torch.nn.Module)
+               for s in m.modules() if getattr(s, "grad_row_chunks", None) == 8]
+    assert chunked, "no layer of the learner took grad_row_chunks"
+    for lrn in (one, split):
+        lrn.train(max_updates=5)
+    assert one.updates == split.updates == 5
+    for a, b in zip(_weights(one), _weights(split)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)   # float sums in another order
+
+
+def test_a_bad_grad_row_chunks_is_refused():
+    with pytest.raises(ValueError, match="grad_row_chunks must be an integer >= 1"):
+        _learner("dqn", grad_row_chunks=0)
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_row_chunks_trace_under_torch_compile(kind):
+    """The compile path traces the custom backward (aot_eager: no inductor code generation)."""
+    torch._dynamo.reset()
+    lrn = _learner(kind, grad_row_chunks=4, update_path="compile")
+    lrn.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
+    ref = _learner(kind, grad_row_chunks=4)
+    for x in (lrn, ref):
+        x.train(max_updates=3)
+    assert lrn.updater.path == "compile", lrn.updater.reason
+    for a, b in zip(_weights(ref), _weights(lrn)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_row_chunks_on_the_graph_path_equal_one_product_on_cuda(kind):
+    one = _learner(kind, device="cuda", update_path="graph")
+    split = _learner(kind, device="cuda", update_path="graph", grad_row_chunks=8)
+    for lrn in (one, split):
+        lrn.train(max_updates=20)
+    assert split.updater.path == "graph"
+    for a, b in zip(_weights(one), _weights(split)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
