@@ -23,9 +23,14 @@ thread between two bytecodes, also while that thread is inside `threading.Event.
 event's own lock (when the signal was delivered to another thread, the main thread takes it there,
 just after its wait times out): the handler's `set()` then waited for that lock forever. Seen once:
 `simbridge-server` ran on after SIGHUP in a fresh clone's test run.
+
+`exit_within` is a second Ctrl-C's backstop: the program is out within a second, even where a thread
+it does not own (an RPC handler whose stream a simulator keeps open) would hold the interpreter's
+exit, which joins them.
 """
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Optional, TextIO
@@ -114,3 +119,17 @@ class StopEvent(threading.Event):
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """From now on the process ends with `code` after `seconds` at most: a daemon thread flushes the
+    standard streams and calls os._exit if the ordinary exit has not happened by then."""
+    def backstop():
+        time.sleep(seconds)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    threading.Thread(target=backstop, name="exit-backstop", daemon=True).start()

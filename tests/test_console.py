@@ -84,3 +84,17 @@ def test_a_stop_event_notices_a_set_it_was_not_woken_for_within_a_slice():
     ev2 = StopEvent()
     t0 = time.monotonic()
     assert ev2.wait(0.3) is False and 0.25 <= time.monotonic() - t0 < 2
+
+
+def test_exit_within_ends_a_process_that_a_thread_would_hold_at_exit():
+    """A second Ctrl-C's backstop: a non-daemon thread that never ends holds the interpreter's exit
+    for good; exit_within ends the process with its code anyway, and what was printed is kept."""
+    code = ("import threading, time\n"
+            "from simbridge.console import exit_within\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "exit_within(0.5, 7)\n"
+            "print('said before', flush=False)\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 7 and "said before" in out.stdout
+    assert time.monotonic() - t0 < 15   # interpreter start included; 60 s without the backstop

@@ -60,7 +60,7 @@ import sys
 from pathlib import Path
 
 import simbridge
-from simbridge.console import on_hangup
+from simbridge.console import exit_within, on_hangup
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_security_args
 from simbridge.server.service import address_in_use, in_use_message
@@ -252,7 +252,8 @@ def run_daemon(daemon) -> int:
     try:
         return daemon.run()
     except KeyboardInterrupt:
-        daemon.abort()   # first: a print to a closed terminal would raise before it
+        exit_within(1.0, 130)
+        daemon.abort()   # before the print: a print to a closed terminal would raise before it
         try:
             print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
         except OSError:

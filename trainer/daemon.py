@@ -76,6 +76,7 @@ class TrainerDaemon:
 
         s = cfg.server
         self._server = server
+        self._serving = None   # the server run() serves with: abort() cancels its calls
         if server is None:
             self.runtime = BridgeRuntime(listen.bridge_config(cfg), policy_mapping_fn=self.factory.mapping_fn(),
                                          policy_factory=self.factory)
@@ -302,8 +303,12 @@ class TrainerDaemon:
 
     def abort(self) -> None:
         """Out at once, without the final checkpoint (the CLI's second signal): the learner
-        processes are killed, or the process would wait for them at exit."""
+        processes are killed and the server's calls cancelled, or the process would wait for them
+        at exit (a signal that came before the first stop had stopped the server left a simulator's
+        stream served for good)."""
         self.loop.kill()
+        if self._serving is not None:
+            self._serving.abort()
 
     def run(self) -> int:
         """Serves and trains until stopped; the exit code. The port is bound before anything is
@@ -315,6 +320,7 @@ class TrainerDaemon:
             except ConfigError as e:
                 print(f"simbridge-trainer: error: {e}", file=sys.stderr)
                 return 2
+        self._serving = server
         try:
             self._prepare()
         except BaseException:

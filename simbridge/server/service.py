@@ -343,6 +343,17 @@ class BridgeServer:
         if self._shm is not None:
             self._shm.join()
 
+    def abort(self) -> None:
+        """Out at once (a second Ctrl-C): every call cancelled now and intake closed, waiting for
+        nothing. A call left running, its stream alive, would hold the process at exit, where
+        concurrent.futures joins the handlers' threads."""
+        self._stop.set()
+        self._ready.set()
+        self._server.stop(None)   # cancels every call now (also after a stop with grace)
+        self.runtime.experience.close()
+        if self._shm is not None:
+            self._shm.stop()
+
     def wait(self) -> None:
         self._server.wait_for_termination()
 

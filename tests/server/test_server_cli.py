@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from simbridge.trainer.run.launch import ROOT, child_env, python_module
-from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS, signal_state
 
 
 @pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=NEEDS_ENV_SIGNALS), "reader-leaves"])
@@ -42,12 +42,7 @@ def test_the_bare_bridge_stops_in_order(how):
 def _where_it_waits(server: subprocess.Popen) -> str:
     """Its signal state (pending, blocked, ignored, caught: seen once in a fresh clone's run, where
     SIGHUP left it running) and every thread's stack (faulthandler, on SIGABRT)."""
-    try:
-        with open(f"/proc/{server.pid}/status") as f:
-            state = " ".join(line.strip() for line in f if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn",
-                                                                              "SigCgt")))
-    except OSError as e:
-        state = f"no /proc status ({e})"
+    state = signal_state(server.pid)
     server.send_signal(signal.SIGABRT)
     try:
         _, err = server.communicate(timeout=10)

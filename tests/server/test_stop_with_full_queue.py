@@ -106,3 +106,22 @@ def _quietly(fn, *args):
         fn(*args)
     except Exception:   # the server stopped under the call: what it answers is not this test's matter
         pass
+
+
+def test_abort_cancels_the_open_streams_at_once(make_server):
+    """A second Ctrl-C can come before the first stop reached the server: abort() cancels every call
+    now, so no handler thread stays to hold the process at exit (the trainer once ran on for good,
+    its simulator's stream still served, under load)."""
+    srv = make_server()
+    client = PolicyClient(srv.address, OBS, ACT)
+    eid = client.start_episode()
+    client.get_action(eid, np.zeros(2, np.float32))
+    assert srv.gate.open_calls() == 1   # the client's stream
+    t0 = time.monotonic()
+    srv.abort()
+    assert time.monotonic() - t0 < 0.5
+    deadline = time.monotonic() + 5
+    while srv.gate.open_calls() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.gate.open_calls() == 0, "the stream's handler still runs after abort()"
+    client._conn._channel.close()

@@ -17,3 +17,14 @@ UNDER_NOHUP = ["env", "--ignore-signal=HUP"]      # SIGHUP ignored, as nohup sta
 ENV_SETS_SIGNALS = subprocess.run([*AT_A_TERMINAL, "true"], capture_output=True).returncode == 0
 NEEDS_ENV_SIGNALS = pytest.mark.skipif(not ENV_SETS_SIGNALS, reason="needs GNU env's --default-signal "
                                                                     "(coreutils >= 8.31)")
+
+
+def signal_state(pid: int) -> str:
+    """A process's pending, blocked, ignored and caught signals (/proc), for a test whose process
+    ran on after a signal."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn",
+                                                                         "SigCgt")))
+    except OSError as e:
+        return f"no /proc status ({e})"

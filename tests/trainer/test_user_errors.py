@@ -16,7 +16,7 @@ from simbridge.trainer.config.trainer_config import parse_config
 from simbridge.trainer.daemon import TrainerDaemon
 from simbridge.trainer.run.launch import ROOT, Proc, child_env, free_port, python_module, start_server
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
-from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS, UNDER_NOHUP
+from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS, UNDER_NOHUP, signal_state
 from support.waits import wait
 
 RAW = ("Traceback", "_MultiThreadedRendezvous", "add_port.cc", "debug_error_string", "<grpc.")
@@ -434,7 +434,9 @@ def test_a_second_ctrl_c_while_the_trainer_stops_ends_it_and_its_learner_process
     SIGINT and SIGTERM (the trainer asks them for their state at a stop), and multiprocessing waited
     for them at exit. Now the second signal kills them."""
     logdir = tmp_path / "run"
-    trainer = start_server("trainer", _trainer_argv(logdir, learner_process=True), ANY, timeout=60, env=daemon_env())
+    # faulthandler: a trainer that does not exit is made to show where (below)
+    trainer = start_server("trainer", _trainer_argv(logdir, learner_process=True), ANY, timeout=60,
+                           env={**daemon_env(), "PYTHONFAULTHANDLER": "1"}, keep=3000)
     sim = None
     try:
         sim = start_sim("gym_sim", "simbridge.sims.gym_sim", trainer.address, "--slots", "4")
@@ -451,7 +453,14 @@ def test_a_second_ctrl_c_while_the_trainer_stops_ends_it_and_its_learner_process
         try:
             code = trainer.popen.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            pytest.fail("the trainer did not exit after a second Ctrl-C: " + "\n".join(trainer.lines))
+            state = signal_state(trainer.pid)
+            trainer.popen.send_signal(signal.SIGABRT)   # every thread's stack, from faulthandler
+            try:
+                trainer.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            trainer.wait_output()
+            pytest.fail(f"the trainer did not exit after a second Ctrl-C ({state}): " + "\n".join(trainer.lines))
         trainer.wait_output()
         assert code == 130 and any("interrupted again" in x for x in trainer.lines), (code, list(trainer.lines))
         # the first stop's line said how to cut it short
