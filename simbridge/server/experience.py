@@ -168,14 +168,15 @@ class ExperienceQueue:
         except queue.Full:
             t0 = time.monotonic()
             while True:
+                if self._closed:   # the server stopped: nobody may drain the queue any more
+                    with self._lock:
+                        self._stranded.append(batch)
+                    break
                 try:
                     self._q.put(batch, timeout=0.25)
                     break
                 except queue.Full:
-                    if self._closed:   # the server stopped: nobody may drain the queue any more
-                        with self._lock:
-                            self._stranded.append(batch)
-                        break
+                    pass
             with self._lock:
                 self.blocked_puts += 1
                 self.blocked_s += time.monotonic() - t0
