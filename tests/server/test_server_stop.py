@@ -1,6 +1,7 @@
-"""A bare server stopped while calls are under way: a stream handler's last hand-over blocked on a
-full queue nobody drains must neither hold its thread forever (the process would hang at exit, as
-`make test` once did) nor drop the batch; and the stop returns only once its handlers have (bounded)."""
+"""A server stopped while calls are under way: the stop returns only once its handlers have
+(bounded), abort() cancels every call at once, and a stream handler's last hand-over blocked on a
+full queue nobody drains neither holds its thread forever (the process would hang at exit, as
+`make test` once did) nor drops the batch."""
 import threading
 import time
 
