@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from simbridge.console import Console, StopEvent, on_hangup
+from simbridge.console import Console, StopEvent, exit_within, on_hangup
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
@@ -110,7 +110,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     stop.set()
-    server.stop()
+    try:
+        server.stop()
+    except KeyboardInterrupt:   # a second Ctrl-C: out at once, the calls cancelled, no final counts
+        exit_within(1.0, 130)
+        server.abort()
+        return 130
     print(json.dumps({"final": runtime.snapshot()}), file=out, flush=True)
     return 0
 

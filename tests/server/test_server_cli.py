@@ -1,6 +1,7 @@
 """`simbridge-server` (the bridge alone, random actions) as a process: it stops in order, exit 0, on
 SIGTERM, on SIGHUP (its terminal closed) and when the reader of its progress lines leaves (`| head`);
-before, the last two killed it (SIGHUP) or ended it with a BrokenPipeError traceback."""
+before, the last two killed it (SIGHUP) or ended it with a BrokenPipeError traceback. A second
+Ctrl-C while it stops ends it at once (exit 130)."""
 import signal
 import subprocess
 
@@ -49,3 +50,47 @@ def _where_it_waits(server: subprocess.Popen) -> str:
     except subprocess.TimeoutExpired:
         err = "(no stack: it did not end on SIGABRT)"
     return f"{state}\n{err[-6000:]}"
+
+
+def test_a_second_ctrl_c_while_the_bridge_stops_ends_it_at_once_without_a_traceback():
+    """Ctrl-C stops it in order (its stop gives a simulator's open stream a second); a second Ctrl-C
+    meanwhile ends it at once, exit 130, its calls cancelled (before: a KeyboardInterrupt traceback
+    out of the stop, or, had the stop not begun, a process held at exit by the stream's handler)."""
+    import threading
+    import time
+
+    import gymnasium as gym
+    import numpy as np
+
+    from simbridge.client import PolicyClient
+    argv = python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1")
+    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**child_env(), "PYTHONFAULTHANDLER": "1"}, cwd=str(ROOT))
+    stepping = threading.Event()
+    try:
+        address = server.stdout.readline().split("listening on ")[1].strip()
+        client = PolicyClient(address, gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2))
+
+        def simulate():   # a simulator stepping on its stream until the server goes
+            try:
+                eid = client.start_episode()
+                while True:
+                    client.get_action(eid, np.zeros(2, np.float32))
+                    stepping.set()
+            except Exception:
+                pass
+        threading.Thread(target=simulate, daemon=True).start()
+        assert stepping.wait(10)
+        server.send_signal(signal.SIGINT)
+        time.sleep(0.3)   # inside the stop's second of grace for the open stream
+        server.send_signal(signal.SIGINT)
+        try:
+            code = server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"simbridge-server ran on after a second Ctrl-C: {_where_it_waits(server)}")
+        err = server.stderr.read()
+        assert code == 130 and "Traceback" not in err, (code, err)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
