@@ -252,6 +252,8 @@ def run_daemon(daemon) -> int:
     try:
         return daemon.run()
     except KeyboardInterrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):   # a third must not interrupt the way out
+            signal.signal(sig, signal.SIG_IGN)
         exit_within(1.0, 130)
         daemon.abort()   # before the print: a print to a closed terminal would raise before it
         try:

@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     try:
         server.stop()
     except KeyboardInterrupt:   # a second Ctrl-C: out at once, the calls cancelled, no final counts
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a third must not interrupt the way out
         exit_within(1.0, 130)
         server.abort()
         return 130

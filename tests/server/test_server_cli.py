@@ -88,8 +88,10 @@ def test_a_second_ctrl_c_while_the_bridge_stops_ends_it_at_once_without_a_traceb
             code = server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pytest.fail(f"simbridge-server ran on after a second Ctrl-C: {_where_it_waits(server)}")
-        err = server.stderr.read()
-        assert code == 130 and "Traceback" not in err, (code, err)
+        out, err = server.communicate()
+        # 130: the second came inside the stop. (Both signals taken as one, possible only if the
+        # server did not run for the 0.3 s between them, is an ordinary stop: exit 0, final counts.)
+        assert (code == 130 or (code == 0 and '"final"' in out)) and "Traceback" not in err, (code, err)
     finally:
         if server.poll() is None:
             server.kill()

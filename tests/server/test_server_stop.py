@@ -88,7 +88,7 @@ def test_a_handler_stuck_past_the_bound_is_left_and_said(make_server, monkeypatc
     srv = make_server()
     client = PolicyClient(srv.address, OBS, ACT)
     eid = client.start_episode()
-    slow, entered, returned = _slow_calls(srv.runtime, 2.0)
+    slow, entered, returned = _slow_calls(srv.runtime, 3.0)
     slow.set()
     threading.Thread(target=lambda: _quietly(client.get_action, eid, np.zeros(2, np.float32)), daemon=True).start()
     assert entered.wait(10)
@@ -96,7 +96,7 @@ def test_a_handler_stuck_past_the_bound_is_left_and_said(make_server, monkeypatc
     with caplog.at_level("WARNING", logger="simbridge"):
         srv.stop(grace=0)
     took = time.monotonic() - t0
-    assert 0.25 <= took < 1.5 and not returned.is_set()
+    assert 0.25 <= took < 2.5 and not returned.is_set()
     assert "1 call(s) still running" in caplog.text
     assert returned.wait(5)
     client._conn._channel.close()
@@ -120,7 +120,7 @@ def test_abort_cancels_the_open_streams_at_once(make_server):
     assert srv.gate.open_calls() == 1   # the client's stream
     t0 = time.monotonic()
     srv.abort()
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 1.0
     deadline = time.monotonic() + 5
     while srv.gate.open_calls() and time.monotonic() < deadline:
         time.sleep(0.02)
