@@ -54,8 +54,9 @@ config = {PRESET}"""
     batched = ["simbridge.sims.gym_sim", "--slots", "4", "--vector", "--seed", "0"]
     local = ["simbridge.sims.gym_sim", "--env", "CartPole-v1", "--seed", "1", "--inference", "local",
              "--update-interval", "0.2", "--chunk-steps", "32", "--max-buffered-steps", "128"]
+    out = []
     recs = run(tmp_path, "", tables, [lockstep, batched, local], budget=20_000,
-               done=lambda rec: r10(rec, "default_policy") >= 150)
+               done=lambda rec: r10(rec, "default_policy") >= 150, lines=out)
     assert recs, "no metrics were written"
     last = recs[-1]
     one, b, loc = sim_summary(tmp_path, 0), sim_summary(tmp_path, 1), sim_summary(tmp_path, 2)
@@ -67,3 +68,6 @@ config = {PRESET}"""
     # All fed the learner: the local simulator's steps were uploaded and it acted with shipped weights.
     assert one["steps"] >= 300 and b["steps"] >= 1_000 and loc["steps"] >= 500, (one, b, loc)
     assert loc["local"]["policy_version"] > 0, loc
+    # three feeds into one n-step learner: each trajectory's rows reached it in order (the hand-over
+    # once let a later batch overtake an earlier one; the n-step accumulator says so if it recurs)
+    assert out and not [x for x in out if "out of order" in x], [x for x in out if "out of order" in x]

@@ -21,12 +21,13 @@ PRESET = toml_value({**DQN_CARTPOLE, "seed": 0})   # the preset itself, as a con
 
 
 def run(tmp_path, top: str, tables: str, sims: list, budget: int, done, timeout: float = 240.0,
-        programs: list = (), fragment: int = 32, learner_process: bool = True):
+        programs: list = (), fragment: int = 32, learner_process: bool = True, lines: list = None):
     """Start the daemon (config: top-level keys, then policy tables) and simulators (Python modules
     in `sims`, native programs' argv in `programs`); poll metrics until done(record) or the budget;
     return the records. Simulator i's stdout (its JSON summary at exit) is left in tmp_path/sim{i}.out.
     learner_process: [run] learner_process (the default, true: each trained policy learns in a
-    process of its own; false: in the daemon's loop, a child's imports and pipe spared)."""
+    process of its own; false: in the daemon's loop, a child's imports and pipe spared).
+    lines: a list that receives the trainer's output lines once it stopped."""
     logdir = tmp_path / "run"
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f"""{top}
@@ -43,7 +44,7 @@ learner_process = {str(learner_process).lower()}
 {tables}
 """)
     env = child_env()
-    trainer = start_trainer(cfg, timeout=120, env=env, keep=200)
+    trainer = start_trainer(cfg, timeout=120, env=env, keep=5000)
     address, procs = trainer.address, [trainer.popen]
     try:
         for i, cmd in enumerate(sims):
@@ -63,6 +64,9 @@ learner_process = {str(learner_process).lower()}
         return recs
     finally:
         stop_all(list(reversed(procs)))
+        if lines is not None:
+            trainer.wait_output()
+            lines.extend(trainer.lines)
 
 
 def r10(rec, pid):
