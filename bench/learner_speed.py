@@ -182,18 +182,20 @@ def acting_latency(device: str, window: float = 0.15) -> list:
 
 def ratios(results: list) -> dict:
     out = {}
+
+    def precision(device, tf32):   # the tag cuda rows carry
+        return "" if not device.startswith("cuda") else ("/tf32" if tf32 else "/fp32")
+
+    def key(r):
+        return r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]
+    by = {key(r): r["updates_per_s"] for r in results if r.get("grad_row_chunks", 1) == 1}
     for r in results:
-        one = next((x for x in results if x.get("grad_row_chunks", 1) == 1 and all(
-            x[k] == r[k] for k in ("learner", "device", "batch", "path_asked", "tf32"))), None)
-        k = r.get("grad_row_chunks", 1)
+        k, one = r.get("grad_row_chunks", 1), by.get(key(r))
         if k != 1 and one:
-            tag = ("/tf32" if r["tf32"] else "/fp32") if r["device"].startswith("cuda") else ""
-            out[f'{r["learner"]}/{r["device"]}{tag}/b{r["batch"]}/{r["path_asked"]}/chunks{k}_vs_1'] = round(
-                r["updates_per_s"] / one["updates_per_s"], 3)
-    by = {(r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]): r["updates_per_s"]
-          for r in results if r.get("grad_row_chunks", 1) == 1}
+            out[f'{r["learner"]}/{r["device"]}{precision(r["device"], r["tf32"])}/b{r["batch"]}/{r["path_asked"]}'
+                f'/chunks{k}_vs_1'] = round(r["updates_per_s"] / one, 3)
     for (learner, device, batch, path, tf32), rate in by.items():
-        tag = "" if not device.startswith("cuda") else ("/tf32" if tf32 else "/fp32")
+        tag = precision(device, tf32)
         eager = by.get((learner, device, batch, "eager", tf32))
         if path != "eager" and eager:
             out[f"{learner}/{device}{tag}/b{batch}/{path}_vs_eager"] = round(rate / eager, 3)

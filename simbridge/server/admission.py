@@ -65,11 +65,9 @@ class CallGate:
     def close(self, timeout_s: float) -> int:
         """Admit no more calls and wait up to `timeout_s` for the open ones to leave; the number
         still open then (a handler stuck past the bound is left to run, and said by the caller)."""
-        deadline = time.monotonic() + timeout_s
         with self._lock:
             self._closed = True
-            while self._open and time.monotonic() < deadline:
-                self._left.wait(min(0.25, max(0.0, deadline - time.monotonic())))
+            self._left.wait_for(lambda: not self._open, timeout_s)
             return self._open
 
 

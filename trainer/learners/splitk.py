@@ -12,8 +12,6 @@ both; the learners' `grad_row_chunks`, 1 by default, picks).
 The forward pass is the plain product (addmm / baddbmm); only the backward differs, and only
 for batches of at least MIN_ROWS rows that divide into the chunks.
 """
-from typing import Optional
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,7 +25,7 @@ def chunks_for(rows: int, chunks: int) -> int:
         return 1
     while chunks > 1 and rows % chunks:
         chunks //= 2
-    return max(chunks, 1)
+    return chunks
 
 
 def _chunked_weight_grad(x: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
@@ -85,8 +83,8 @@ class _BAddBMM(torch.autograd.Function):
         return gb, gx, gw, None
 
 
-def _wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _wants_grad(w: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and w.requires_grad
 
 
 def baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -110,10 +108,8 @@ class Linear(nn.Linear):
         return _Linear.apply(x, self.weight, self.bias, k)
 
 
-def set_chunks(module: Optional[nn.Module], chunks: int) -> None:
+def set_chunks(module: nn.Module, chunks: int) -> None:
     """Every splitk.Linear under `module` (and any module with a `grad_row_chunks`) uses `chunks`."""
-    if module is None:
-        return
     for m in module.modules():
         if hasattr(m, "grad_row_chunks"):
-            m.grad_row_chunks = int(chunks)
+            m.grad_row_chunks = chunks
