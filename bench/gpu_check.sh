@@ -23,9 +23,8 @@
 #                        kernels per update (what grows from batch 256 to 4,096)
 #   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
 #                        in the learner's own CUDA graph) beside the graph path, in one process
-#   learner_speed_chunks.json  DQN and SAC's graph path at 4,096 with grad_row_chunks 1, 8 and 32
-#                        (weight gradients summed in row chunks: more thread blocks), with profiles
-#   learner_speed_cublaslt.json  DQN and SAC's graph path with torch's BLAS set to cuBLASLt
+#   learner_speed_chunks.json  SAC's graph and compile paths at 4,096 with grad_row_chunks "auto" (the
+#                        twin critics' weight gradients in 8 row chunks on cuda) and 1, with profiles
 #   learning_*.json      bench/learning.py dqn-cartpole and sac-pendulum, seed 0, through the bridge,
 #                        [run] device "auto" (the GPU) and the same with the GPU hidden
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
@@ -86,20 +85,21 @@ for x in json.load(open(sys.argv[1]))["results"]:
         f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 EOF
 
-step "bench/learner_speed.py --grad-row-chunks 1,8,32: weight gradients in row chunks at batch 4,096"
-# the batch-4,096 question's cheapest candidate: a thin layer's weight gradient (128x128, 256x256)
-# as one product over 4,096 rows may run on a few thread blocks; in chunks it runs as one batched
-# product on many (trainer/learners/splitk.py). chunksK_vs_1 > 1 where cuBLAS did not split itself;
-# the profile's kernel names say which it did (splitK).
-timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --batches 4096 --paths graph \
-  --grad-row-chunks 1,8,32 --window 0.1 --no-acting --profile 6 --out "$out/learner_speed_chunks.json" \
+step "bench/learner_speed.py --grad-row-chunks auto,1: SAC at batch 4,096, graph and compile, chunked twin gradients against one product"
+# "auto" (the default since 28 Nov) sums the twin critics' weight gradients in 8 row chunks on cuda:
+# on the H200 a twin layer's gradient over 4,096 rows took 40 us as one batched product, 10-14.5 us
+# in chunks (cuBLAS splits 2-D products' rows itself, not batched ones'). chunks1_vs_auto < 1 where
+# "auto" pays; the profiles show whether the 40-us kernels went and whether the compile path fused
+# the twin layers' bias into the relu (no strided copies x9).
+timeout 90 python3 bench/learner_speed.py --devices cuda --learners sac --batches 4096 --paths graph,compile \
+  --grad-row-chunks auto,1 --window 0.1 --no-acting --profile 12 --out "$out/learner_speed_chunks.json" \
   > /dev/null 2> "$out/learner_speed_chunks.log"
 python3 - "$out/learner_speed_chunks.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
-    print(f'  {x["learner"]} b{x["batch"]} chunks {x["grad_row_chunks"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
-        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:4]))
+    print(f'  {x["learner"]} b{x["batch"]} {x["path"]} chunks {x["grad_row_chunks"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
+        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 print("  ratios", json.dumps(r["ratios"]))
 EOF
 
@@ -118,15 +118,6 @@ for line in sys.stdin:
 python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print('  ratios', r['ratios']); print('  targets', r['targets'])" \
   "$out/learner_speed_compile.json" >> "$out/summary.txt" 2>&1
 grep -h -E "updates run eagerly from now on|without a CUDA graph" "$out/learner_speed_compile.log" | cut -c1-300 >> "$out/summary.txt"
-
-step "bench/learner_speed.py --blas cublaslt: the graph path with cuBLASLt's kernels, for the batch-4,096 question"
-timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths graph --window 0.1 --no-acting \
-  --blas cublaslt --out "$out/learner_speed_cublaslt.json" > /dev/null 2> "$out/learner_speed_cublaslt.log"
-python3 - "$out/learner_speed_cublaslt.json" >> "$out/summary.txt" 2>&1 <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("  blas", r["machine"]["blas"], [(x["learner"], x["batch"], x["updates_per_s"]) for x in r["results"]], r["ratios"])
-EOF
 
 # the processes holding the GPU while the learning runs go (one context expected: the learner process's)
 ( while true; do nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader \

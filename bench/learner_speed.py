@@ -2,7 +2,7 @@
 
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
-                                  [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks 1,8] [--out FILE]
+                                  [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks auto,1,8] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -12,18 +12,19 @@ windows of at least `--window` seconds, the device synchronised at both ends of 
 everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile; on cuda its kernels
 captured as one CUDA graph) with --compile or --paths only: compiling takes minutes on a small CPU.
 --grad-row-chunks: the learners' `grad_row_chunks` (weight gradients of batches >= 1,024 rows summed
-in that many chunks: trainer/learners/splitk.py), one row per value.
+in chunks: trainer/learners/splitk.py; "auto", the default, cuts the twin critics' batched products
+on cuda), one row per value.
 Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile), with --profile K: profile, the K ops with the most
            self time per update (on the device on cuda)}
-  ratios:  (rows with grad_row_chunks 1) per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
+  ratios:  (rows with grad_row_chunks "auto") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
            compile path's over the graph path's (`compile_vs_graph`, cuda), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`); per
-           learner/device/batch/path, each grad_row_chunks K's rate over 1's (`chunksK_vs_1`)
+           learner/device/batch/path, each grad_row_chunks K's rate over "auto"'s (`chunksK_vs_auto`)
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
            and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
@@ -60,6 +61,7 @@ LEARNERS = {
 }
 REPLAY_ROWS = 5_000
 TARGETS = {"sac": 1_000.0, "dqn": 2_500.0}   # updates/s at batch 256 on cuda (the GPU issue)
+DEFAULT_CHUNKS = "auto"   # the learners' grad_row_chunks default: the rows the ratios compare
 
 
 def sync(device: torch.device) -> None:
@@ -67,7 +69,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chunks: int = 1):
+def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chunks=DEFAULT_CHUNKS):
     cls, preset, env_id = LEARNERS[name]
     env = gym.make(env_id)
     cfg = {**preset, "seed": 0, "update_path": path, "tf32": tf32, "grad_row_chunks": chunks}
@@ -99,7 +101,7 @@ def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chun
 
 
 def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True,
-            profile_top: int = 0, chunks: int = 1) -> dict:
+            profile_top: int = 0, chunks=DEFAULT_CHUNKS) -> dict:
     t0 = time.perf_counter()
     learner, steps = build(name, device, batch, path, tf32, chunks)
     dev = learner.device
@@ -188,12 +190,12 @@ def ratios(results: list) -> dict:
 
     def key(r):
         return r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]
-    by = {key(r): r["updates_per_s"] for r in results if r.get("grad_row_chunks", 1) == 1}
+    by = {key(r): r["updates_per_s"] for r in results if r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS}
     for r in results:
-        k, one = r.get("grad_row_chunks", 1), by.get(key(r))
-        if k != 1 and one:
+        k, one = r.get("grad_row_chunks", DEFAULT_CHUNKS), by.get(key(r))
+        if k != DEFAULT_CHUNKS and one:
             out[f'{r["learner"]}/{r["device"]}{precision(r["device"], r["tf32"])}/b{r["batch"]}/{r["path_asked"]}'
-                f'/chunks{k}_vs_1'] = round(r["updates_per_s"] / one, 3)
+                f'/chunks{k}_vs_{DEFAULT_CHUNKS}'] = round(r["updates_per_s"] / one, 3)
     for (learner, device, batch, path, tf32), rate in by.items():
         tag = precision(device, tf32)
         eager = by.get((learner, device, batch, "eager", tf32))
@@ -217,7 +219,7 @@ def targets(results: list) -> dict:
     for learner, bar in TARGETS.items():
         # the learners' defaults: TF32 on cuda
         cuda = [r for r in results if r["learner"] == learner and r["device"].startswith("cuda") and r["tf32"]]
-        b256 = [r for r in cuda if r["batch"] == 256 and r.get("grad_row_chunks", 1) == 1]
+        b256 = [r for r in cuda if r["batch"] == 256 and r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS]
         if not b256:
             continue
         best = max(b256, key=lambda r: r["updates_per_s"])
@@ -226,7 +228,7 @@ def targets(results: list) -> dict:
                         "b256_met": best["updates_per_s"] >= bar}
         if big:   # the fastest grad_row_chunks at 4,096 (a setting a default can take)
             top = max(big, key=lambda r: r["updates_per_s"])
-            out[learner].update(b4096=top["updates_per_s"], b4096_grad_row_chunks=top.get("grad_row_chunks", 1),
+            out[learner].update(b4096=top["updates_per_s"], b4096_grad_row_chunks=top.get("grad_row_chunks", DEFAULT_CHUNKS),
                                 b4096_met=top["updates_per_s"] >= 0.8 * best["updates_per_s"])
     return out
 
@@ -250,8 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also each row's K costliest ops per update (torch.profiler: self time on the "
                          "device on cuda, self CPU time on the CPU)")
-    ap.add_argument("--grad-row-chunks", default="1", metavar="K,...",
-                    help="the learners' grad_row_chunks, one row per value (trainer/learners/splitk.py)")
+    ap.add_argument("--grad-row-chunks", default=DEFAULT_CHUNKS, metavar="K,...",
+                    help="the learners' grad_row_chunks (\"auto\" or a number), one row per value "
+                         "(trainer/learners/splitk.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -271,7 +274,7 @@ def main(argv=None) -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
-                        for chunks in (int(k) for k in args.grad_row_chunks.split(",")):
+                        for chunks in (k if k == "auto" else int(k) for k in args.grad_row_chunks.split(",")):
                             r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
                                         args.profile, chunks)
                             print(json.dumps(r), file=sys.stderr, flush=True)

@@ -96,6 +96,21 @@ def test_learner_speed_runs_on_the_cpu_and_reports_rates_and_profiles(tmp_path):
     assert report["targets"] == {}   # the issue's bars are cuda's
 
 
+def test_twin_products_times_every_formulation_of_each_layer(tmp_path):
+    """bench/twin_products.py (the twin critics' products, the GPU check's evidence for "auto"
+    grad_row_chunks): on the CPU it runs too, a time for every formulation of every layer, the
+    chunked gradients only where the rows allow them (splitk.MIN_ROWS)."""
+    out = tmp_path / "twin.json"
+    run("bench/twin_products.py", "--rows", "64,1024", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["rows"], r["in"], r["out"]) for r in rows] == [
+        (n, i, o) for n in (64, 1024) for i, o in ((4, 256), (256, 256), (256, 1))]
+    for r in rows:
+        times = {k: v for k, v in r.items() if k not in ("rows", "in", "out")}
+        assert all(v > 0 for v in times.values()) and {"fwd_baddbmm_relu", "fwd_bmm_add_relu", "wgrad_bmm"} <= set(times)
+        assert ("wgrad_chunks8" in times) == (r["rows"] >= 1024)
+
+
 def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_graph():
     """The GPU check decides the compile path against the graph path from these ratios, and the
     batch question from b4096_vs_b256 per path."""
@@ -115,14 +130,14 @@ def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_grap
 
 def test_learner_speed_sets_row_chunked_gradients_beside_one_product_and_its_bar_takes_the_faster():
     """The GPU check's grad_row_chunks rows (trainer/learners/splitk.py): a ratio each against
-    chunks 1, kept out of the path ratios, and the 4,096 bar met by the fastest setting."""
+    the default ("auto"), kept out of the path ratios, and the 4,096 bar met by the fastest setting."""
     from bench.learner_speed import ratios, targets
     rows = [{"learner": "dqn", "device": "cuda:0", "batch": b, "path_asked": "graph", "tf32": True,
              "grad_row_chunks": k, "updates_per_s": r}
-            for b, k, r in ((256, 1, 6000.0), (4096, 1, 4500.0), (4096, 8, 5100.0), (4096, 32, 4000.0))]
+            for b, k, r in ((256, "auto", 6000.0), (4096, "auto", 4500.0), (4096, 8, 5100.0), (4096, 32, 4000.0))]
     got = ratios(rows)
-    assert got["dqn/cuda:0/tf32/b4096/graph/chunks8_vs_1"] == 1.133
-    assert got["dqn/cuda:0/tf32/b4096/graph/chunks32_vs_1"] == 0.889
-    assert got["dqn/cuda:0/tf32/graph/b4096_vs_b256"] == 0.75   # chunks 1 against chunks 1
+    assert got["dqn/cuda:0/tf32/b4096/graph/chunks8_vs_auto"] == 1.133
+    assert got["dqn/cuda:0/tf32/b4096/graph/chunks32_vs_auto"] == 0.889
+    assert got["dqn/cuda:0/tf32/graph/b4096_vs_b256"] == 0.75   # the default against the default
     t = targets(rows)["dqn"]
     assert (t["b4096"], t["b4096_grad_row_chunks"], t["b4096_met"]) == (5100.0, 8, True)

@@ -22,7 +22,7 @@ it before taking more experience, so a slow learner slows the simulators
 """
 import copy
 import threading
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Hashable, Literal, Optional, Tuple, TypeVar, Union
 
 import gymnasium as gym
 import numpy as np
@@ -52,7 +52,7 @@ COMMON_DEFAULTS = {
     "vis_encode_type": "auto",  # image observations' encoder: trainer/learners/encoders.py
     "update_path": "auto",     # "auto" | "eager" | "graph" | "compile": trainer/learners/capture.py
     "tf32": True,              # on cuda, the updates' float32 products on TF32 tensor cores (capture.py)
-    "grad_row_chunks": 1,      # weight gradients of batches >= 1,024 rows summed in this many chunks (splitk.py)
+    "grad_row_chunks": "auto",  # weight gradients of batches >= 1,024 rows summed in chunks (splitk.py)
 }
 
 
@@ -66,7 +66,8 @@ class Learner(Policy):
     ON_POLICY = False   # True: trains in iterations over its own rows, no replay ratio (PPO)
     # The type of each config key whose default (None) does not say it; the others take their
     # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
-    CONFIG_TYPES: Dict[str, Any] = {"seed": int, "vis_encode_type": encoders.VIS_ENCODE_TYPE}
+    CONFIG_TYPES: Dict[str, Any] = {"seed": int, "vis_encode_type": encoders.VIS_ENCODE_TYPE,
+                                    "grad_row_chunks": Union[Literal["auto"], int]}
 
     @classmethod
     def config_defaults(cls) -> Dict[str, Any]:
@@ -112,9 +113,10 @@ class Learner(Policy):
             raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
                              f"known: {sorted(cfg)}")
         cfg.update(config or {})
-        if not isinstance(cfg["grad_row_chunks"], int) or cfg["grad_row_chunks"] < 1:
-            raise ValueError(f"{type(self).__name__}: grad_row_chunks must be an integer >= 1 (1: one product), "
-                             f"got {cfg['grad_row_chunks']!r}")
+        chunks = cfg["grad_row_chunks"]
+        if chunks != "auto" and (not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1):
+            raise ValueError(f"{type(self).__name__}: grad_row_chunks must be \"auto\" or an integer >= 1 "
+                             f"(1: one product), got {chunks!r}")
         self.config = cfg
         self.device = placement.pick_device(device)
         # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the
@@ -138,7 +140,7 @@ class Learner(Policy):
         self.build()
         for m in list(vars(self).values()):
             if isinstance(m, torch.nn.Module):
-                splitk.set_chunks(m, cfg["grad_row_chunks"])
+                splitk.set_chunks(m, cfg["grad_row_chunks"], self.device.type)
         if trainable:
             encoders.say_cost(type(self), observation_space, action_space, cfg)
         self.acting_device, self.acting_reason = placement.acting_device(

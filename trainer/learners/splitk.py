@@ -6,17 +6,23 @@ kernel that gives each output tile one thread block runs a few blocks on a GPU o
 multiprocessors, each looping over all the rows. Here the rows are cut into `chunks` equal
 parts, the parts' products run as one batched product (chunks times the blocks) and are summed:
 the same gradient, up to the order of float additions. Where cuBLAS already splits the inner
-dimension itself this gains nothing, which only a GPU can tell (bench/gpu_check.sh measures
-both; the learners' `grad_row_chunks`, 1 by default, picks).
+dimension itself this gains nothing: it does for 2-D products, not for batched ones (the twin
+critics' layers), on the H200 measured (bench/gpu_check.sh). The learners' `grad_row_chunks`
+picks: "auto" (the default) cuts batched products on cuda only, a number cuts every layer.
 
-The forward pass is the plain product (addmm / baddbmm); only the backward differs, and only
-for batches of at least MIN_ROWS rows that divide into the chunks.
+The forward pass is the plain product (addmm / bmm); only the backward differs, and only for
+batches of at least MIN_ROWS rows that divide into the chunks.
 """
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 MIN_ROWS = 1024   # below it a layer's gradient is left to one product
+# "auto"'s chunks for batched products on cuda: on an H200 a twin-critic layer's weight gradient
+# over 4,096 rows took 40 us as one batched product and 10-14.5 us in 8 chunks; cuBLAS splits a
+# 2-D product's inner dimension itself (chunks lost 4-6% of DQN's update rate), and on the CPU
+# chunks gained nothing (docs/benchmarks.md, "Weight gradients in row chunks")
+AUTO_BATCHED = 8
 
 
 def chunks_for(rows: int, chunks: int) -> int:
@@ -61,38 +67,36 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-class _BAddBMM(torch.autograd.Function):
-    """y = b + x @ w for x (H, R, i) (an expanded input too), w (H, i, o), b (H, 1, o)."""
+class _BMM(torch.autograd.Function):
+    """y = x @ w for x (H, R, i) (an expanded input too), w (H, i, o)."""
 
     @staticmethod
-    def forward(ctx, b, x, w, k):
+    def forward(ctx, x, w, k):
         ctx.save_for_backward(x, w)
         ctx.k = k
-        return torch.baddbmm(b, x, w)
+        return torch.bmm(x, w)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        gb = gx = gw = None
+        gx = gw = None
         if ctx.needs_input_grad[0]:
-            gb = g.sum(1, keepdim=True)
-        if ctx.needs_input_grad[1]:
             gx = torch.bmm(g, w.transpose(1, 2))
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[1]:
             gw = _chunked_weight_grad(x, g, ctx.k)
-        return gb, gx, gw, None
+        return gx, gw, None
 
 
 def _wants_grad(w: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and w.requires_grad
 
 
-def baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
-    """torch.baddbmm(b, x, w), its weight gradient in `chunks` row chunks (see the module)."""
+def bmm(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
+    """torch.bmm(x, w), its weight gradient in `chunks` row chunks (see the module)."""
     k = chunks_for(x.shape[1], chunks)
     if k == 1 or not _wants_grad(w):
-        return torch.baddbmm(b, x, w)
-    return _BAddBMM.apply(b, x, w, k)
+        return torch.bmm(x, w)
+    return _BMM.apply(x, w, k)
 
 
 class Linear(nn.Linear):
@@ -108,8 +112,17 @@ class Linear(nn.Linear):
         return _Linear.apply(x, self.weight, self.bias, k)
 
 
-def set_chunks(module: nn.Module, chunks: int) -> None:
-    """Every splitk.Linear under `module` (and any module with a `grad_row_chunks`) uses `chunks`."""
+def chunks_of(setting, device_type: str, batched: bool) -> int:
+    """The chunks a layer takes for the learners' `grad_row_chunks`: a number, for every layer; or
+    "auto": AUTO_BATCHED for batched products (`batched`) on cuda, else 1."""
+    if setting != "auto":
+        return setting
+    return AUTO_BATCHED if batched and device_type == "cuda" else 1
+
+
+def set_chunks(module: nn.Module, setting, device_type: str) -> None:
+    """Every splitk.Linear under `module` (and any module with a `grad_row_chunks`; BATCHED_PRODUCT
+    True: its products are batched) takes its chunks for `setting` on this device type."""
     for m in module.modules():
         if hasattr(m, "grad_row_chunks"):
-            m.grad_row_chunks = chunks
+            m.grad_row_chunks = chunks_of(setting, device_type, getattr(m, "BATCHED_PRODUCT", False))
