@@ -113,10 +113,7 @@ class Learner(Policy):
             raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
                              f"known: {sorted(cfg)}")
         cfg.update(config or {})
-        chunks = cfg["grad_row_chunks"]
-        if chunks != "auto" and (not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1):
-            raise ValueError(f"{type(self).__name__}: grad_row_chunks must be \"auto\" or an integer >= 1 "
-                             f"(1: one product), got {chunks!r}")
+        splitk.check(cfg["grad_row_chunks"], type(self).__name__)
         self.config = cfg
         self.device = placement.pick_device(device)
         # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the

@@ -112,6 +112,13 @@ class Linear(nn.Linear):
         return _Linear.apply(x, self.weight, self.bias, k)
 
 
+def check(setting, owner: str) -> None:
+    """A ValueError unless `setting` is a `grad_row_chunks` value: "auto" or an integer >= 1."""
+    if setting != "auto" and (not isinstance(setting, int) or isinstance(setting, bool) or setting < 1):
+        raise ValueError(f"{owner}: grad_row_chunks must be \"auto\" or an integer >= 1 (1: one product), "
+                         f"got {setting!r}")
+
+
 def chunks_of(setting, device_type: str, batched: bool) -> int:
     """The chunks a layer takes for the learners' `grad_row_chunks`: a number, for every layer; or
     "auto": AUTO_BATCHED for batched products (`batched`) on cuda, else 1."""
