@@ -365,6 +365,47 @@ def test_a_learner_process_that_fails_stops_the_trainer_with_its_error(tmp_path)
     assert "Traceback" not in out, out
 
 
+def test_rows_for_a_learner_process_inside_a_long_update_never_hold_up_the_trainer(tmp_path):
+    """The child reads the pipe on a thread of its own: with its main thread inside an update (here
+    one of 6 s; torch.compile's first build takes 6-26 s, up to a minute on a small CPU) the
+    trainer's sends of rows still go through. Before, the pipe filled and the trainer's loop hung
+    in a send until the update ended: a Ctrl-C'd trainer, handing the child the rows its rate
+    limiter had held, said nothing for that long. Checked without a clock: the sends end before the
+    child's first update has reported."""
+    from slow_learner import SlowLinearQ
+    from simbridge.server.sample_batch import SampleBatch
+    from simbridge.trainer.run.learner_process import LearnerProcess
+
+    started = tmp_path / "started"
+    learner = SlowLinearQ(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                          config={"updates_per_step": 0.5, "learning_starts": 0, "batch_size": 2,
+                                  "update_sleep_s": 6.0, "started_file": str(started)}, device="cpu")
+    proc = LearnerProcess("busy", learner)
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        return SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
+                           new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
+                           rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool),
+                           truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64),
+                           agent_index=np.zeros(n, np.int64), t=np.arange(n), policy_version=np.zeros(n, np.int64),
+                           action_logp=np.full(n, -0.7, np.float32))
+    try:
+        proc.add(rows(2))   # one update due: the child begins it
+        deadline = time.monotonic() + 60   # the child's start (importing torch) is all this waits for
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the learner process never began an update"
+        for _ in range(40):   # 40 x 1,000 rows: megabytes, many times what a pipe holds
+            proc.add(rows(1000))
+        proc.poll()
+        assert learner.updates == 0, "the sends waited for the child's update to end"
+        assert learner.agent_steps == 40_002
+    finally:
+        proc.kill()   # its updates due would take hours at 6 s each
+        proc.conn.close()
+
+
 def test_a_long_wait_for_a_learner_process_state_is_said(caplog, monkeypatch, tmp_path):
     """A checkpoint (the stop's included) asks the child for its state, which it sends between its
     updates: after torch.compile had built the first one (16 s on this CPU), a Ctrl-C'd trainer had

@@ -30,17 +30,15 @@ import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 from typing import List, Optional, Tuple
 
 import torch
 
-from simbridge.trainer.run import gcquiet, journal
+from simbridge.trainer.run import gcquiet, journal, mailbox
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
 from simbridge.trainer.learners.replay import ReplayBuffer
 
@@ -292,41 +290,15 @@ def _child_main(conn) -> None:
         raise SystemExit(1)
 
 
-class _Outbox:
-    """The child's messages to the parent, sent by a thread of their own, so that the child keeps
-    reading rows while a large message waits: with a CNN's weights (megabytes) going up and camera
-    rows coming down, each side's send waited for the other's read and both pipes stayed full."""
-
-    def __init__(self, conn):
-        self._conn, self._queue = conn, queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="simbridge-learner-outbox", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (data := self._queue.get()) is not None:
-            try:
-                self._conn.send_bytes(data)
-            except OSError:
-                return   # the parent is gone
-
-    def send(self, data: bytes) -> None:
-        self._queue.put(data)
-
-    def close(self) -> None:
-        """Sends what is queued, then stops the thread (before anything else writes to the pipe)."""
-        self._queue.put(None)
-        self._thread.join()
-
-
 def _serve(conn) -> None:
-    outbox = _Outbox(conn)
+    outbox = mailbox.Outbox(conn)
     try:
         _serve_rows(conn, outbox)
     finally:
         outbox.close()
 
 
-def _serve_rows(conn, outbox: _Outbox) -> None:
+def _serve_rows(conn, outbox: mailbox.Outbox) -> None:
     from simbridge.server.sample_batch import SampleBatch
     from simbridge.trainer.run.checkpoint import space_from_bytes
 
@@ -343,6 +315,7 @@ def _serve_rows(conn, outbox: _Outbox) -> None:
                   device=init["device"], acting_device=init.get("acting_device"))
     learner.load_state_dict(init["state"])
     rows = reported = learner.agent_steps
+    inbox = mailbox.Inbox(conn, last=_STOP)
 
     def report() -> None:
         w = {"acting": learner.acting.state_dict(), "updates": learner.updates, "forgiven": learner.updates_forgiven,
@@ -354,9 +327,9 @@ def _serve_rows(conn, outbox: _Outbox) -> None:
         due = learner.updates_due()
         # Rows first (they may make updates due), but a steady stream of them must not starve training.
         for _ in range(64):
-            if not conn.poll(0 if due > 0 else 0.5):
+            msg = inbox.get(0 if due > 0 else 0.5)
+            if msg is None:
                 break
-            msg = conn.recv_bytes()
             tag = msg[:1]
             if tag == _ROWS:
                 cols, n = journal.decode_rows(msg[1:])
