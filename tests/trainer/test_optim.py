@@ -60,6 +60,24 @@ def test_adam_under_torch_compile_runs_the_fused_kernels_arithmetic_as_traceable
             torch.testing.assert_close(fused.state[a][key], traced.state[b][key], rtol=1e-5, atol=1e-7)
 
 
+def test_zero_grad_in_place_keeps_each_gradient_tensor_and_zeroes_it(monkeypatch):
+    """In place (asked, or inside a compiled step: its pieces guard on the gradient tensors) every
+    gradient is zeroed, in one foreach kernel, and stays the same tensor; a missing one stays None."""
+    net = _net()
+    opt = optim.Adam(net.parameters(), 1e-3)
+    for compiling in (False, True):
+        _grads(net, 3)   # the last bias without a gradient
+        before = [p.grad for p in net.parameters()]
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: compiling)
+            opt.zero_grad(set_to_none=compiling)   # True under the compiler still zeroes in place
+        after = [p.grad for p in net.parameters()]
+        assert all(a is b for a, b in zip(after, before)) and after[3] is None
+        assert all(not g.any() for g in after if g is not None)
+    opt.zero_grad()
+    assert all(p.grad is None for p in net.parameters())
+
+
 def test_a_state_dict_moves_between_this_adam_and_torchs_both_ways():
     nets = [_net() for _ in range(4)]
     ours = optim.Adam(nets[0].parameters(), 1e-2)

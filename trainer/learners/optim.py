@@ -45,14 +45,15 @@ class Adam:
         # compiled pieces guard on the gradient tensors, and a new one at every update recompiled
         # them at every update (until dynamo gave up and ran them eagerly)
         set_to_none = set_to_none and not _compiling()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if set_to_none:
+            for group in self.param_groups:
+                for p in group["params"]:
                     p.grad = None
-                else:
-                    p.grad.detach_().zero_()
+        elif grads:
+            # one kernel for them all: zeroed one by one they were 16 launches of SAC's compiled
+            # update on an H200 (14 us of 278 at batch 256)
+            torch._foreach_zero_([g.detach_() for g in grads])
 
     @torch.no_grad()
     def step(self) -> None:
