@@ -31,7 +31,7 @@ from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.dataset import DatasetConfigError
 from simbridge.trainer.config.trainer_config import ConfigError, TrainerConfig
 from simbridge.trainer.config.writer import flat_config
-from simbridge.trainer.data import datasets
+from simbridge.trainer.data.attach import attach_datasets
 from simbridge.trainer.learners.base import Learner, trains
 from simbridge.trainer.run import checkpoint, journal, listen, recovery
 from simbridge.trainer.run.factory import PolicyFactory
@@ -114,57 +114,10 @@ class TrainerDaemon:
         if state is not None:
             self.loop.ingested.update(self._ingested_after_resume)
         try:   # reads the warm-start datasets; the recorder writes nothing before the first episode
-            self.dataset_notes = self._datasets() if cfg.dataset.used else []
+            self.dataset_notes = attach_datasets(self) if cfg.dataset.used else []
         except DatasetConfigError as e:
             raise ConfigError(str(e)) from None
         self._state = state   # the journal opens in run(), once the port is bound
-
-    # ---------------------------------------------------------- datasets (docs/datasets.md)
-
-    def _datasets(self) -> list:
-        """[dataset]: the recorder on the learning loop's intake, and the warm starts' transitions
-        queued for it (policies the config gives no spaces are built with the dataset's). Lines
-        for the start-up message."""
-        from simbridge.trainer.data import warm_start   # imports minari's readers: only when used
-        ds, notes = self.cfg.dataset, []
-        datasets.require_minari()
-        for pid, source in ds.warm_start.items():
-            if self.resume:
-                notes.append(f"warm start of {pid} skipped: a resumed run's checkpoint already counted it")
-                continue
-            data, what = warm_start.load(source, pid)
-            policy = self.runtime.policies.get(pid)
-            if policy is None:
-                try:
-                    policy = self.factory.build(pid, data.observation_space, data.action_space)
-                except (ValueError, TypeError) as e:
-                    raise ConfigError(f"{what}: cannot create policy {pid!r} for the dataset's observation "
-                                      f"{data.observation_space}, action {data.action_space}: {e}") from None
-                self.runtime.add_policy(pid, policy)
-            warm_start.check_learner(policy, pid, what)
-            warm_start.check_spaces(data, policy, pid, what)
-            # In a group each rank takes every world-th episode: the shards hold the dataset once.
-            episodes = warm_start.share(data, *((self.rank.rank, self.rank.world) if self.rank else ()))
-            rows = 0
-            for b in warm_start.batches(data, episodes):
-                self.loop.warm_start.append((pid, b))
-                rows += b.count
-            whose, of = ("", "") if self.rank is None else (f"rank {self.rank.rank}'s share: ",
-                                                            f"{len(episodes):,} of ")
-            notes.append(f"warm start of {pid}: {whose}{rows:,} transitions ({of}{data.total_episodes:,} episodes) "
-                         f"from {source}, learned from before any simulator's")
-        if ds.record:
-            root = ds.root(self.logdir)
-            rank = self.rank.rank if self.rank else None   # a group's ranks record apart (datasets.dataset_id)
-            self.loop.recorder = datasets.EpisodeRecorder(ds, root, self._spaces, resume=self.resume, rank=rank)
-            notes.append(f"recording {', '.join(ds.record_policies) or 'every policy'} to {root} "
-                         f"(Minari; MINARI_DATASETS_PATH={root} then minari.load_dataset("
-                         f"\"simbridge/<policy>{'' if rank is None else f'-rank{rank}'}-v0\"))")
-        return notes
-
-    def _spaces(self, pid: str):
-        p = self.runtime.policies[pid]
-        return p.observation_space, p.action_space
 
     # ---------------------------------------------------------- resume and checkpoints
 
