@@ -30,6 +30,7 @@
 #                        (CUDA_VISIBLE_DEVICES=): wall_s of the first must not exceed the second's
 #   learning_*_big.json  the same with device "auto", batch_size 1,024 and updates_per_step 2 (the
 #                        presets' GPU guidance), beside them
+#   learning_dqn-cartpole_compile.json  the same task with update_path "compile", alone (time left)
 #   pixels_pong.json     bench/pixels.py, Pong from pixels for 10k env steps on the GPU (when ale-py
 #                        came and time is left)
 #   gpu_apps.txt         the processes holding the GPU every 5 s while the learning runs go
@@ -160,6 +161,26 @@ done
 kill "$apps" 2>/dev/null
 grep -h -E "updates run|learns on|also use|WARNING|Traceback|Error" "$out"/processes_*.log 2>/dev/null | sed -E "s/^[0-9-]+ [0-9:,]+ //" | sort | uniq -c | head -20 \
   >> "$out/summary.txt"
+
+# The compile path through the bridge (README's advice for long runs): dqn-cartpole with
+# update_path "compile", alone on the GPU, where time is left: the learner process's start-up lines
+# (the build's seconds, a fall-back) and the target's wall time against the graph path's above
+if [ $(( $(date +%s) - start )) -lt 380 ]; then
+  step "bench/learning.py dqn-cartpole seed 0, update_path compile"
+  mkdir -p /tmp/lrn_compile
+  TMPDIR=/tmp/lrn_compile timeout 110 python3 bench/learning.py dqn-cartpole --seed 0 --no-inprocess \
+    --set 'update_path="compile"' --log-level INFO --timeout 90 --out "$out/learning_dqn-cartpole_compile.json" \
+    > /dev/null 2> "$out/learning_dqn-cartpole_compile.log"
+  cp "$(ls -td /tmp/lrn_compile/simbridge-dqn-cartpole-* 2>/dev/null | head -1)/processes.log" \
+    "$out/processes_dqn-cartpole_compile.log" 2>/dev/null
+  python3 - "$out/learning_dqn-cartpole_compile.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+print(f'  compile: solved {c["solved"]} at {c["env_steps"]} steps in {c["wall_s"]} s')
+EOF
+  grep -h -E "updates run|torch.compile built|eagerly from now on" "$out/processes_dqn-cartpole_compile.log" 2>/dev/null \
+    | sed -E "s/^[0-9-]+ [0-9:,]+ //" | head -4 >> "$out/summary.txt"
+fi
 
 # Pong from pixels on the GPU (the Nature CNN: an image network learns and acts on the GPU), where
 # time is left and ale-py came along (EXTRA_WHEELS=ale-py for prepare.sh): the throughput against the
