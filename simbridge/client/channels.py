@@ -1,5 +1,5 @@
 """Finding a bridge host: a ready channel to one address (`open_channel`), or to one of several
-(`connect_any`), and why none gets ready, in words (`diagnose`).
+(`connect_any`); why none gets ready, in words, is simbridge.client.diagnosis's.
 
 Several addresses come as a list or "h1:p1,h2:p2" (`parse_addresses`). A client starts at
 `start_index`: a hash of the host name and process id, plus one for each client this process made
@@ -13,8 +13,6 @@ import logging
 import math
 import os
 import socket
-import ssl
-import stat
 import threading
 import time
 import zlib
@@ -23,9 +21,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from simbridge.client.diagnosis import TLS_REFUSED, why_not_ready
 from simbridge.client.security import ClientSecurity
 from simbridge.client.stopping import Stopped, check_stopping
-from simbridge.wire.addresses import address_problem, grpc_address, is_unix, unix_path
+from simbridge.wire.addresses import address_problem, grpc_address
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.grpc_tuning import RECONNECT_OPTIONS
 
@@ -40,11 +39,6 @@ _down_since: Dict[str, float] = {}
 _clients_made = itertools.count()
 
 
-NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's words for a port closed
-NO_SOCKET_FILE = "no socket file there (no server has created it, or it stopped)"   # ... for unix:PATH
-STALE_SOCKET = "nothing listens there (a stale socket file: connection refused)"
-CLOSED = (NOTHING_LISTENS, NO_SOCKET_FILE, STALE_SOCKET)   # nothing serves there: its sessions are gone
-TLS_REFUSED = "the server's TLS certificate"   # how each verdict on a server's certificate begins
 
 
 def mark_down(address: str) -> None:
@@ -231,139 +225,3 @@ def say_if_starting(channel: grpc.Channel, address: str) -> None:
     if status == health_pb2.HealthCheckResponse.NOT_SERVING:
         log.warning("the simbridge trainer at %s is still starting (loading torch and its learners): this client "
                     "waits until it serves", address)
-
-
-def why_not_ready(address: str, channel: grpc.Channel, security: ClientSecurity) -> Tuple[str, bool]:
-    """diagnose's answer, and with TLS gRPC's own verdict on the server's name: a certificate
-    that does not hold the name this client checks is refused at every handshake, so waiting for
-    it is hopeless."""
-    what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
-    if security.uses_tls and not hopeless:
-        host = "localhost" if is_unix(address) else address.rpartition(":")[0].strip("[]")   # gRPC's default names
-        refused = _name_refused(channel, security.tls_server_name or host)
-        if refused:
-            return refused, True
-    return what, hopeless
-
-
-# gRPC's words for a certificate without the checked name: grpc >= 1.5x's hostname verifier, and
-# the older security connector's.
-_NAME_REFUSALS = ("Hostname Verification Check failed", "is not in peer certificate")
-
-
-def _name_refused(channel: grpc.Channel, name: str) -> Optional[str]:
-    """Whether gRPC's last handshake on `channel` refused the server's certificate for its name.
-    A call that does not wait for the channel ends at once with the channel's last error while its
-    connection attempts fail; on a channel still connecting it waits for that attempt (at most
-    1 s: 0.2 s cut handshakes short on a loaded machine, and the verdict came only after 16 s).
-    Names follow gRPC's rules (Python's differ: a common-name fallback), so only gRPC judges them."""
-    try:
-        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0,
-                                                  wait_for_ready=False)
-    except grpc.RpcError as e:
-        said = [part for part in (e.details() or "").split(": ") if any(w in part for w in _NAME_REFUSALS)]
-        if said:
-            return (f"{TLS_REFUSED} does not hold the name {name!r} this client checks (gRPC: "
-                    f"{said[-1].rstrip('.')}): connect by a name the certificate holds, or pass it with "
-                    f"--tls-server-name")
-    return None
-
-
-def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
-             tls_ca: Optional[bytes] = None) -> Tuple[str, bool]:
-    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
-    nothing listening (a trainer may still come), a host that does not answer, or something
-    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
-    unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
-    tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify."""
-    if is_unix(address):
-        sock, why = _connect_unix(unix_path(address), timeout_s)
-        if sock is None:
-            return why
-    else:
-        host, _, port = address.rpartition(":")
-        try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-        except ConnectionRefusedError:
-            return NOTHING_LISTENS, False
-        except socket.gaierror as e:
-            return f"cannot resolve host {host!r} ({e.strerror})", True
-        except OSError as e:
-            return f"the host does not answer ({e.strerror or 'timed out'})", False
-    with sock:
-        # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
-        # run files in between), and that looks the same as a failed handshake from here.
-        if tls:
-            refused = _certificate_refused(sock, tls_ca) if tls_ca and not is_unix(address) else None
-            if refused:
-                return refused, True
-            return "a server answers but the TLS handshake or the gRPC connection failed", False
-        try:
-            sock.sendall(_HTTP1_PROBE)
-            answer = sock.recv(64)
-        except OSError:
-            answer = b""
-    if answer.startswith(b"HTTP/1"):
-        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
-        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
-                f"TensorBoard?)"), True
-    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
-        return "a gRPC server answers there but the connection did not get ready", False
-    if answer[:1] in (b"\x15", b"\x16"):
-        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
-    return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
-
-
-def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 0.5) -> Optional[str]:
-    """Why the server's certificate fails the roots of --tls-ca, if it does; else None (verified,
-    some other failure, or no answer within timeout_s: a trainer that has bound its port but not
-    started serving does not answer a handshake yet, and may still come). Only the chain is
-    judged, with the roots gRPC is given: names (--tls-server-name) follow gRPC's own rules."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    try:
-        ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
-    except (ssl.SSLError, ValueError):
-        return None   # roots Python cannot read: gRPC's own failure says it
-    ctx.set_alpn_protocols(["h2"])
-    sock.settimeout(timeout_s)
-    try:
-        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
-            return None
-    except ssl.SSLCertVerificationError as e:
-        return f"{TLS_REFUSED} is not signed by the CA of --tls-ca ({e.verify_message})"
-    except OSError:   # ssl.SSLError and timeouts included: not a verdict on the certificate
-        return None
-
-
-def _connect_unix(path: str, timeout_s: float):
-    """(a connected socket, None), or (None, (why, hopeless)) for diagnose."""
-    try:
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            return None, (f"{path} is not a socket (a regular file or directory): pass the path the trainer's "
-                          f"--address unix:PATH names", True)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, (NO_SOCKET_FILE, False)        # a trainer may still come and create it
-    except OSError as e:
-        return None, (f"cannot look at {path} ({e.strerror})", True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
-    try:
-        sock.connect(path)
-        return sock, None
-    except FileNotFoundError:
-        why = NO_SOCKET_FILE, False
-    except ConnectionRefusedError:
-        # A socket file whose server died without removing it: the next server there replaces it.
-        why = STALE_SOCKET, False
-    except PermissionError:
-        why = (f"permission denied on {path} (the server makes its socket owner-only: run the simulator as the "
-               f"trainer's user)"), True
-    except OSError as e:
-        why = f"the socket does not answer ({e.strerror or 'timed out'})", False
-    sock.close()
-    return None, why
-
-
-# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
-_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"

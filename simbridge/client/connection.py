@@ -29,9 +29,10 @@ from typing import Callable, Optional
 
 import grpc
 
-from simbridge.client.channels import (CLOSED, FAILOVER_AFTER_S, NOTHING_LISTENS, Addresses,  # noqa: F401
-                                       close_in_background, close_unwatched, connect_any, connect_first, diagnose,
-                                       mark_down, open_channel, parse_addresses)
+from simbridge.client.channels import (FAILOVER_AFTER_S, Addresses, close_in_background,  # noqa: F401
+                                       close_unwatched, connect_any, connect_first, mark_down, open_channel,
+                                       parse_addresses)
+from simbridge.client.diagnosis import CLOSED, NOTHING_LISTENS, diagnose  # noqa: F401
 from simbridge.client.retry import RETRYABLE, Backoff, rpc_failure
 from simbridge.client.stopping import Stopped, check_stopping, stop_waiting, watch  # noqa: F401
 from simbridge.client.direct_stream import open_stream

@@ -14,8 +14,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from simbridge.client import channels
-from simbridge.client.channels import diagnose, parse_addresses
+from simbridge.client.channels import parse_addresses
+from simbridge.client.diagnosis import NO_SOCKET_FILE, STALE_SOCKET, diagnose
 from simbridge.client.policy_client import PolicyClient
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.service import BridgeServer
@@ -84,9 +84,9 @@ def test_a_live_socket_is_never_taken_and_a_stale_one_is_replaced(sockdir):
 
 def test_clients_say_why_a_socket_does_not_answer(sockdir):
     path = os.path.join(sockdir, "b.sock")
-    assert diagnose(f"unix:{path}") == (channels.NO_SOCKET_FILE, False)    # a trainer may still come
+    assert diagnose(f"unix:{path}") == (NO_SOCKET_FILE, False)    # a trainer may still come
     _stale_socket(path)
-    assert diagnose(f"unix:{path}") == (channels.STALE_SOCKET, False)
+    assert diagnose(f"unix:{path}") == (STALE_SOCKET, False)
     plain = os.path.join(sockdir, "notes.txt")
     open(plain, "w").close()
     what, hopeless = diagnose(f"unix:{plain}")
@@ -95,7 +95,7 @@ def test_clients_say_why_a_socket_does_not_answer(sockdir):
     with pytest.raises(BridgeError) as e:
         PolicyClient(f"unix:{path}", OBS, ACT, connect_timeout_s=0.5)
     assert time.monotonic() - t0 < 5
-    assert e.value.message == (f"no simbridge trainer at unix:{path}: {channels.STALE_SOCKET}: start one with "
+    assert e.value.message == (f"no simbridge trainer at unix:{path}: {STALE_SOCKET}: start one with "
                                f"`simbridge-trainer run --address unix:{path}`, or pass the trainer's address")
     with pytest.raises(BridgeError, match="is not a socket"):
         PolicyClient(f"unix:{plain}", OBS, ACT, connect_timeout_s=5)

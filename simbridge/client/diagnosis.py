@@ -1,0 +1,195 @@
+"""Why no gRPC channel to an address gets ready, in words, and whether waiting is hopeless
+(`diagnose`, `why_not_ready`): nothing listening, a host that does not answer, something that is
+not a gRPC server, a socket file stale or missing, and with TLS a server certificate that the
+client's roots or its checked name refuse (gRPC's own verdict)."""
+import os
+import socket
+import ssl
+import stat
+from typing import List, Optional, Tuple
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from simbridge.client.security import ClientSecurity
+from simbridge.wire.addresses import is_unix, unix_path
+
+NOTHING_LISTENS = "nothing listens there (connection refused)"   # diagnose's words for a port closed
+NO_SOCKET_FILE = "no socket file there (no server has created it, or it stopped)"   # ... for unix:PATH
+STALE_SOCKET = "nothing listens there (a stale socket file: connection refused)"
+CLOSED = (NOTHING_LISTENS, NO_SOCKET_FILE, STALE_SOCKET)   # nothing serves there: its sessions are gone
+TLS_REFUSED = "the server's TLS certificate"   # how each verdict on a server's certificate begins
+
+
+def why_not_ready(address: str, channel: grpc.Channel, security: ClientSecurity) -> Tuple[str, bool]:
+    """diagnose's answer, and with TLS gRPC's own verdict on the server's name: a certificate
+    that does not hold the name this client checks is refused at every handshake, so waiting for
+    it is hopeless."""
+    what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
+    if security.uses_tls and not hopeless:
+        host = "localhost" if is_unix(address) else address.rpartition(":")[0].strip("[]")   # gRPC's default names
+        refused = _name_refused(channel, address, security.tls_server_name or host, security)
+        if refused:
+            return refused, True
+    return what, hopeless
+
+
+# gRPC's words for a certificate without the checked name: grpc >= 1.5x's hostname verifier, and
+# the older security connector's.
+_NAME_REFUSALS = ("Hostname Verification Check failed", "is not in peer certificate")
+
+
+def _name_refused(channel: grpc.Channel, address: str, name: str, security: ClientSecurity) -> Optional[str]:
+    """Whether gRPC's handshake with the server refuses its certificate for the name this client
+    checks. A call that does not wait for a channel ends at once with its last error while its
+    connection attempts fail, and on a channel still connecting waits for that attempt (at most
+    1 s: 0.2 s cut handshakes short on a loaded machine). A host of several addresses (gRPC
+    resolves localhost to ::1 and 127.0.0.1) makes that last error whichever address failed last,
+    the refusal of one without a server as often as the server's name check: so each address
+    is asked on a channel of its own. Names follow gRPC's rules (Python's differ: a common-name
+    fallback), so only gRPC judges them."""
+    if is_unix(address):
+        return _refusal(_last_error(channel), name)
+    for target in _each_address(address):
+        probe = security.channel(target, options=[("grpc.ssl_target_name_override", name)])
+        try:
+            said = _refusal(_last_error(probe), name)
+        finally:
+            probe.close()
+        if said:
+            return said
+    return None
+
+
+def _last_error(channel: grpc.Channel) -> str:
+    """The details of a health call's failure on `channel` ("" when it answers)."""
+    try:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0,
+                                                  wait_for_ready=False)
+    except grpc.RpcError as e:
+        return e.details() or ""
+    return ""
+
+
+def _refusal(details: str, name: str) -> Optional[str]:
+    said = [part for part in details.split(": ") if any(w in part for w in _NAME_REFUSALS)]
+    if not said:
+        return None
+    return (f"{TLS_REFUSED} does not hold the name {name!r} this client checks (gRPC: "
+            f"{said[-1].rstrip('.')}): connect by a name the certificate holds, or pass it with "
+            f"--tls-server-name")
+
+
+def _each_address(address: str) -> List[str]:
+    """gRPC targets for each address HOST:PORT may resolve to: the system resolver's, and for
+    localhost both loopbacks (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ips = [info[4][0] for info in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)]
+    except (OSError, ValueError):   # socket.gaierror included: diagnose says it
+        ips = []
+    if host == "localhost":
+        ips += ["::1", "127.0.0.1"]
+    return [f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}"
+            for ip in dict.fromkeys(ips) if "%" not in ip]   # a scoped link-local address: left to gRPC
+
+
+def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
+             tls_ca: Optional[bytes] = None) -> Tuple[str, bool]:
+    """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
+    nothing listening (a trainer may still come), a host that does not answer, or something
+    listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
+    unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
+    tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify."""
+    if is_unix(address):
+        sock, why = _connect_unix(unix_path(address), timeout_s)
+        if sock is None:
+            return why
+    else:
+        host, _, port = address.rpartition(":")
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except ConnectionRefusedError:
+            return NOTHING_LISTENS, False
+        except socket.gaierror as e:
+            return f"cannot resolve host {host!r} ({e.strerror})", True
+        except OSError as e:
+            return f"the host does not answer ({e.strerror or 'timed out'})", False
+    with sock:
+        # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
+        # run files in between), and that looks the same as a failed handshake from here.
+        if tls:
+            refused = _certificate_refused(sock, tls_ca) if tls_ca and not is_unix(address) else None
+            if refused:
+                return refused, True
+            return "a server answers but the TLS handshake or the gRPC connection failed", False
+        try:
+            sock.sendall(_HTTP1_PROBE)
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+    if answer.startswith(b"HTTP/1"):
+        line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+        return (f"an HTTP/1 server answers there ({line!r}), not a gRPC server (a web server, "
+                f"TensorBoard?)"), True
+    if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
+        return "a gRPC server answers there but the connection did not get ready", False
+    if answer[:1] in (b"\x15", b"\x16"):
+        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
+    return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
+
+
+def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 0.5) -> Optional[str]:
+    """Why the server's certificate fails the roots of --tls-ca, if it does; else None (verified,
+    some other failure, or no answer within timeout_s: a trainer that has bound its port but not
+    started serving does not answer a handshake yet, and may still come). Only the chain is
+    judged, with the roots gRPC is given: names (--tls-server-name) follow gRPC's own rules."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    try:
+        ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError):
+        return None   # roots Python cannot read: gRPC's own failure says it
+    ctx.set_alpn_protocols(["h2"])
+    sock.settimeout(timeout_s)
+    try:
+        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
+            return None
+    except ssl.SSLCertVerificationError as e:
+        return f"{TLS_REFUSED} is not signed by the CA of --tls-ca ({e.verify_message})"
+    except OSError:   # ssl.SSLError and timeouts included: not a verdict on the certificate
+        return None
+
+
+def _connect_unix(path: str, timeout_s: float):
+    """(a connected socket, None), or (None, (why, hopeless)) for diagnose."""
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return None, (f"{path} is not a socket (a regular file or directory): pass the path the trainer's "
+                          f"--address unix:PATH names", True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, (NO_SOCKET_FILE, False)        # a trainer may still come and create it
+    except OSError as e:
+        return None, (f"cannot look at {path} ({e.strerror})", True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+        return sock, None
+    except FileNotFoundError:
+        why = NO_SOCKET_FILE, False
+    except ConnectionRefusedError:
+        # A socket file whose server died without removing it: the next server there replaces it.
+        why = STALE_SOCKET, False
+    except PermissionError:
+        why = (f"permission denied on {path} (the server makes its socket owner-only: run the simulator as the "
+               f"trainer's user)"), True
+    except OSError as e:
+        why = f"the socket does not answer ({e.strerror or 'timed out'})", False
+    sock.close()
+    return None, why
+
+
+# An HTTP/1 request: an HTTP/1 server answers with a status line; a gRPC server (HTTP/2 only) does not.
+_HTTP1_PROBE = b"GET / HTTP/1.1\r\nHost: simbridge\r\n\r\n"
