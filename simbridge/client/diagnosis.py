@@ -81,18 +81,43 @@ def _refusal(details: str, name: str) -> Optional[str]:
 
 
 def _each_address(address: str) -> List[str]:
-    """gRPC targets for each address HOST:PORT may resolve to: the system resolver's, and for
-    localhost both loopbacks (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only)."""
+    """gRPC targets for each address of HOST:PORT (_host_ips)."""
     host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    return [f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}" for ip in _host_ips(host.strip("[]"))]
+
+
+def _host_ips(host: str) -> List[str]:
+    """The addresses gRPC may try for `host`: the system resolver's, and for localhost both
+    loopbacks (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only). Empty when
+    the host does not resolve (socket.gaierror: diagnose says it)."""
     try:
-        ips = [info[4][0] for info in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)]
-    except (OSError, ValueError):   # socket.gaierror included: diagnose says it
+        ips = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+    except (OSError, UnicodeError):
         ips = []
     if host == "localhost":
         ips += ["::1", "127.0.0.1"]
-    return [f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}"
-            for ip in dict.fromkeys(ips) if "%" not in ip]   # a scoped link-local address: left to gRPC
+    return [ip for ip in dict.fromkeys(ips) if "%" not in ip]   # a scoped link-local address: left to gRPC
+
+
+def _connect_tcp(host: str, port: int, timeout_s: float):
+    """(a socket connected to the first of the host's addresses that accepts, None), or (None,
+    (why, hopeless)) for diagnose."""
+    ips = _host_ips(host)
+    if not ips:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            return None, (f"cannot resolve host {host!r} ({e.strerror})", True)
+        return None, (f"cannot resolve host {host!r}", True)
+    why = None
+    for ip in ips:
+        try:
+            return socket.create_connection((ip, port), timeout=timeout_s), None
+        except ConnectionRefusedError:
+            why = why or (NOTHING_LISTENS, False)
+        except OSError as e:
+            why = (f"the host does not answer ({e.strerror or 'timed out'})", False)
+    return None, why
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
@@ -108,14 +133,10 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
             return why
     else:
         host, _, port = address.rpartition(":")
-        try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-        except ConnectionRefusedError:
-            return NOTHING_LISTENS, False
-        except socket.gaierror as e:
-            return f"cannot resolve host {host!r} ({e.strerror})", True
-        except OSError as e:
-            return f"the host does not answer ({e.strerror or 'timed out'})", False
+        # each address gRPC may try, in turn: the system resolver's first of them may have no server
+        sock, why = _connect_tcp(host.strip("[]"), int(port), timeout_s)
+        if sock is None:
+            return why
     with sock:
         # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
         # run files in between), and that looks the same as a failed handshake from here.

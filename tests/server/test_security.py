@@ -98,6 +98,27 @@ def test_wrong_ca_fails_fast_and_names_tls(make_server, pki):
     assert srv.runtime.snapshot()["sessions"] == 0
 
 
+def test_wrong_ca_is_said_for_a_server_on_the_other_loopback_of_localhost(pki):
+    """The CA's verdict comes from a TLS handshake on a TCP connection the client makes itself:
+    it resolved localhost with the system resolver (here 127.0.0.1 only), found nothing there
+    and said "nothing listens" while gRPC, resolving ::1 too, reached the server; the client
+    waited out its timeout. It now tries each address gRPC would."""
+    from simbridge.server.runtime import BridgeConfig, BridgeRuntime
+    try:
+        srv = BridgeServer(BridgeRuntime(BridgeConfig()), "[::1]:0", security=ServerSecurity(
+            tls_cert=pki["server_cert"], tls_key=pki["server_key"])).start()
+    except Exception as e:   # noqa: BLE001 - a machine without IPv6 loopback
+        pytest.skip(f"no IPv6 loopback to serve on: {e}")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BridgeError) as e:
+            _act(f"localhost:{_port(srv)}", ClientSecurity.from_files(tls_ca=pki["other_ca"]), timeout=20)
+        assert "TLS certificate is not signed by the CA of --tls-ca" in e.value.message, e.value.message
+        assert time.monotonic() - t0 < 10, e.value.message
+    finally:
+        srv.stop(grace=0)
+
+
 @pytest.mark.parametrize("several", [False, True])
 def test_a_certificate_without_the_checked_name_fails_fast_and_names_it(make_server, pki, several):
     """gRPC refuses the certificate at every handshake, as it refuses one from another CA; the client
