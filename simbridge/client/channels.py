@@ -39,8 +39,6 @@ _down_since: Dict[str, float] = {}
 _clients_made = itertools.count()
 
 
-
-
 def mark_down(address: str) -> None:
     """A client moved away from `address`: the process's next clients try it last for a while."""
     _down_since[address] = time.monotonic()
