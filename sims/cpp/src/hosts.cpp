@@ -117,28 +117,49 @@ int dial(const std::string& address, double timeout_s, Probe* why) {
   size_t colon = address.rfind(':');
   std::string host = address.substr(0, colon), port = address.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  addrinfo hints{}, *res = nullptr;
+  // Every address gRPC may try, in turn: the system resolver's, and for localhost both loopbacks
+  // (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only). The first alone said
+  // "nothing listens" of a server on the other.
+  std::vector<std::string> names = {host};
+  if (host == "localhost") names = {host, "::1", "127.0.0.1"};
+  addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
-  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    *why = {"cannot resolve host '" + host + "' (" + gai_strerror(rc) + ")", false, true};
-    return -1;
-  }
-  fd = ::socket(res->ai_family, SOCK_STREAM, 0);
-  ::fcntl(fd, F_SETFL, O_NONBLOCK);
-  if (::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    err = errno;
-    if (err == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      socklen_t len = sizeof err;
-      err = ::poll(&p, 1, timeout_ms) == 1 ? (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), err) : ETIMEDOUT;
+  bool resolved = false, refused = false;
+  std::string other;  // the last failure that is not a refusal
+  for (const std::string& name : names) {
+    addrinfo* res = nullptr;
+    if (int rc = ::getaddrinfo(name.c_str(), port.c_str(), &hints, &res); rc != 0) {
+      if (name == host) *why = {"cannot resolve host '" + host + "' (" + gai_strerror(rc) + ")", false, true};
+      continue;
     }
+    resolved = true;
+    for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+      fd = ::socket(ai->ai_family, SOCK_STREAM, 0);
+      if (fd < 0) continue;
+      ::fcntl(fd, F_SETFL, O_NONBLOCK);
+      err = 0;
+      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+          pollfd p{fd, POLLOUT, 0};
+          socklen_t len = sizeof err;
+          err = ::poll(&p, 1, timeout_ms) == 1 ? (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), err)
+                                               : ETIMEDOUT;
+        }
+      }
+      if (err == 0) {
+        ::freeaddrinfo(res);
+        return fd;
+      }
+      ::close(fd);
+      if (err == ECONNREFUSED) refused = true;
+      else other = std::string("the host does not answer (") + (err == ETIMEDOUT ? "timed out" : std::strerror(err)) + ")";
+    }
+    ::freeaddrinfo(res);
   }
-  ::freeaddrinfo(res);
-  if (err == 0) return fd;
-  ::close(fd);
-  if (err == ECONNREFUSED) *why = {kNothingListens, true, false};
-  else *why = {std::string("the host does not answer (") + (err == ETIMEDOUT ? "timed out" : std::strerror(err)) + ")",
-               false, false};
+  if (!resolved) return -1;  // *why: the host's name did not resolve
+  if (!other.empty() || !refused) *why = {other.empty() ? "the host does not answer" : other, false, false};
+  else *why = {kNothingListens, true, false};
   return -1;
 }
 }  // namespace

@@ -79,4 +79,22 @@ TEST(a_probe_names_a_closed_port_and_a_missing_socket_file) {
   CHECK(p.closed && p.what.find("no socket file there") != std::string::npos);
 }
 
+TEST(a_probe_of_localhost_finds_a_server_on_the_loopback_the_resolver_does_not_name) {
+  // gRPC resolves localhost to ::1 and 127.0.0.1; /etc/hosts may name 127.0.0.1 only, where a
+  // probe that dialed the resolver's first address said "nothing listens" of a server on ::1.
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 sa{};
+  sa.sin6_family = AF_INET6;
+  sa.sin6_addr = in6addr_loopback;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 4) != 0) {
+    if (fd >= 0) ::close(fd);
+    return;  // no IPv6 loopback on this machine: nothing to check
+  }
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  Probe p = probe("localhost:" + std::to_string(ntohs(sa.sin6_port)), false, 0.3);
+  ::close(fd);
+  CHECK(!p.closed && p.what != kNothingListens);
+}
+
 }  // namespace
