@@ -5,6 +5,9 @@
 # Here first (it fetches the wheels the GPU machine lacks into .whl/, which git ignores; ale-py for
 # the Atari step at the end):
 #   EXTRA_WHEELS=ale-py bash ../shared/gpu/prepare.sh
+# and ale-py's wheel itself, which prepare.sh skips (it takes .venv's versions; .venv has no ale-py):
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl ale-py
 # Then on the GPU machine, in the checkout's copy, carrying .whl/ (results under $OUT):
 #   bash bench/gpu_check.sh
 #
