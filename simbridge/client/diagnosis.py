@@ -81,34 +81,34 @@ def _refusal(details: str, name: str) -> Optional[str]:
 
 
 def _each_address(address: str) -> List[str]:
-    """gRPC targets for each address of HOST:PORT (_host_ips)."""
+    """gRPC targets for each address of HOST:PORT (_host_ips); none when the host does not resolve
+    (diagnose says it)."""
     host, _, port = address.rpartition(":")
-    return [f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}" for ip in _host_ips(host.strip("[]"))]
+    try:
+        ips = _host_ips(host.strip("[]"))
+    except (OSError, UnicodeError):
+        return []
+    return [f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}"
+            for ip in ips if "%" not in ip]   # a scoped link-local address: left to gRPC
 
 
 def _host_ips(host: str) -> List[str]:
     """The addresses gRPC may try for `host`: the system resolver's, and for localhost both
-    loopbacks (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only). Empty when
-    the host does not resolve (socket.gaierror: diagnose says it)."""
-    try:
-        ips = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
-    except (OSError, UnicodeError):
-        ips = []
+    loopbacks (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only). Raises the
+    resolver's error (socket.gaierror) for a host it cannot resolve."""
+    ips = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
     if host == "localhost":
         ips += ["::1", "127.0.0.1"]
-    return [ip for ip in dict.fromkeys(ips) if "%" not in ip]   # a scoped link-local address: left to gRPC
+    return list(dict.fromkeys(ips))
 
 
 def _connect_tcp(host: str, port: int, timeout_s: float):
     """(a socket connected to the first of the host's addresses that accepts, None), or (None,
     (why, hopeless)) for diagnose."""
-    ips = _host_ips(host)
-    if not ips:
-        try:
-            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as e:
-            return None, (f"cannot resolve host {host!r} ({e.strerror})", True)
-        return None, (f"cannot resolve host {host!r}", True)
+    try:
+        ips = _host_ips(host)
+    except socket.gaierror as e:
+        return None, (f"cannot resolve host {host!r} ({e.strerror})", True)
     why = None
     for ip in ips:
         try:
@@ -117,7 +117,7 @@ def _connect_tcp(host: str, port: int, timeout_s: float):
             why = why or (NOTHING_LISTENS, False)
         except OSError as e:
             why = (f"the host does not answer ({e.strerror or 'timed out'})", False)
-    return None, why
+    return None, why or (f"cannot resolve host {host!r} (no address)", True)
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,

@@ -45,15 +45,14 @@ class Adam:
         # compiled pieces guard on the gradient tensors, and a new one at every update recompiled
         # them at every update (until dynamo gave up and ran them eagerly)
         set_to_none = set_to_none and not _compiling()
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         if set_to_none:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    p.grad = None
-        elif grads:
+            for p in params:
+                p.grad = None
+        elif params:
             # one kernel for them all: zeroed one by one they were 16 launches of SAC's compiled
             # update on an H200 (14 us of 278 at batch 256)
-            torch._foreach_zero_([g.detach_() for g in grads])
+            torch._foreach_zero_([p.grad.detach_() for p in params])
 
     @torch.no_grad()
     def step(self) -> None:

@@ -117,11 +117,11 @@ int dial(const std::string& address, double timeout_s, Probe* why) {
   size_t colon = address.rfind(':');
   std::string host = address.substr(0, colon), port = address.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  // Every address gRPC may try, in turn: the system resolver's, and for localhost both loopbacks
-  // (gRPC's own resolver adds ::1 where /etc/hosts names 127.0.0.1 only). The first alone said
-  // "nothing listens" of a server on the other.
+  // Every address gRPC may try, in turn: the system resolver's, and for localhost its two loopbacks
+  // (gRPC's own resolver gives ::1 too where /etc/hosts names 127.0.0.1 only). The first alone
+  // said "nothing listens" of a server on the other.
   std::vector<std::string> names = {host};
-  if (host == "localhost") names = {host, "::1", "127.0.0.1"};
+  if (host == "localhost") names = {"::1", "127.0.0.1"};  // its loopbacks, each dialed once
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   bool resolved = false, refused = false;
