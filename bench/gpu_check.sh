@@ -17,6 +17,9 @@
 #   nvidia-smi.txt       the card, and the processes on it at the start
 #   pytest_gpu.txt       tests/trainer/test_update_paths.py and test_splitk.py: the CUDA graph
 #                        path against eager, row-chunked gradients against one product
+#   layer_products.json  bench/layer_products.py: the twin critics' and DQN's layer ops one by one at
+#                        256 and 4,096 rows (which form of a bias gradient, weight gradient and action
+#                        pick is cheapest: DQN's batch-4,096 gap to its bar is about 11 us an update)
 #   learner_speed.json   bench/learner_speed.py: updates/s of DQN, SAC and PPO's minibatch step,
 #                        cpu and cuda, batch 256 and 4,096, eager and graph, on cuda with TF32
 #                        products (the default; full float32 was measured on 27 Nov), with the
@@ -65,6 +68,15 @@ step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_spli
 timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py tests/trainer/test_splitk.py \
   > "$out/pytest_gpu.txt" 2>&1
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
+
+step "bench/layer_products.py: the layers' ops one by one, 256 and 4,096 rows"
+timeout 60 python3 bench/layer_products.py --out "$out/layer_products.json" > /dev/null 2> "$out/layer_products.log"
+python3 - "$out/layer_products.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+for x in json.load(open(sys.argv[1]))["rows"]:
+    print(f'  {x["layer"]} b{x["rows"]} {x["in"]}->{x["out"]}: ' + ", ".join(
+        f"{k} {v}" for k, v in x.items() if k.startswith(("bgrad", "pick", "wgrad"))))
+EOF
 
 step "bench/learner_speed.py"
 timeout 150 python3 bench/learner_speed.py --out "$out/learner_speed.json" > /dev/null 2> "$out/learner_speed.log"

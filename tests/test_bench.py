@@ -96,19 +96,26 @@ def test_learner_speed_runs_on_the_cpu_and_reports_rates_and_profiles(tmp_path):
     assert report["targets"] == {}   # the issue's bars are cuda's
 
 
-def test_twin_products_times_every_formulation_of_each_layer(tmp_path):
-    """bench/twin_products.py (the twin critics' products, the GPU check's evidence for "auto"
-    grad_row_chunks): on the CPU it runs too, a time for every formulation of every layer, the
-    chunked gradients only where the rows allow them (splitk.MIN_ROWS)."""
-    out = tmp_path / "twin.json"
-    run("bench/twin_products.py", "--rows", "64,1024", "--out", str(out))
+def test_layer_products_times_every_formulation_of_each_layer(tmp_path):
+    """bench/layer_products.py (the twin critics' and DQN's layer ops, one by one: the GPU check's
+    evidence for "auto" grad_row_chunks and for the bias gradients' form): on the CPU it runs too, a
+    time for every formulation of every layer, the chunked gradients only where the rows allow them
+    (splitk.MIN_ROWS), the action pick on DQN's last layer only."""
+    out = tmp_path / "layers.json"
+    run("bench/layer_products.py", "--rows", "64,1024", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["rows"], r["in"], r["out"]) for r in rows] == [
-        (n, i, o) for n in (64, 1024) for i, o in ((4, 256), (256, 256), (256, 1))]
+    assert [(r["layer"], r["rows"], r["in"], r["out"]) for r in rows] == [
+        ("twin", n, i, o) for n in (64, 1024) for i, o in ((4, 256), (256, 256), (256, 1))] + [
+        ("plain", n, i, o) for n in (64, 1024) for i, o in ((4, 128), (128, 128), (128, 2))]
     for r in rows:
-        times = {k: v for k, v in r.items() if k not in ("rows", "in", "out")}
-        assert all(v > 0 for v in times.values()) and {"fwd_baddbmm_relu", "fwd_bmm_add_relu", "wgrad_bmm"} <= set(times)
-        assert ("wgrad_chunks8" in times) == (r["rows"] >= 1024)
+        times = {k: v for k, v in r.items() if k not in ("layer", "rows", "in", "out")}
+        assert all(v > 0 for v in times.values())
+        if r["layer"] == "twin":
+            assert {"fwd_baddbmm_relu", "fwd_bmm_add_relu", "wgrad_bmm", "bgrad_sum", "bgrad_bmm_ones"} <= set(times)
+            assert ("wgrad_chunks8" in times) == (r["rows"] >= 1024)
+        else:
+            assert {"fwd_addmm_relu", "wgrad_mm", "bgrad_sum", "bgrad_mv_ones", "bgrad_mm_ones"} <= set(times)
+            assert ("pick_gather" in times) == ("pick_onehot" in times) == (r["out"] == 2)
 
 
 def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_graph():
