@@ -15,8 +15,9 @@
 # (./gpu_check_out without $OUT):
 #   setup.log            ../shared/gpu/device_setup.sh: wheels and this project into /tmp/site
 #   nvidia-smi.txt       the card, and the processes on it at the start
-#   pytest_gpu.txt       tests/trainer/test_update_paths.py and test_splitk.py: the CUDA graph
-#                        path against eager, row-chunked gradients against one product
+#   pytest_gpu.txt       tests/trainer/test_update_paths.py, test_splitk.py and test_optim.py: the
+#                        CUDA graph path against eager, row-chunked gradients against one product,
+#                        Adam and the target update in slices against whole tensors
 #   layer_products.json  bench/layer_products.py: the twin critics' and DQN's layer ops one by one at
 #                        256 and 4,096 rows (which form of a bias gradient, weight gradient and action
 #                        pick is cheapest: DQN's batch-4,096 gap to its bar is about 11 us an update)
@@ -25,8 +26,11 @@
 #                        products (the default; full float32 was measured on 27 Nov), with the
 #                        ratios and the issue's bars (SAC >= 1,000/s, DQN >= 2,500/s at 256;
 #                        4,096 >= 0.8x 256)
-#   learner_speed_profile.json  the same for DQN and SAC on cuda with --profile: each row's costliest
-#                        kernels per update (what grows from batch 256 to 4,096)
+#   learner_speed_slices.json  DQN, SAC and PPO's graph path at 256 and 4,096 with --adam-slices on,off
+#                        (large tensors to the fused Adam and the target update in slices, the
+#                        default since 28 Nov, or whole) and each row's costliest kernels: SAC's
+#                        three Adam steps took 103 us of its 483-us update whole (one thread block
+#                        per 65,536 elements)
 #   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
 #                        in the learner's own CUDA graph) beside the graph path, in one process
 #   learner_speed_chunks.json  SAC's graph and compile paths at 4,096 with grad_row_chunks "auto" (the
@@ -64,8 +68,9 @@ cd /tmp/run || { step "no /tmp/run: setup failed"; exit 1; }
 python3 -c "import torch, simbridge.trainer.learners.capture as c; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
   >> "$out/summary.txt" 2>&1 || { step "simbridge.trainer does not import: see setup.log"; exit 1; }
 
-step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py)"
+step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py tests/trainer/test_splitk.py \
+  tests/trainer/test_optim.py \
   > "$out/pytest_gpu.txt" 2>&1
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 
@@ -91,14 +96,16 @@ print("  targets", json.dumps(r["targets"]))
 print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
 EOF
 
-step "bench/learner_speed.py --profile: where a cuda update's time goes, batch 256 against 4,096"
-timeout 90 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths eager,graph --window 0.1 \
-  --repeats 1 --no-acting --profile 8 --out "$out/learner_speed_profile.json" > /dev/null 2> "$out/learner_speed_profile.log"
-python3 - "$out/learner_speed_profile.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+step "bench/learner_speed.py --adam-slices on,off: the graph path, Adam in slices against whole tensors, with profiles"
+timeout 100 python3 bench/learner_speed.py --devices cuda --learners dqn,sac,ppo --paths graph --adam-slices on,off \
+  --window 0.1 --repeats 3 --no-acting --profile 8 --out "$out/learner_speed_slices.json" > /dev/null 2> "$out/learner_speed_slices.log"
+python3 - "$out/learner_speed_slices.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
-for x in json.load(open(sys.argv[1]))["results"]:
-    print(f'  {x["learner"]} b{x["batch"]} {x["path"]}: ' + "; ".join(
-        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
+r = json.load(open(sys.argv[1]))
+for x in r["results"]:
+    print(f'  {x["learner"]} b{x["batch"]} {x["path"]} slices {x["adam_slices"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
+        f'{p["op"][:60]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
+print("  ratios", json.dumps({k: v for k, v in r["ratios"].items() if "slices" in k or "b4096_vs" in k}))
 EOF
 
 step "bench/learner_speed.py --grad-row-chunks auto,1: SAC at batch 4,096, graph and compile, chunked twin gradients against one product"
@@ -115,7 +122,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
     print(f'  {x["learner"]} b{x["batch"]} {x["path"]} chunks {x["grad_row_chunks"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
-        f'{p["op"][:40]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
+        f'{p["op"][:60]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 print("  ratios", json.dumps(r["ratios"]))
 EOF
 

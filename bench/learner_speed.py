@@ -2,7 +2,8 @@
 
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
-                                  [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks auto,1,8] [--out FILE]
+                                  [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks auto,1,8]
+                                  [--adam-slices on,off] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -13,18 +14,21 @@ everywhere; "graph" (a CUDA graph per update) on cuda; "compile" (torch.compile;
 captured as one CUDA graph) with --compile or --paths only: compiling takes minutes on a small CPU.
 --grad-row-chunks: the learners' `grad_row_chunks` (weight gradients of batches >= 1,024 rows summed
 in chunks: trainer/learners/splitk.py; "auto", the default, cuts the twin critics' batched products
-on cuda), one row per value.
+on cuda), one row per value. --adam-slices: whether large tensors reach the multi-tensor kernels
+(fused Adam, the target update) in slices on cuda ("on", the learners' way: trainer/learners/optim.py)
+or whole ("off"), one row per value.
 Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile), with --profile K: profile, the K ops with the most
            self time per update (on the device on cuda)}
-  ratios:  (rows with grad_row_chunks "auto") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
+  ratios:  (rows with grad_row_chunks "auto" and adam_slices "on") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
            compile path's over the graph path's (`compile_vs_graph`, cuda), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`); per
-           learner/device/batch/path, each grad_row_chunks K's rate over "auto"'s (`chunksK_vs_auto`)
+           learner/device/batch/path, each grad_row_chunks K's rate over "auto"'s (`chunksK_vs_auto`),
+           and adam_slices "off"'s rate over "on"'s (`slicesoff_vs_on`)
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
            and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
@@ -32,9 +36,11 @@ Prints one JSON object:
 On the CPU the default run takes well under a minute.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -47,6 +53,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from simbridge.trainer.learners import optim  # noqa: E402
 from simbridge.trainer.learners.dqn import DQNLearner  # noqa: E402
 from simbridge.trainer.learners.nstep import DISCOUNTS  # noqa: E402
 from simbridge.trainer.learners.ppo import MINIBATCH_KEYS, PPOLearner  # noqa: E402
@@ -62,6 +69,24 @@ LEARNERS = {
 REPLAY_ROWS = 5_000
 TARGETS = {"sac": 1_000.0, "dqn": 2_500.0}   # updates/s at batch 256 on cuda (the GPU issue)
 DEFAULT_CHUNKS = "auto"   # the learners' grad_row_chunks default: the rows the ratios compare
+DEFAULT_SLICES = "on"     # optim.sliced on cuda, the learners' way
+
+
+def default_row(r: dict) -> bool:
+    return (r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS
+            and r.get("adam_slices", DEFAULT_SLICES) == DEFAULT_SLICES)
+
+
+@contextlib.contextmanager
+def adam_slices(setting: str):
+    """"on": the multi-tensor kernels take large tensors in slices on cuda (the learners' way);
+    "off": whole, as before 28 Nov. Held over a row's build, capture and timing."""
+    saved = optim.SLICED_DEVICES
+    optim.SLICED_DEVICES = ("cuda",) if setting == "on" else ()
+    try:
+        yield
+    finally:
+        optim.SLICED_DEVICES = saved
 
 
 def sync(device: torch.device) -> None:
@@ -101,7 +126,15 @@ def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chun
 
 
 def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True,
-            profile_top: int = 0, chunks=DEFAULT_CHUNKS) -> dict:
+            profile_top: int = 0, chunks=DEFAULT_CHUNKS, slices: str = DEFAULT_SLICES) -> dict:
+    with adam_slices(slices):
+        row = _measure(name, device, batch, path, window, repeats, tf32, profile_top, chunks)
+    row["adam_slices"] = slices
+    return row
+
+
+def _measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool,
+             profile_top: int, chunks) -> dict:
     t0 = time.perf_counter()
     learner, steps = build(name, device, batch, path, tf32, chunks)
     dev = learner.device
@@ -152,8 +185,24 @@ def profile(learner, steps, top: int, updates: int = 20) -> list:
         sync(learner.device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
-    return [{"op": e.key[:90], "self_us_per_update": round(getattr(e, key, 0.0) / updates, 1),
+    return [{"op": kernel_name(e.key), "self_us_per_update": round(getattr(e, key, 0.0) / updates, 1),
              "calls_per_update": round(e.count / updates, 2)} for e in rows]
+
+
+# what CUDA kernels' names repeat, and what tells them apart: the functors and ops in their templates
+# (the fused Adam and every _foreach_ op are all `multi_tensor_apply_kernel<...>`)
+_NOISE = ("void ", "at::native::", "(anonymous namespace)::", "std::enable_if<!(false), void>::type ", "internal::")
+_WHICH = re.compile(r"(\w*(?:Functor|functor|Ops|_kernel_cuda|Metadata)\w*)")
+
+
+def kernel_name(name: str, width: int = 90) -> str:
+    """A profile row's op, short: `multi_tensor_apply_kernel<FusedAdamMathFunctor>` for the fused
+    Adam, cuBLAS's and ATen's op names as they are (cut to `width`)."""
+    for noise in _NOISE:
+        name = name.replace(noise, "")
+    head, _, rest = name.partition("<")
+    which = [w for w in dict.fromkeys(_WHICH.findall(rest)) if not w.endswith("Metadata")]
+    return (f"{head}<{'/'.join(which)}>" if which else name)[:width]
 
 
 def acting_latency(device: str, window: float = 0.15) -> list:
@@ -190,12 +239,16 @@ def ratios(results: list) -> dict:
 
     def key(r):
         return r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]
-    by = {key(r): r["updates_per_s"] for r in results if r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS}
+    by = {key(r): r["updates_per_s"] for r in results if default_row(r)}
     for r in results:
-        k, one = r.get("grad_row_chunks", DEFAULT_CHUNKS), by.get(key(r))
-        if k != DEFAULT_CHUNKS and one:
-            out[f'{r["learner"]}/{r["device"]}{precision(r["device"], r["tf32"])}/b{r["batch"]}/{r["path_asked"]}'
-                f'/chunks{k}_vs_{DEFAULT_CHUNKS}'] = round(r["updates_per_s"] / one, 3)
+        k, cut, one = r.get("grad_row_chunks", DEFAULT_CHUNKS), r.get("adam_slices", DEFAULT_SLICES), by.get(key(r))
+        if default_row(r) or not one:
+            continue
+        name = (f"chunks{k}_vs_{DEFAULT_CHUNKS}" if k != DEFAULT_CHUNKS else "") + \
+            ("_" if k != DEFAULT_CHUNKS and cut != DEFAULT_SLICES else "") + \
+            (f"slices{cut}_vs_{DEFAULT_SLICES}" if cut != DEFAULT_SLICES else "")
+        out[f'{r["learner"]}/{r["device"]}{precision(r["device"], r["tf32"])}/b{r["batch"]}/{r["path_asked"]}'
+            f'/{name}'] = round(r["updates_per_s"] / one, 3)
     for (learner, device, batch, path, tf32), rate in by.items():
         tag = precision(device, tf32)
         eager = by.get((learner, device, batch, "eager", tf32))
@@ -219,7 +272,7 @@ def targets(results: list) -> dict:
     for learner, bar in TARGETS.items():
         # the learners' defaults: TF32 on cuda
         cuda = [r for r in results if r["learner"] == learner and r["device"].startswith("cuda") and r["tf32"]]
-        b256 = [r for r in cuda if r["batch"] == 256 and r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS]
+        b256 = [r for r in cuda if r["batch"] == 256 and default_row(r)]
         if not b256:
             continue
         best = max(b256, key=lambda r: r["updates_per_s"])
@@ -255,6 +308,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grad-row-chunks", default=DEFAULT_CHUNKS, metavar="K,...",
                     help="the learners' grad_row_chunks (\"auto\" or a number), one row per value "
                          "(trainer/learners/splitk.py)")
+    ap.add_argument("--adam-slices", default=DEFAULT_SLICES, metavar="on,off",
+                    help="large tensors to the fused Adam and the target update in slices on cuda (on) or "
+                         "whole (off), one row per value (trainer/learners/optim.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -275,10 +331,11 @@ def main(argv=None) -> int:
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
                         for chunks in (k if k == "auto" else int(k) for k in args.grad_row_chunks.split(",")):
-                            r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
-                                        args.profile, chunks)
-                            print(json.dumps(r), file=sys.stderr, flush=True)
-                            results.append(r)
+                            for slices in args.adam_slices.split(","):
+                                r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
+                                            args.profile, chunks, slices)
+                                print(json.dumps(r), file=sys.stderr, flush=True)
+                                results.append(r)
     acting = []
     if not args.no_acting:
         for device in args.devices.split(","):

@@ -148,3 +148,38 @@ def test_learner_speed_sets_row_chunked_gradients_beside_one_product_and_its_bar
     assert got["dqn/cuda:0/tf32/graph/b4096_vs_b256"] == 0.75   # the default against the default
     t = targets(rows)["dqn"]
     assert (t["b4096"], t["b4096_grad_row_chunks"], t["b4096_met"]) == (5100.0, 8, True)
+
+
+def test_learner_speed_sets_adam_in_slices_beside_whole_tensors_out_of_the_other_ratios():
+    """The GPU check's adam_slices rows (trainer/learners/optim.py: large tensors to the fused Adam in
+    slices on cuda, the default): "off" against "on" per row, and "off" rows kept out of the path,
+    batch and chunk ratios and the batch-256 bar."""
+    from bench.learner_speed import ratios, targets
+    rows = [{"learner": "sac", "device": "cuda:0", "batch": b, "path_asked": "graph", "tf32": True,
+             "grad_row_chunks": k, "adam_slices": s, "updates_per_s": r}
+            for b, k, s, r in ((256, "auto", "on", 2500.0), (256, "auto", "off", 2000.0),
+                               (4096, "auto", "on", 1300.0), (4096, "auto", "off", 1200.0),
+                               (4096, 1, "off", 1100.0))]
+    got = ratios(rows)
+    assert got["sac/cuda:0/tf32/b256/graph/slicesoff_vs_on"] == 0.8
+    assert got["sac/cuda:0/tf32/b4096/graph/slicesoff_vs_on"] == 0.923
+    assert got["sac/cuda:0/tf32/b4096/graph/chunks1_vs_auto_slicesoff_vs_on"] == 0.846
+    assert got["sac/cuda:0/tf32/graph/b4096_vs_b256"] == 0.52   # on against on
+    assert targets(rows)["sac"]["best_b256"] == 2500.0
+
+
+def test_profile_rows_name_cuda_kernels_by_what_tells_them_apart():
+    """The fused Adam and every _foreach_ op are all `multi_tensor_apply_kernel<...>` (90 characters
+    of namespaces alike): a profile row names the functor, the GPU check's summary reads it."""
+    from bench.learner_speed import kernel_name
+    ns = "at::native::(anonymous namespace)::"
+    adam = (f"void {ns}multi_tensor_apply_kernel<{ns}FusedOptimizerTensorListMetadata<4>, "
+            f"{ns}FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)0, false>, bool, float*>(...)")
+    lerp = (f"void {ns}multi_tensor_apply_kernel<{ns}TensorListMetadata<2>, {ns}TernaryOpScalarFunctor<float, 2, "
+            f"2, 0>, at::native::LerpFunctor<float>, float>(...)")
+    assert kernel_name(adam) == "multi_tensor_apply_kernel<FusedAdamMathFunctor>"
+    assert kernel_name(lerp) == "multi_tensor_apply_kernel<TernaryOpScalarFunctor/LerpFunctor>"
+    assert kernel_name("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<"
+                       "float, at::native::sum_functor<float, float, float>>>>(...)") == "reduce_kernel<sum_functor>"
+    assert kernel_name("aten::addmm") == "aten::addmm"
+    assert len(kernel_name("void cutlass::Kernel2<" + "x" * 200 + ">")) == 90

@@ -328,7 +328,7 @@ class DQNLearner(Learner):
         self.optimizer.step()
 
         if self._target_turn:
-            self.update_target(cfg["tau"])
+            optim.soft_update(self.q_target.parameters(), self.q.parameters(), cfg["tau"])
         return capture.stack([loss, q.mean(), grad_norm])
 
     # ------------------------------------------------------------ checkpoints
@@ -349,10 +349,3 @@ class DQNLearner(Learner):
         p = self.logged_share()
         self.share[0].fill_(1.0 - p)   # two fills, not a copy from the host: no synchronisation
         self.share[1].fill_(p)
-
-    @torch.no_grad()
-    def update_target(self, tau: float) -> None:
-        if tau >= 1.0:   # a hard copy, in place (a captured update replays it)
-            torch._foreach_copy_(list(self.q_target.parameters()), list(self.q.parameters()))
-            return
-        torch._foreach_lerp_(list(self.q_target.parameters()), list(self.q.parameters()), tau)

@@ -16,9 +16,56 @@ closures, gradient scaling, hooks, and devices without the fused kernel (`adam` 
 torch.optim.Adam there). A tensor learning rate (the graph and compile paths' `set_lr`) and
 `capturable` (the step count on the device, read by the kernel there) work as in torch.
 """
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
+
+# CUDA's multi-tensor kernels (the fused Adam, the _foreach_ ops) give each 65,536-element chunk of a
+# tensor one thread block of 512 threads: a 256x256 layer's weights ran on one of an H200's 132
+# multiprocessors, and SAC's three Adam steps took 103 us of its 483-us update at batch 256 on the
+# graph path (DQN's one, with 128x128 layers, 10 of 161; docs/benchmarks.md, "Adam in slices").
+# Given as slices of SLICE elements (views of the same memory: the kernels' in-place writes land in
+# the tensors), a large tensor gets one block per slice. Element-wise arithmetic: the same results.
+SLICE = 4096
+SLICED_DEVICES = ("cuda",)
+
+
+def sliced(lists: Sequence[Sequence[torch.Tensor]], repeated: Sequence[Sequence[torch.Tensor]] = (),
+           size: Optional[int] = None) -> Tuple[List[List[torch.Tensor]], List[List[torch.Tensor]]]:
+    """Lists of tensors that correspond element for element (parameters, their gradients, Adam's
+    moments) with each large contiguous tensor on a SLICED_DEVICES device cut alike into flat views
+    of `size` (SLICE) elements; `repeated` lists (Adam's step counts) repeat their element once per
+    slice. Inside torch.compile: the lists as they are (inductor makes its own kernels)."""
+    size = size or SLICE
+    if _compiling() or not lists[0] or lists[0][0].device.type not in SLICED_DEVICES:
+        return [list(x) for x in lists], [list(r) for r in repeated]   # the CPU's way: no Python per tensor
+    out: List[List[torch.Tensor]] = [[] for _ in lists]
+    again: List[List[torch.Tensor]] = [[] for _ in repeated]
+    for i, group in enumerate(zip(*lists)):
+        first = group[0]
+        n = 1
+        if first.device.type in SLICED_DEVICES and first.numel() > size and all(t.is_contiguous() for t in group):
+            n = -(-first.numel() // size)
+            for o, t in zip(out, group):
+                o.extend(t.view(-1).split(size))
+        else:
+            for o, t in zip(out, group):
+                o.append(t)
+        for o, r in zip(again, repeated):
+            o.extend([r[i]] * n)
+    return out, again
+
+
+@torch.no_grad()
+def soft_update(targets: Iterable[torch.Tensor], sources: Iterable[torch.Tensor], tau: float) -> None:
+    """targets <- targets + tau * (sources - targets), in place (a captured update replays it); tau >= 1:
+    a copy. The target networks' Polyak averaging (DQN, SAC), in slices on cuda."""
+    (t, s), _ = sliced([list(targets), list(sources)])
+    if tau >= 1.0:
+        torch._foreach_copy_(t, s)
+    else:
+        torch._foreach_lerp_(t, s, tau)
+
 
 # torch.optim.Adam's param-group keys, so that state_dict()s are interchangeable.
 _GROUP_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
@@ -78,6 +125,7 @@ class Adam:
             if _compiling():
                 traced_adam(params, grads, avgs, avg_sqs, steps, group)
                 continue
+            (params, grads, avgs, avg_sqs), (steps,) = sliced([params, grads, avgs, avg_sqs], [steps])
             torch._fused_adam_(params, grads, avgs, avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
                                beta1=float(beta1), beta2=float(beta2), weight_decay=group["weight_decay"],
                                eps=group["eps"], maximize=False, grad_scale=None, found_inf=None)
@@ -160,8 +208,8 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Ten
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device if params else None)
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))   # whole: torch's sums' order
+    torch._foreach_mul_(sliced([grads])[0][0], torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return total
 
 

@@ -15,9 +15,10 @@ One update (Haarnoja et al. 2018, with twin critics and automatic entropy tuning
   target: Q' <- Q' + tau * (Q - Q')
 
 Speed: both critics are one module whose layers are batched matmuls (one
-`baddbmm` per layer for the pair, and one Adam over both), Adam is the fused
-kernel, the temperature's gradient is written directly (no autograd for one
-scalar), the target update is one `_foreach_lerp_`, the update's noise is drawn
+product per layer for the pair, and one Adam over both), Adam is the fused
+kernel (given large tensors in slices on cuda: optim.sliced), the temperature's gradient is
+written directly (no autograd for one scalar), the target update is one `_foreach_lerp_`
+(optim.soft_update), the update's noise is drawn
 with the replay indices (draw_inputs), and the whole update is one step without
 host synchronisation, captured as a CUDA graph on a GPU (trainer/learners/capture.py).
 Scalar metrics are read back at the end of a train() call once `metrics_every`
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simbridge.trainer.learners import capture, export, splitk
+from simbridge.trainer.learners import capture, export, optim, splitk
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.base import Learner
 from simbridge.trainer.learners.heads import LOG_STD_MAX, LOG_STD_MIN, STORE_CLIP, squashed_sample
@@ -262,9 +263,7 @@ class SACLearner(Learner):
         self.alpha_opt.step()
 
         # Polyak-averaged target critics
-        with torch.no_grad():
-            torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()),
-                                 self.config["tau"])
+        optim.soft_update(self.critic_target.parameters(), self.critic.parameters(), self.config["tau"])
 
         return capture.stack([critic_loss, actor_loss, alpha, -(alpha.log() * entropy_gap), q.mean(),
                               -logp_pi.mean()])
