@@ -28,9 +28,11 @@
 #                        4,096 >= 0.8x 256)
 #   learner_speed_slices.json  DQN, SAC and PPO's graph path at 256 and 4,096 with --adam-slices on,off
 #                        (large tensors to the fused Adam and the target update in slices, the
-#                        default since 28 Nov, or whole) and each row's costliest kernels: SAC's
-#                        three Adam steps took 103 us of its 483-us update whole (one thread block
-#                        per 65,536 elements)
+#                        default since 28 Nov, or whole) and --bias-grad sum,product (bias
+#                        gradients of >= 1,024 rows as a product with ones; not the default yet),
+#                        each row's costliest kernels: SAC's three Adam steps took 103 us of its
+#                        483-us update whole (one thread block per 65,536 elements), DQN's bias
+#                        sums 17 of its 212 us at 4,096 rows
 #   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
 #                        in the learner's own CUDA graph) beside the graph path, in one process
 #   learner_speed_chunks.json  SAC's graph and compile paths at 4,096 with grad_row_chunks "auto" (the
@@ -96,16 +98,16 @@ print("  targets", json.dumps(r["targets"]))
 print("  acting", json.dumps([(a["network"], a["device"], a["rows"], a["us_per_call"]) for a in r["acting"]]))
 EOF
 
-step "bench/learner_speed.py --adam-slices on,off: the graph path, Adam in slices against whole tensors, with profiles"
-timeout 100 python3 bench/learner_speed.py --devices cuda --learners dqn,sac,ppo --paths graph --adam-slices on,off \
+step "bench/learner_speed.py --adam-slices on,off --bias-grad sum,product: the graph path, with profiles"
+timeout 120 python3 bench/learner_speed.py --devices cuda --learners dqn,sac,ppo --paths graph --adam-slices on,off --bias-grad sum,product \
   --window 0.1 --repeats 3 --no-acting --profile 8 --out "$out/learner_speed_slices.json" > /dev/null 2> "$out/learner_speed_slices.log"
 python3 - "$out/learner_speed_slices.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
-    print(f'  {x["learner"]} b{x["batch"]} {x["path"]} slices {x["adam_slices"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
+    print(f'  {x["learner"]} b{x["batch"]} {x["path"]} slices {x["adam_slices"]} bias {x["bias_grad"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
         f'{p["op"][:60]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
-print("  ratios", json.dumps({k: v for k, v in r["ratios"].items() if "slices" in k or "b4096_vs" in k}))
+print("  ratios", json.dumps({k: v for k, v in r["ratios"].items() if "slices" in k or "bias" in k or "b4096_vs" in k}))
 EOF
 
 step "bench/learner_speed.py --grad-row-chunks auto,1: SAC at batch 4,096, graph and compile, chunked twin gradients against one product"

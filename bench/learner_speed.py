@@ -3,7 +3,7 @@
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
                                   [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks auto,1,8]
-                                  [--adam-slices on,off] [--out FILE]
+                                  [--adam-slices on,off] [--bias-grad sum,product] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -16,19 +16,22 @@ captured as one CUDA graph) with --compile or --paths only: compiling takes minu
 in chunks: trainer/learners/splitk.py; "auto", the default, cuts the twin critics' batched products
 on cuda), one row per value. --adam-slices: whether large tensors reach the multi-tensor kernels
 (fused Adam, the target update) in slices on cuda ("on", the learners' way: trainer/learners/optim.py)
-or whole ("off"), one row per value.
+or whole ("off"), one row per value. --bias-grad: layers' bias gradients over batches of >= 1,024
+rows as a sum ("sum", PyTorch's way and the default) or as a product with ones ("product":
+trainer/learners/splitk.py's BIAS_BY_PRODUCT, on every device), one row per value.
 Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile), with --profile K: profile, the K ops with the most
            self time per update (on the device on cuda)}
-  ratios:  (rows with grad_row_chunks "auto" and adam_slices "on") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
+  ratios:  (rows with the defaults: grad_row_chunks "auto", adam_slices "on", bias_grad "sum") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
            compile path's over the graph path's (`compile_vs_graph`, cuda), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`); per
            learner/device/batch/path, each grad_row_chunks K's rate over "auto"'s (`chunksK_vs_auto`),
-           and adam_slices "off"'s rate over "on"'s (`slicesoff_vs_on`)
+           adam_slices "off"'s rate over "on"'s (`slicesoff_vs_on`), bias_grad "product"'s over "sum"'s
+           (`biasproduct_vs_sum`); a row off two defaults names both
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
            and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
@@ -37,6 +40,7 @@ On the CPU the default run takes well under a minute.
 """
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -53,7 +57,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from simbridge.trainer.learners import optim  # noqa: E402
+from simbridge.trainer.learners import optim, splitk  # noqa: E402
 from simbridge.trainer.learners.dqn import DQNLearner  # noqa: E402
 from simbridge.trainer.learners.nstep import DISCOUNTS  # noqa: E402
 from simbridge.trainer.learners.ppo import MINIBATCH_KEYS, PPOLearner  # noqa: E402
@@ -69,24 +73,29 @@ LEARNERS = {
 REPLAY_ROWS = 5_000
 TARGETS = {"sac": 1_000.0, "dqn": 2_500.0}   # updates/s at batch 256 on cuda (the GPU issue)
 DEFAULT_CHUNKS = "auto"   # the learners' grad_row_chunks default: the rows the ratios compare
-DEFAULT_SLICES = "on"     # optim.sliced on cuda, the learners' way
+# A row's settings beside the learners' defaults, each compared with its default in the ratios:
+# row key -> (default, tag in a ratio's name)
+VARIANTS = {"grad_row_chunks": (DEFAULT_CHUNKS, "chunks"), "adam_slices": ("on", "slices"),
+            "bias_grad": ("sum", "bias")}
 
 
 def default_row(r: dict) -> bool:
-    return (r.get("grad_row_chunks", DEFAULT_CHUNKS) == DEFAULT_CHUNKS
-            and r.get("adam_slices", DEFAULT_SLICES) == DEFAULT_SLICES)
+    return all(r.get(k, default) == default for k, (default, _) in VARIANTS.items())
 
 
 @contextlib.contextmanager
-def adam_slices(setting: str):
-    """"on": the multi-tensor kernels take large tensors in slices on cuda (the learners' way);
-    "off": whole, as before 28 Nov. Held over a row's build, capture and timing."""
-    saved = optim.SLICED_DEVICES
-    optim.SLICED_DEVICES = ("cuda",) if setting == "on" else ()
+def switches(slices: str, bias: str):
+    """The module settings a row runs with, held over its build, capture and timing: slices "on",
+    the multi-tensor kernels take large tensors in slices on cuda (optim.SLICED_DEVICES, the
+    learners' way), "off" whole; bias "product", large batches' bias gradients as products on every
+    device (splitk.BIAS_BY_PRODUCT), "sum" PyTorch's reduction (the learners' way)."""
+    saved = optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT
+    optim.SLICED_DEVICES = ("cuda",) if slices == "on" else ()
+    splitk.BIAS_BY_PRODUCT = ("cpu", "cuda") if bias == "product" else ()
     try:
         yield
     finally:
-        optim.SLICED_DEVICES = saved
+        optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT = saved
 
 
 def sync(device: torch.device) -> None:
@@ -126,10 +135,10 @@ def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chun
 
 
 def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True,
-            profile_top: int = 0, chunks=DEFAULT_CHUNKS, slices: str = DEFAULT_SLICES) -> dict:
-    with adam_slices(slices):
+            profile_top: int = 0, chunks=DEFAULT_CHUNKS, slices: str = "on", bias: str = "sum") -> dict:
+    with switches(slices, bias):
         row = _measure(name, device, batch, path, window, repeats, tf32, profile_top, chunks)
-    row["adam_slices"] = slices
+    row.update(adam_slices=slices, bias_grad=bias)
     return row
 
 
@@ -241,12 +250,11 @@ def ratios(results: list) -> dict:
         return r["learner"], r["device"], r["batch"], r["path_asked"], r["tf32"]
     by = {key(r): r["updates_per_s"] for r in results if default_row(r)}
     for r in results:
-        k, cut, one = r.get("grad_row_chunks", DEFAULT_CHUNKS), r.get("adam_slices", DEFAULT_SLICES), by.get(key(r))
+        one = by.get(key(r))
         if default_row(r) or not one:
             continue
-        name = (f"chunks{k}_vs_{DEFAULT_CHUNKS}" if k != DEFAULT_CHUNKS else "") + \
-            ("_" if k != DEFAULT_CHUNKS and cut != DEFAULT_SLICES else "") + \
-            (f"slices{cut}_vs_{DEFAULT_SLICES}" if cut != DEFAULT_SLICES else "")
+        name = "_".join(f"{tag}{r[k]}_vs_{default}" for k, (default, tag) in VARIANTS.items()
+                        if r.get(k, default) != default)
         out[f'{r["learner"]}/{r["device"]}{precision(r["device"], r["tf32"])}/b{r["batch"]}/{r["path_asked"]}'
             f'/{name}'] = round(r["updates_per_s"] / one, 3)
     for (learner, device, batch, path, tf32), rate in by.items():
@@ -308,9 +316,12 @@ def main(argv=None) -> int:
     ap.add_argument("--grad-row-chunks", default=DEFAULT_CHUNKS, metavar="K,...",
                     help="the learners' grad_row_chunks (\"auto\" or a number), one row per value "
                          "(trainer/learners/splitk.py)")
-    ap.add_argument("--adam-slices", default=DEFAULT_SLICES, metavar="on,off",
+    ap.add_argument("--adam-slices", default="on", metavar="on,off",
                     help="large tensors to the fused Adam and the target update in slices on cuda (on) or "
                          "whole (off), one row per value (trainer/learners/optim.py)")
+    ap.add_argument("--bias-grad", default="sum", metavar="sum,product",
+                    help="large batches' bias gradients as a sum (PyTorch's) or a product with ones, one "
+                         "row per value (trainer/learners/splitk.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -330,12 +341,13 @@ def main(argv=None) -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
-                        for chunks in (k if k == "auto" else int(k) for k in args.grad_row_chunks.split(",")):
-                            for slices in args.adam_slices.split(","):
-                                r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
-                                            args.profile, chunks, slices)
-                                print(json.dumps(r), file=sys.stderr, flush=True)
-                                results.append(r)
+                        for chunks, slices, bias in itertools.product(
+                                (k if k == "auto" else int(k) for k in args.grad_row_chunks.split(",")),
+                                args.adam_slices.split(","), args.bias_grad.split(",")):
+                            r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
+                                        args.profile, chunks, slices, bias)
+                            print(json.dumps(r), file=sys.stderr, flush=True)
+                            results.append(r)
     acting = []
     if not args.no_acting:
         for device in args.devices.split(","):

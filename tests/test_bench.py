@@ -150,20 +150,21 @@ def test_learner_speed_sets_row_chunked_gradients_beside_one_product_and_its_bar
     assert (t["b4096"], t["b4096_grad_row_chunks"], t["b4096_met"]) == (5100.0, 8, True)
 
 
-def test_learner_speed_sets_adam_in_slices_beside_whole_tensors_out_of_the_other_ratios():
+def test_learner_speed_sets_adam_slices_and_bias_products_beside_the_defaults_out_of_the_other_ratios():
     """The GPU check's adam_slices rows (trainer/learners/optim.py: large tensors to the fused Adam in
-    slices on cuda, the default): "off" against "on" per row, and "off" rows kept out of the path,
-    batch and chunk ratios and the batch-256 bar."""
+    slices on cuda, the default) and bias_grad rows (splitk.BIAS_BY_PRODUCT): each against the
+    default per row, and kept out of the path, batch and chunk ratios and the batch-256 bar."""
     from bench.learner_speed import ratios, targets
     rows = [{"learner": "sac", "device": "cuda:0", "batch": b, "path_asked": "graph", "tf32": True,
-             "grad_row_chunks": k, "adam_slices": s, "updates_per_s": r}
-            for b, k, s, r in ((256, "auto", "on", 2500.0), (256, "auto", "off", 2000.0),
-                               (4096, "auto", "on", 1300.0), (4096, "auto", "off", 1200.0),
-                               (4096, 1, "off", 1100.0))]
+             "grad_row_chunks": k, "adam_slices": s, "bias_grad": bg, "updates_per_s": r}
+            for b, k, s, bg, r in ((256, "auto", "on", "sum", 2500.0), (256, "auto", "off", "sum", 2000.0),
+                                   (4096, "auto", "on", "sum", 1300.0), (4096, "auto", "off", "sum", 1200.0),
+                                   (4096, 1, "off", "sum", 1100.0), (4096, "auto", "on", "product", 1430.0))]
     got = ratios(rows)
     assert got["sac/cuda:0/tf32/b256/graph/slicesoff_vs_on"] == 0.8
     assert got["sac/cuda:0/tf32/b4096/graph/slicesoff_vs_on"] == 0.923
     assert got["sac/cuda:0/tf32/b4096/graph/chunks1_vs_auto_slicesoff_vs_on"] == 0.846
+    assert got["sac/cuda:0/tf32/b4096/graph/biasproduct_vs_sum"] == 1.1
     assert got["sac/cuda:0/tf32/graph/b4096_vs_b256"] == 0.52   # on against on
     assert targets(rows)["sac"]["best_b256"] == 2500.0
 

@@ -1,7 +1,8 @@
-"""Weight gradients summed over row chunks (trainer/learners/splitk.py): the same gradients as one
-product, for plain layers and the twin critics' batched ones, whichever inputs want gradients; the
-learners' `grad_row_chunks` reaches every layer and leaves their updates as they were. Whether it
-pays is the GPU's question (bench/gpu_check.sh); the cuda test here runs there."""
+"""Weight gradients summed over row chunks and bias gradients as products (trainer/learners/splitk.py):
+the same gradients as one product and a sum, for plain layers and the twin critics' batched ones,
+whichever inputs want gradients; the learners' `grad_row_chunks` reaches every layer and leaves
+their updates as they were. Whether they pay is the GPU's question (bench/gpu_check.sh); the cuda
+tests here run there."""
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -26,12 +27,18 @@ def test_chunks_divide_the_rows_and_small_batches_stay_whole():
     assert splitk.chunks_for(1025, 8) == 1
 
 
-@pytest.mark.parametrize("x_grad", [True, False])
-def test_a_linear_layers_gradients_equal_one_products(x_grad):
+@pytest.mark.parametrize("x_grad,chunks,product", [(True, 8, False), (False, 8, False), (True, 1, True),
+                                                   (True, 8, True)])
+def test_a_linear_layers_gradients_equal_one_products(x_grad, chunks, product, monkeypatch):
+    if product:
+        monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
+        mv = torch.mv
+        calls = []
+        monkeypatch.setattr(torch, "mv", lambda *a: (calls.append(1), mv(*a))[1])
     torch.manual_seed(0)
-    one, split = splitk.Linear(24, 40).double(), splitk.Linear(24, 40).double()
+    one, split = torch.nn.Linear(24, 40).double(), splitk.Linear(24, 40).double()   # torch's own beside it
     split.load_state_dict(one.state_dict())
-    split.grad_row_chunks = 8
+    split.grad_row_chunks = chunks
     x = torch.randn(2048, 24, dtype=torch.float64)
     xs = [x.clone().requires_grad_(x_grad) for _ in range(2)]
     outs = [m(xi) for m, xi in zip((one, split), xs)]
@@ -42,25 +49,33 @@ def test_a_linear_layers_gradients_equal_one_products(x_grad):
     torch.testing.assert_close(split.weight.grad, one.weight.grad)
     torch.testing.assert_close(split.bias.grad, one.bias.grad)
     torch.testing.assert_close(split.weight.grad, g.t() @ x)   # the formula itself, not just agreement
+    torch.testing.assert_close(split.bias.grad, g.sum(0))
     if x_grad:
         torch.testing.assert_close(xs[1].grad, xs[0].grad)
+    if product:
+        assert calls == [1]   # the bias gradient, as a product
 
 
-def test_the_twin_critics_batched_layer_with_an_expanded_input():
+@pytest.mark.parametrize("product", [False, True])
+def test_the_twin_critics_batched_layer_with_an_expanded_input(product, monkeypatch):
+    if product:
+        monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
     torch.manual_seed(0)
     w = torch.randn(2, 5, 64, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, 1, 64, dtype=torch.float64, requires_grad=True)
     x0 = torch.randn(4096, 5, dtype=torch.float64, requires_grad=True)
     grads = []
-    for chunks in (1, 16):
+    for chunks in (None, 1, 16):   # None: torch's own ops, the reference
         x = x0.expand(2, -1, -1)   # both critics read the same rows, as TwinQ's first layer
-        y = splitk.bmm(x, w, chunks) + b
+        y = torch.bmm(x, w) + b if chunks is None else splitk.bmm(x, w, b, chunks)
+        assert (y.grad_fn.name() == "_BMMBackward") == (chunks == 16 or (product and chunks == 1))
         (y.square().sum()).backward()
         grads.append([t.grad.clone() for t in (w, b, x0)])
         for t in (w, b, x0):
             t.grad = None
-    for a, c in zip(*grads):
-        torch.testing.assert_close(a, c)
+    for got in grads[1:]:
+        for a, c in zip(grads[0], got):
+            torch.testing.assert_close(c, a)
 
 
 def test_without_gradients_it_is_the_plain_product():
@@ -72,7 +87,7 @@ def test_without_gradients_it_is_the_plain_product():
     assert y.grad_fn is None
     torch.testing.assert_close(y, F.linear(x, m.weight, m.bias))
     w = torch.randn(2, 8, 4)   # no gradient wanted: torch's own op
-    assert splitk.bmm(x.expand(2, -1, -1), w, 8).grad_fn is None
+    assert splitk.bmm(x.expand(2, -1, -1), w, torch.zeros(2, 1, w.shape[-1]), 8).grad_fn is None
 
 
 def _learner(kind: str, **cfg):
@@ -91,6 +106,23 @@ def _learner(kind: str, **cfg):
                     DISCOUNTS: np.where(rng.random(rows) < 0.1, 0.0, 0.99).astype(np.float32)})
     lrn.agent_steps += rows
     return lrn
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_learner_with_bias_gradients_as_products_updates_as_before(kind, monkeypatch):
+    """Every layer of the learner (DQN's 2-D ones, SAC's actor and twin critics) at 1,024 rows."""
+    one = _learner(kind)
+    monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
+    bias_grad = splitk._bias_grad
+    products = []
+    monkeypatch.setattr(splitk, "_bias_grad", lambda g, by: (products.append(by), bias_grad(g, by))[1])
+    product = _learner(kind)
+    for lrn in (one, product):
+        lrn.train(max_updates=5)
+    assert products and all(products)
+    assert one.updates == product.updates == 5
+    for a, b in zip(_weights(one), _weights(product)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)   # float sums in another order
 
 
 def _weights(lrn) -> list:
@@ -135,9 +167,12 @@ def test_auto_cuts_the_twin_critics_batched_products_on_cuda_only():
     assert {m.grad_row_chunks for m in sac.critic.modules() if hasattr(m, "grad_row_chunks")} == {1}
 
 
-@pytest.mark.parametrize("kind", ["dqn", "sac"])
-def test_row_chunks_trace_under_torch_compile(kind):
-    """The compile path traces the custom backward (aot_eager: no inductor code generation)."""
+@pytest.mark.parametrize("kind,product", [("dqn", False), ("sac", False), ("sac", True)])
+def test_row_chunks_trace_under_torch_compile(kind, product, monkeypatch):
+    """The compile path traces the custom backward (aot_eager: no inductor code generation), bias
+    gradients as products too."""
+    if product:
+        monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
     torch._dynamo.reset()
     lrn = _learner(kind, grad_row_chunks=4, update_path="compile")
     lrn.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
@@ -158,4 +193,17 @@ def test_row_chunks_on_the_graph_path_equal_one_product_on_cuda(kind):
         lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture, replays
     assert split.updater.path == "graph" and len(split.updater._graphs) >= 1
     for a, b in zip(_weights(one), _weights(split)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_bias_gradients_as_products_on_the_graph_path_equal_sums_on_cuda(kind, monkeypatch):
+    one = _learner(kind, device="cuda", update_path="graph")
+    monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cuda",))
+    product = _learner(kind, device="cuda", update_path="graph")
+    for lrn in (one, product):
+        lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture (with the setting), replays
+    assert product.updater.path == "graph" and len(product.updater._graphs) >= 1
+    for a, b in zip(_weights(one), _weights(product)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

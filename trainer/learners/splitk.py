@@ -1,4 +1,5 @@
-"""Weight gradients summed over row chunks (split-K), for large batches on a GPU.
+"""A layer's gradients over many rows, for large batches on a GPU: weight gradients summed over row
+chunks (split-K), and bias gradients as products.
 
 A layer's weight gradient is one matrix product whose output is the layer's weights (128x128,
 256x256: a handful of tiles) and whose inner dimension is the batch. At 4,096 rows a GEMM
@@ -10,8 +11,16 @@ dimension itself this gains nothing: it does for 2-D products, not for batched o
 critics' layers), on the H200 measured (bench/gpu_check.sh). The learners' `grad_row_chunks`
 picks: "auto" (the default) cuts batched products on cuda only, a number cuts every layer.
 
-The forward pass is the plain product (addmm / bmm); only the backward differs, and only for
-batches of at least MIN_ROWS rows that divide into the chunks.
+A bias's gradient is the layer's output gradient summed over the rows: PyTorch's column
+reduction of a (4,096, 256) gradient took 10.8 us on an H200 (DQN's (4,096, 128): 8.5 us, the
+costliest kernel of its update at that batch), where a product with a vector of ones is a GEMV
+that cuBLAS spreads over the rows. On the device types in BIAS_BY_PRODUCT, for batches of at least
+MIN_ROWS rows, the bias gradient is that product: the same sum in another order. BIAS_BY_PRODUCT is
+empty until a GPU says it pays (bench/layer_products.py times both forms one by one;
+bench/learner_speed.py --bias-grad sum,product in whole updates).
+
+The forward pass is the plain product (addmm / bmm, then the bias); only the backward differs, and
+only for batches of at least MIN_ROWS rows.
 """
 import torch
 from torch import nn
@@ -23,6 +32,7 @@ MIN_ROWS = 1024   # below it a layer's gradient is left to one product
 # 2-D product's inner dimension itself (chunks lost 4-6% of DQN's update rate), and on the CPU
 # chunks gained nothing (docs/benchmarks.md, "Weight gradients in row chunks")
 AUTO_BATCHED = 8
+BIAS_BY_PRODUCT: tuple = ()   # device types whose large batches take bias gradients as products
 
 
 def chunks_for(rows: int, chunks: int) -> int:
@@ -34,9 +44,26 @@ def chunks_for(rows: int, chunks: int) -> int:
     return chunks
 
 
+def _by_product(x: torch.Tensor) -> bool:
+    """Whether a layer reading `x` (rows in its second-to-last dimension) takes its bias gradient as a product."""
+    return x.device.type in BIAS_BY_PRODUCT and x.shape[-2] >= MIN_ROWS
+
+
+def _bias_grad(g: torch.Tensor, by_product: bool) -> torch.Tensor:
+    """The sum of g over its rows: (R, o) -> (o,), (H, R, o) -> (H, 1, o); as a product with ones
+    (by_product) or a reduction."""
+    if g.dim() == 2:
+        return torch.mv(g.t(), g.new_ones(g.shape[0])) if by_product else g.sum(0)
+    if by_product:
+        return torch.bmm(g.new_ones(g.shape[0], 1, g.shape[1]), g)
+    return g.sum(1, keepdim=True)
+
+
 def _chunked_weight_grad(x: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
-    """sum over rows of x[..., r, :]^T g[..., r, :] as k partial products, batched.
+    """sum over rows of x[..., r, :]^T g[..., r, :] as k partial products, batched (k = 1: one).
     x: (*lead, R, i), g: (*lead, R, o) -> (*lead, i, o)."""
+    if k == 1:
+        return x.transpose(-2, -1) @ g
     *lead, rows, i = x.shape
     o = g.shape[-1]
     xs = x.reshape(-1, rows // k, i)   # (lead*k, R/k, i): consecutive rows per chunk
@@ -49,9 +76,9 @@ class _Linear(torch.autograd.Function):
     """y = x @ w^T + b for x (R, i), w (o, i), b (o,) or None."""
 
     @staticmethod
-    def forward(ctx, x, w, b, k):
+    def forward(ctx, x, w, b, k, by_product):
         ctx.save_for_backward(x, w)
-        ctx.k, ctx.has_bias = k, b is not None
+        ctx.k, ctx.has_bias, ctx.by_product = k, b is not None, by_product
         return F.linear(x, w, b)
 
     @staticmethod
@@ -63,40 +90,46 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = _chunked_weight_grad(x, g, ctx.k).transpose(0, 1)   # (i, o) -> (o, i)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g.sum(0)
-        return gx, gw, gb, None
+            gb = _bias_grad(g, ctx.by_product)
+        return gx, gw, gb, None, None
 
 
 class _BMM(torch.autograd.Function):
-    """y = x @ w for x (H, R, i) (an expanded input too), w (H, i, o)."""
+    """y = x @ w + b for x (H, R, i) (an expanded input too), w (H, i, o), b (H, 1, o)."""
 
     @staticmethod
-    def forward(ctx, x, w, k):
+    def forward(ctx, x, w, b, k, by_product):
         ctx.save_for_backward(x, w)
-        ctx.k = k
-        return torch.bmm(x, w)
+        ctx.k, ctx.by_product = k, by_product
+        return torch.bmm(x, w).add_(b)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        gx = gw = None
+        gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = torch.bmm(g, w.transpose(1, 2))
         if ctx.needs_input_grad[1]:
             gw = _chunked_weight_grad(x, g, ctx.k)
-        return gx, gw, None
+        if ctx.needs_input_grad[2]:
+            gb = _bias_grad(g, ctx.by_product)
+        return gx, gw, gb, None, None
 
 
 def _wants_grad(w: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and w.requires_grad
 
 
-def bmm(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
-    """torch.bmm(x, w), its weight gradient in `chunks` row chunks (see the module)."""
+def bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunks: int) -> torch.Tensor:
+    """torch.bmm(x, w) + b, its weight gradient in `chunks` row chunks and its bias gradient
+    maybe a product (see the module)."""
     k = chunks_for(x.shape[1], chunks)
-    if k == 1 or not _wants_grad(w):
-        return torch.bmm(x, w)
-    return _BMM.apply(x, w, k)
+    by_product = _by_product(x)
+    if (k == 1 and not by_product) or not _wants_grad(w):
+        # the product, then the bias: torch.compile fuses the bias into what follows (a relu),
+        # where baddbmm first copies the bias over every row
+        return torch.bmm(x, w).add_(b)
+    return _BMM.apply(x, w, b, k, by_product)
 
 
 class Linear(nn.Linear):
@@ -106,10 +139,13 @@ class Linear(nn.Linear):
     grad_row_chunks = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = chunks_for(x.shape[0], self.grad_row_chunks) if x.dim() == 2 else 1
-        if k == 1 or not _wants_grad(self.weight):
+        if x.dim() != 2 or not _wants_grad(self.weight):
             return F.linear(x, self.weight, self.bias)
-        return _Linear.apply(x, self.weight, self.bias, k)
+        k = chunks_for(x.shape[0], self.grad_row_chunks)
+        by_product = self.bias is not None and _by_product(x)
+        if k == 1 and not by_product:
+            return F.linear(x, self.weight, self.bias)
+        return _Linear.apply(x, self.weight, self.bias, k, by_product)
 
 
 def check(setting, owner: str) -> None:
