@@ -97,12 +97,8 @@ class TrainerDaemon:
         for pid, spec in cfg.policies.items():
             if pid in self.runtime.policies or spec.observation_space is None:
                 continue
-            try:
-                policy = self.factory.build(pid, spec.policy_observation_space, spec.action_space)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"[policies.{pid}]: cannot create it for observation "
-                                  f"{spec.policy_observation_space}, action {spec.action_space}: {e}") from None
-            self.runtime.add_policy(pid, policy)
+            self.runtime.add_policy(pid, self.factory.build_at_start(
+                pid, spec.policy_observation_space, spec.action_space, f"[policies.{pid}]"))
         self.resumed_env_steps = state["counters"]["env_steps"] if state else 0
         if rank is None:
             self.reporter = Reporter(self.runtime, self.logdir, self.out, s.experience_queue_size, self.wall_s)

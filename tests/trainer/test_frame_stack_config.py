@@ -67,3 +67,21 @@ def test_the_daemon_builds_declared_policies_stacked_and_serves_single_frames(tm
         episode_ids=["e"], observations=pb.Value(tensor=tensors.to_tensor(np.zeros((1, 1, 12, 12), np.uint8))))]),
         False, bound=s)
     assert list(resp.actions[0].policy_ids) == ["cam"]
+
+
+def test_declared_spaces_the_algorithm_refuses_stop_the_start_naming_the_table(tmp_path):
+    """A policy built from the config's own spaces before any simulator: dqn refuses Box actions,
+    as the config's error (the CLI prints it and exits 2), not a traceback."""
+    cfg = parse_config(f"""
+        [run]
+        logdir = "{tmp_path}"
+        device = "cpu"
+        [policies.arm]
+        algorithm = "dqn"
+        observation_space = {{ type = "Box", low = -1.0, high = 1.0, shape = [3] }}
+        action_space = {{ type = "Box", low = -1.0, high = 1.0, shape = [2] }}
+    """)
+    with pytest.raises(ConfigError) as e:
+        TrainerDaemon(cfg)
+    msg = str(e.value)
+    assert msg.startswith("[policies.arm]: cannot create policy 'arm' for observation Box(") and "action Box(" in msg

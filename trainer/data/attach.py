@@ -2,7 +2,6 @@
 queued for the learning loop, and the recorder on its intake."""
 from typing import List
 
-from simbridge.trainer.config.trainer_config import ConfigError
 from simbridge.trainer.data import datasets
 
 
@@ -19,12 +18,8 @@ def attach_datasets(daemon) -> List[str]:
             continue
         data, what = warm_start.load(source, pid)
         policy = daemon.runtime.policies.get(pid)
-        if policy is None:
-            try:
-                policy = daemon.factory.build(pid, data.observation_space, data.action_space)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"{what}: cannot create policy {pid!r} for the dataset's observation "
-                                  f"{data.observation_space}, action {data.action_space}: {e}") from None
+        if policy is None:   # the dataset's spaces
+            policy = daemon.factory.build_at_start(pid, data.observation_space, data.action_space, what)
             daemon.runtime.add_policy(pid, policy)
         warm_start.check_learner(policy, pid, what)
         warm_start.check_spaces(data, policy, pid, what)

@@ -72,6 +72,16 @@ class PolicyFactory:
                 return self._learner(pid, cls, obs_space, act_space, config)
             return cls(obs_space, act_space, **spec.config)
 
+    def build_at_start(self, pid: str, obs_space, act_space, source: str) -> Policy:
+        """build() for a policy made before any simulator connects (the config's own spaces, a
+        dataset's): one the spaces refuse is the start-up's ConfigError, `source` naming whence
+        the spaces came."""
+        try:
+            return self.build(pid, obs_space, act_space)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{source}: cannot create policy {pid!r} for observation {obs_space}, "
+                              f"action {act_space}: {e}") from None
+
     def _learner(self, pid: str, cls, obs_space, act_space, config: dict) -> Learner:
         run, trainable = self.cfg.run, self.cfg.trainable(pid)
         device = placement.pick_device(run.device)
