@@ -80,9 +80,13 @@ step "bench/layer_products.py: the layers' ops one by one, 256 and 4,096 rows"
 timeout 60 python3 bench/layer_products.py --out "$out/layer_products.json" > /dev/null 2> "$out/layer_products.log"
 python3 - "$out/layer_products.json" >> "$out/summary.txt" 2>&1 <<'EOF'
 import json, sys
-for x in json.load(open(sys.argv[1]))["rows"]:
+r = json.load(open(sys.argv[1]))
+for x in r["rows"]:
     print(f'  {x["layer"]} b{x["rows"]} {x["in"]}->{x["out"]}: ' + ", ".join(
         f"{k} {v}" for k, v in x.items() if k.startswith(("bgrad", "pick", "wgrad"))))
+for o in r["optimizers"]:
+    print(f'  {o["network"]} ({o["parameters"]} parameters): ' + ", ".join(
+        f"{k} {o[k]}" for k in ("adam_whole", "adam_sliced", "lerp_whole", "lerp_sliced")))
 EOF
 
 step "bench/learner_speed.py"

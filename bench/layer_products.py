@@ -15,11 +15,15 @@ Two kinds of layer, at each row count:
          DQN's 4,096-row update, 8.5 us a layer; a matrix-vector product with ones; a product
          of a row of ones), and on the last layer the Q value of the taken action with its gradient
          (`gather` and its scatter backward, against a one-hot mask's multiply and sum).
+And each network's optimizer step: the fused Adam over its parameters (capturable, a tensor learning
+rate: the graph path's) and the target update's `_foreach_lerp_`, each with the tensors whole and
+in slices of 4,096 elements (trainer/learners/optim.py: one thread block per 65,536 elements whole).
 On cuda each op is captured REPS times in a CUDA graph and replayed (the learners' graph path), TF32
 on, best of 5 replays of 10, in microseconds per op; on the CPU one call each, timed (a smoke run:
 the figures that matter are the GPU's).
 Prints one JSON object: {"device", "rows": [{"layer": "twin"|"plain", "rows", "in", "out",
-"<formulation>": us, ...}]}.
+"<formulation>": us, ...}], "optimizers": [{"network", "parameters", "adam_whole", "adam_sliced",
+"lerp_whole", "lerp_sliced"}]}.
 """
 import argparse
 import json
@@ -28,6 +32,10 @@ import time
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from simbridge.trainer.learners import optim  # noqa: E402
 
 REPS = 20
 HEADS = 2
@@ -136,6 +144,43 @@ def plain_layer(rows: int, i: int, o: int, dev: torch.device, last: bool) -> dic
     return {"layer": "plain", "rows": rows, "in": i, "out": o, **{name: timed(fn, cuda) for name, fn in ops.items()}}
 
 
+# the parameter shapes of each preset's networks
+NETWORKS = {
+    "sac_twin_critic": [(HEADS, 4, 256), (HEADS, 1, 256), (HEADS, 256, 256), (HEADS, 1, 256), (HEADS, 256, 1),
+                        (HEADS, 1, 1)],
+    "sac_actor": [(256, 3), (256,), (256, 256), (256,), (2, 256), (2,)],
+    "dqn_q": [(128, 4), (128,), (128, 128), (128,), (2, 128), (2,)],
+}
+
+
+def optimizer_steps(network: str, dev: torch.device) -> dict:
+    shapes = NETWORKS[network]
+    params = [torch.randn(s, device=dev) for s in shapes]
+    grads, avgs, sqs, targets = ([torch.randn(s, device=dev) for s in shapes] for _ in range(4))
+    sqs = [v.abs() for v in sqs]
+    steps = [torch.ones((), device=dev) for _ in shapes]
+    lr = torch.tensor(1e-3, device=dev)
+
+    def adam(cut: bool):
+        lists, (st,) = optim.sliced([params, grads, avgs, sqs], [steps]) if cut else ([params, grads, avgs, sqs], [steps])
+        torch._fused_adam_(*lists, [], st, amsgrad=False, lr=lr, beta1=0.9, beta2=0.999, weight_decay=0.0,
+                           eps=1e-8, maximize=False, grad_scale=None, found_inf=None)
+
+    def lerp(cut: bool):
+        (t, s), _ = optim.sliced([targets, params]) if cut else (([targets, params]), [])
+        torch._foreach_lerp_(t, s, 0.005)
+
+    saved = optim.SLICED_DEVICES
+    optim.SLICED_DEVICES = (dev.type,)   # sliced here whatever the device: the CPU run is a smoke run
+    try:
+        ops = {"adam_whole": lambda: adam(False), "adam_sliced": lambda: adam(True),
+               "lerp_whole": lambda: lerp(False), "lerp_sliced": lambda: lerp(True)}
+        return {"network": network, "parameters": sum(p.numel() for p in params),
+                **{name: timed(fn, dev.type == "cuda") for name, fn in ops.items()}}
+    finally:
+        optim.SLICED_DEVICES = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="256,4096")
@@ -149,7 +194,7 @@ def main(argv=None) -> int:
     rows += [plain_layer(r, i, o, dev, last=(i, o) == PLAIN_LAYERS[-1]) for r in counts for i, o in PLAIN_LAYERS]
     report = {"bench": "layer_products", "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "reps_per_graph": REPS, "rows": rows}
+              "reps_per_graph": REPS, "rows": rows, "optimizers": [optimizer_steps(n, dev) for n in NETWORKS]}
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

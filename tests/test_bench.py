@@ -116,6 +116,10 @@ def test_layer_products_times_every_formulation_of_each_layer(tmp_path):
         else:
             assert {"fwd_addmm_relu", "wgrad_mm", "bgrad_sum", "bgrad_mv_ones", "bgrad_mm_ones"} <= set(times)
             assert ("pick_gather" in times) == ("pick_onehot" in times) == (r["out"] == 2)
+    optimizers = json.loads(out.read_text())["optimizers"]
+    assert [(o["network"], o["parameters"]) for o in optimizers] == [
+        ("sac_twin_critic", 134_658), ("sac_actor", 67_330), ("dqn_q", 17_410)]   # the presets' networks
+    assert all(o[k] > 0 for o in optimizers for k in ("adam_whole", "adam_sliced", "lerp_whole", "lerp_sliced"))
 
 
 def test_learner_speed_ratios_set_each_path_beside_eager_and_compile_beside_graph():
