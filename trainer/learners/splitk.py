@@ -88,7 +88,9 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = g @ w
         if ctx.needs_input_grad[1]:
-            gw = _chunked_weight_grad(x, g, ctx.k).transpose(0, 1)   # (i, o) -> (o, i)
+            # sum of g_r^T x_r: (o, i) as the weight is (a transposed (i, o) was copied into place
+            # by autograd, one more kernel per layer)
+            gw = _chunked_weight_grad(g, x, ctx.k)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = _bias_grad(g, ctx.by_product)
         return gx, gw, gb, None, None
