@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of issue 26 ("A GPU that pays"): one prepared run of 6-7 minutes on the GPU machine
-# (the device tool's timeout_s 560: each step below has its own timeout).
+# The GPU check of issue 26 ("A GPU that pays"): one prepared run of 7-9 minutes on the GPU machine
+# (the device tool's timeout_s 560: each step below has its own timeout; the newest questions come
+# first, and the last two steps run only while time is left).
 #
 # Here first (it fetches the wheels the GPU machine lacks into .whl/, which git ignores; ale-py for
 # the Atari step at the end):
