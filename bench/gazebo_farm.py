@@ -13,7 +13,6 @@ and builds the plugin into build/gazebo-gz as tests/sims/test_gazebo_sim.py does
   aggregate env steps/s over --seconds after every world's session is up, and per world.
 """
 import argparse
-import json
 import platform
 import re
 import subprocess
@@ -23,7 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sims"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import emit  # noqa: E402
 from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix,  # noqa: E402
                             gz_env, wait_until)
 
@@ -127,10 +128,7 @@ def main(argv=None):
                   "no_plugin": no_plugin(prefix, plugin_dir, sdf, tmp),
                   "bridge": [farm(prefix, plugin_dir, sdf, int(n), args.seconds, args.policy, tmp)
                              for n in args.worlds.split(",")]}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

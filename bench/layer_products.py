@@ -26,7 +26,6 @@ Prints one JSON object: {"device", "rows": [{"layer": "twin"|"plain", "rows", "i
 "lerp_whole", "lerp_sliced"}]}.
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.report import emit  # noqa: E402
 from simbridge.trainer.learners import optim  # noqa: E402
 
 REPS = 20
@@ -195,11 +196,7 @@ def main(argv=None) -> int:
     report = {"bench": "layer_products", "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "reps_per_graph": REPS, "rows": rows, "optimizers": [optimizer_steps(n, dev) for n in NETWORKS]}
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit(report, args.out, indent=1)
 
 
 if __name__ == "__main__":

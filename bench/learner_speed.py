@@ -53,6 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import emit  # noqa: E402
+
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -361,11 +363,7 @@ def main(argv=None) -> int:
               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "results": results, "ratios": ratios(results), "acting": acting, "targets": targets(results),
               "wall_s": round(time.perf_counter() - started, 1)}
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit(report, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from typing import List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import emit  # noqa: E402
+
 from simbridge.trainer.run import reporting  # noqa: E402
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
 from simbridge.trainer.run.rundir import METRICS  # noqa: E402
@@ -279,11 +281,7 @@ def main(argv=None) -> int:
     result["overrides"] = task.get("overrides", {})     # learner config keys beside the preset
     result["fragment"], result["max_updates_behind"] = task["fragment"], args.max_updates_behind
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
-    text = json.dumps(result)
-    print(text, flush=True)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.report import emit  # noqa: E402
 
 from bench.harness import proc_cpu_s  # noqa: E402
 from simbridge.trainer.run import reporting  # noqa: E402
@@ -95,11 +96,7 @@ def main(argv=None) -> int:
     if "inline" in result and "process" in result and result["inline"]["steps_per_s"]:
         result["process_vs_inline"] = round(result["process"]["steps_per_s"] / result["inline"]["steps_per_s"], 2)
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}
-    text = json.dumps(result)
-    print(text, flush=True)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
 import argparse
-import json
 import platform
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from typing import List
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.report import emit  # noqa: E402
 
 from simbridge.trainer.config.values import parse_overrides, toml_value  # noqa: E402
 from simbridge.trainer.run import reporting  # noqa: E402
@@ -156,11 +157,7 @@ def main(argv=None) -> int:
         print("pixels.py: needs ale-py: pip install ale-py (or the atari extra)", file=sys.stderr)
         return 2
     out = run(args)
-    text = json.dumps(out)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return emit(out, args.out)
 
 
 if __name__ == "__main__":

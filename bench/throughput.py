@@ -24,7 +24,6 @@ if __package__ in (None, ""):   # run as `python bench/throughput.py`: the check
 
 from bench.harness import WARMUP_S, Children, log  # noqa: E402  (first: it sets gRPC's TCP path)
 import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
@@ -36,6 +35,7 @@ import numpy as np  # noqa: E402
 from bench import cases as registry  # noqa: E402
 from bench import cpp_cases  # noqa: E402
 from bench.ratios import ratios  # noqa: E402
+from bench.report import emit  # noqa: E402
 from bench.sims import BATCH  # noqa: E402
 
 
@@ -147,12 +147,7 @@ def main(argv=None):
     if cpp_cases.toolchain():
         result["machine"]["cpp"] = cpp_cases.toolchain()
     result["config"] = run_config(args.seconds, cases, t_start)
-    text = json.dumps(result, indent=2)
-    print(text, flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":
