@@ -188,3 +188,11 @@ def test_profile_rows_name_cuda_kernels_by_what_tells_them_apart():
                        "float, at::native::sum_functor<float, float, float>>>>(...)") == "reduce_kernel<sum_functor>"
     assert kernel_name("aten::addmm") == "aten::addmm"
     assert len(kernel_name("void cutlass::Kernel2<" + "x" * 200 + ">")) == 90
+
+
+def test_a_bench_ends_with_its_json_printed_and_in_the_out_file_whose_folder_it_makes(tmp_path, capsys):
+    from bench.report import emit
+    out = tmp_path / "new" / "r.json"
+    assert emit({"rate": 1.5}, str(out), indent=1) == 0
+    assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out) == {"rate": 1.5}
+    assert emit({"rate": 2}) == 0 and json.loads(capsys.readouterr().out) == {"rate": 2}
