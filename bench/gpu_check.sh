@@ -84,7 +84,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["rows"]:
     print(f'  {x["layer"]} b{x["rows"]} {x["in"]}->{x["out"]}: ' + ", ".join(
-        f"{k} {v}" for k, v in x.items() if k.startswith(("bgrad", "pick", "wgrad"))))
+        f"{k} {v}" for k, v in x.items() if k.startswith(("bgrad", "pick", "wgrad", "fwd_bmm", "dgrad"))))
 for o in r["optimizers"]:
     print(f'  {o["network"]} ({o["parameters"]} parameters): ' + ", ".join(
         f"{k} {o[k]}" for k in ("adam_whole", "adam_sliced", "lerp_whole", "lerp_sliced")))

@@ -8,7 +8,8 @@ Two kinds of layer, at each row count:
          preset): the forward product with its bias and relu (baddbmm; bmm then the bias; two addmm;
          addmm with the relu fused), the weight gradient (one batched product; two 2-D products; the
          batched product in 4-32 row chunks, trainer/learners/splitk.py), the input gradient and the
-         bias gradient (a sum over the rows; a batched product with a row of ones);
+         bias gradient (a sum over the rows; a batched product with a row of ones), and the
+         products with bfloat16 operands (the ceiling of lower-precision products);
   plain  DQN's Q network ([4, 128, 128, 2], the CartPole preset, 2-D products): the forward addmm with
          its relu, the weight and input gradients, the bias gradient three ways (`g.sum(0)`, which
          PyTorch's addmm backward runs: on the H200 its column reduction was the costliest kernel of
@@ -96,6 +97,7 @@ def twin_layer(rows: int, i: int, o: int, dev: torch.device) -> dict:
     x, w = torch.randn(HEADS, rows, i, device=dev), torch.randn(HEADS, i, o, device=dev)
     b, g = torch.randn(HEADS, 1, o, device=dev), torch.randn(HEADS, rows, o, device=dev)
     ones = torch.ones(HEADS, 1, rows, device=dev)
+    xh, wh, gh = x.bfloat16(), w.bfloat16(), g.bfloat16()
     xs, gs = [x[h].contiguous() for h in range(HEADS)], [g[h].contiguous() for h in range(HEADS)]
     ws, bs = [w[h].t().contiguous() for h in range(HEADS)], [b[h, 0].contiguous() for h in range(HEADS)]
     ops = {
@@ -107,6 +109,12 @@ def twin_layer(rows: int, i: int, o: int, dev: torch.device) -> dict:
         "wgrad_2x_mm": lambda: [gs[h].t() @ xs[h] for h in range(HEADS)],
         **{f"wgrad_chunks{k}": (lambda k=k: chunked(x, g, k)) for k in (4, 8, 16, 32) if rows >= 1024},
         "dgrad_bmm": lambda: torch.bmm(g, w.transpose(1, 2)),
+        # bfloat16 operands (cast beforehand): the products' ceiling at half the bytes and twice the
+        # tensor-core rate, the candidate left for the batch-4,096 bar (a change of numerics)
+        "fwd_bmm_bf16": lambda: torch.bmm(xh, wh),
+        "wgrad_bmm_bf16": lambda: torch.bmm(xh.transpose(1, 2), gh),
+        **({"wgrad_chunks8_bf16": lambda: chunked(xh, gh, 8)} if rows >= 1024 else {}),
+        "dgrad_bmm_bf16": lambda: torch.bmm(gh, wh.transpose(1, 2)),
         "bgrad_sum": lambda: g.sum(1, keepdim=True),
         "bgrad_bmm_ones": lambda: torch.bmm(ones, g),
     }
