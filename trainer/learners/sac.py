@@ -14,13 +14,13 @@ One update (Haarnoja et al. 2018, with twin critics and automatic entropy tuning
   alpha:  minimise -log_alpha * (log pi(a|s) + target_entropy), target_entropy = -A
   target: Q' <- Q' + tau * (Q - Q')
 
-Speed: both critics are one module whose layers are batched matmuls (one
-product per layer for the pair, and one Adam over both), Adam is the fused
-kernel (given large tensors in slices on cuda: optim.sliced), the temperature's gradient is
-written directly (no autograd for one scalar), the target update is one `_foreach_lerp_`
-(optim.soft_update), the update's noise is drawn
-with the replay indices (draw_inputs), and the whole update is one step without
-host synchronisation, captured as a CUDA graph on a GPU (trainer/learners/capture.py).
+Speed: both critics are one module whose layers are batched matmuls (one product
+per layer for the pair, and one Adam over both), Adam is the fused kernel (given
+large tensors in slices on cuda: optim.sliced), the temperature's gradient is
+written directly (no autograd for one scalar), the target update is one
+`_foreach_lerp_` (optim.soft_update), the update's noise is drawn with the
+replay indices (draw_inputs), and the whole update is one step without host
+synchronisation, captured as a CUDA graph on a GPU (trainer/learners/capture.py).
 Scalar metrics are read back at the end of a train() call once `metrics_every`
 updates ran since the last read: the metrics reported can be that many updates old.
 """
