@@ -113,6 +113,24 @@ for x in r["results"]:
     print(f'  {x["learner"]} b{x["batch"]} {x["path"]} slices {x["adam_slices"]} bias {x["bias_grad"]}: {x["updates_per_s"]}/s {x["spread"]}; ' + "; ".join(
         f'{p["op"][:60]} {p["self_us_per_update"]} us x{p["calls_per_update"]}' for p in x["profile"][:6]))
 print("  ratios", json.dumps({k: v for k, v in r["ratios"].items() if "slices" in k or "bias" in k or "b4096_vs" in k}))
+# what the two switches' rows say, in a line each (a switch pays: its rate over the other's > 1)
+rat = r["ratios"]
+def rows(suffix):
+    return {k.rsplit("/", 1)[0]: v for k, v in rat.items() if k.endswith("/" + suffix)}
+off = rows("slicesoff_vs_on")
+if off:
+    word = "keep" if all(v < 1.0 for v in off.values()) else "drop" if all(v > 1.02 for v in off.values()) else "mixed:"
+    print(f"  VERDICT Adam in slices (optim.SLICED_DEVICES = ('cuda',)): {word} {json.dumps(off)}")
+prod = rows("biasproduct_vs_sum")
+if prod:
+    big = [v for k, v in prod.items() if "/b4096/" in k]
+    small = [v for k, v in prod.items() if "/b256/" in k]
+    pays = big and all(v >= 1.02 for v in big) and all(v >= 0.98 for v in small)
+    word = "set splitk.BIAS_BY_PRODUCT = ('cuda',)" if pays else "leave splitk.BIAS_BY_PRODUCT empty"
+    print(f"  VERDICT bias gradients as products: {word} {json.dumps(prod)}")
+for k, v in rat.items():
+    if k.endswith("/graph/b4096_vs_b256"):
+        print(f"  BAR {k}: {v} (>= 0.8: {'met' if v >= 0.8 else 'not met'})")
 EOF
 
 step "bench/learner_speed.py --grad-row-chunks auto,1: SAC at batch 4,096, graph and compile, chunked twin gradients against one product"
