@@ -196,3 +196,13 @@ def test_a_bench_ends_with_its_json_printed_and_in_the_out_file_whose_folder_it_
     assert emit({"rate": 1.5}, str(out), indent=1) == 0
     assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out) == {"rate": 1.5}
     assert emit({"rate": 2}) == 0 and json.loads(capsys.readouterr().out) == {"rate": 2}
+
+
+def test_the_gpu_checks_python_blocks_compile_here():
+    """bench/gpu_check.sh runs only on a lent GPU machine: a syntax error in one of its summary
+    blocks (an f-string with a backslash, on the VM's Python 3.11) would cost a GPU session's run."""
+    text = (ROOT / "bench" / "gpu_check.sh").read_text()
+    blocks = re.findall(r"<<'(EOF2?)'\n(.*?)\n\1\n", text, re.S)
+    assert len(blocks) == 7
+    for _, code in blocks:
+        compile(code, "bench/gpu_check.sh", "exec")
