@@ -16,7 +16,6 @@ replayed: those done since the checkpoint are lost, and reported.
 from simbridge.wire.grpc_tuning import prefer_iomgr_tcp
 
 prefer_iomgr_tcp()   # before anything imports grpc: see simbridge/wire/grpc_tuning.py
-import collections
 import inspect
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from simbridge.console import Console, StopEvent
+from simbridge.server.metrics import CUT_REASONS
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.dataset import DatasetConfigError
@@ -68,9 +68,6 @@ class TrainerDaemon:
         self.factory = PolicyFactory(cfg)
         self.checkpoints = checkpoint.Checkpoints(self.logdir, cfg.run.keep_replay_in_checkpoint)
         self.ckpt_path = self.checkpoints.path
-        # Episode summaries as the runtime's metrics keep them, for the checkpoint.
-        self.recent = collections.deque(maxlen=100)
-        self._recent_lock = threading.Lock()
         self.base_wall_s = 0.0
         self._t0 = time.monotonic()
 
@@ -124,6 +121,8 @@ class TrainerDaemon:
         c = state["counters"]
         m = self.runtime.metrics  # nothing is serving yet: safe to set
         m.env_steps, m.agent_steps, m.episodes = c["env_steps"], c["agent_steps"], c["episodes"]
+        m.episodes_cut = c.get("episodes_cut", 0)   # checkpoints before 28 Nov 2026 have none
+        # training's last 100 episodes and evaluation's, apart (before 28 Nov: the last 100 of both)
         recent = list(c["recent"])
         self.base_wall_s = c["wall_s"]
         js = state.get("journal")
@@ -139,11 +138,11 @@ class TrainerDaemon:
                 m.episodes = rec.counters["episodes"]
             lost = rec.open_episodes(self.open_from)
             m.episodes += len(lost)
+            m.episodes_cut += len(lost) + sum(x["end_reason"] in CUT_REASONS for x in rec.summaries)
             recent += rec.summaries + lost
             eps_next = max(eps_next, rec.max_eps_id + 1)
             self._recovered = (rec, lost)
         m.file_recent(recent)   # training and evaluation returns, apart
-        self.recent.extend(recent)
         self.runtime.ctx.start_episode_numbers(eps_next)
         return state
 
@@ -204,9 +203,6 @@ class TrainerDaemon:
                 self.journal.commit(self.runtime.metrics)
 
     def _on_episode_end(self, summary: dict) -> None:
-        # Whole summaries (small, plain types): the runtime's return means read several of their keys.
-        with self._recent_lock:
-            self.recent.append(dict(summary))
         if self.journal is not None:   # runtime lock held: written with the call's commit
             self.journal.episode(summary)
 
@@ -218,8 +214,10 @@ class TrainerDaemon:
         ctx = self.runtime.ctx
         with ctx.lock:   # counters, summaries and the journal's cut at one instant
             snap = self.runtime.snapshot()
-            with self._recent_lock:
-                recent = list(self.recent)
+            # the runtime's windows as they are (training's 100, evaluation's 100, other ranks'
+            # episodes folded in): whole summaries, small and of plain types
+            m = self.runtime.metrics
+            recent = [dict(x) for x in (*m.recent, *m.recent_eval)]
             eps_next = ctx.next_episode_number()
             if clean:
                 self.open_from = eps_next
@@ -233,7 +231,8 @@ class TrainerDaemon:
             js["open_from"] = self.open_from
         self.checkpoints.save(policies, {
             "env_steps": snap["env_steps"], "agent_steps": snap["agent_steps"], "episodes": snap["episodes"],
-            "wall_s": self.wall_s(), "recent": recent, "eps_next": eps_next}, journal=js)
+            "episodes_cut": snap["episodes_cut"], "wall_s": self.wall_s(), "recent": recent, "eps_next": eps_next},
+            journal=js)
         if self.journal is not None:
             # Rows a resume may replay: those not ingested, and the capacity of each replay
             # buffer before them unless the checkpoint holds the buffers.

@@ -193,11 +193,7 @@ class Group:
             m.file_recent(summaries)
             self.remote["env"] += env
             self.remote["agent"] += agent
-            self.remote["episodes"] += len(summaries)
-        self.on_remote_episodes(summaries)
-
-    def on_remote_episodes(self, summaries: List[dict]) -> None:
-        """Set by the daemon: the summaries go into its checkpoint's recent returns too."""
+            self.remote["episodes"] += len(summaries)   # the checkpoint's recent returns read them there
 
     # ------------------------------------------------------------ weights
 

@@ -148,11 +148,6 @@ def attach(daemon):
     device = pick_device(cfg.run.device)
     loop.group = Group(info, daemon.runtime, [pid for pid in cfg.policies if cfg.trainable(pid)],
                        device if device.type == "cuda" else torch.device("cpu"))
-
-    def remote_episodes(summaries):
-        with daemon._recent_lock:
-            daemon.recent.extend(summaries)
-    loop.group.on_remote_episodes = remote_episodes
     return reporter, loop
 
 
