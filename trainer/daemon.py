@@ -63,7 +63,7 @@ class TrainerDaemon:
         self.serving = threading.Event()   # set once bound and serving on self.address
         self.address = ""
         self.stop_reason = ""
-        self.exit_code = 0   # 1: a learner process died (no final checkpoint)
+        self.exit_code = 0   # 1: a learner process died (no final checkpoint), or the dataset failed
         # Classes first: an unknown module or config key fails here, before serving.
         self.factory = PolicyFactory(cfg)
         self.checkpoints = checkpoint.Checkpoints(self.logdir, cfg.run.keep_replay_in_checkpoint)
@@ -307,6 +307,16 @@ class TrainerDaemon:
             self._shutdown(server)
         return self.exit_code
 
+    def _stop_serving_and_record(self, server) -> None:
+        self.loop.drain_while(lambda: server.stop(grace=0.5))
+        if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group
+            from simbridge.trainer.distributed import loop as distributed_loop
+            distributed_loop.leave(self)
+        if self.loop.recorder is not None:   # every row is in: open trajectories end as truncated
+            for pid, d in self.loop.recorder.close().items():
+                print(f"simbridge-trainer: dataset of {pid}: {d['episodes']:,} episodes, {d['steps']:,} steps in "
+                      f"{d['path']}", file=self.out, flush=True)
+
     def _prepare(self) -> None:
         """The run's files: the effective config, the journal, metrics, TensorBoard (with the
         config as hparams), a first checkpoint (a resume always finds one; a resumed run's journal
@@ -331,15 +341,9 @@ class TrainerDaemon:
         again = " (Ctrl-C again: at once, without it)" if self.stop_reason == "SIGINT" else ""   # a user's, at a terminal
         print(f"simbridge-trainer: stopping ({self.stop_reason or 'error'}): writing the checkpoint{again}",
               file=self.out, flush=True)
-        self.loop.drain_while(lambda: server.stop(grace=0.5))
-        if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group
-            from simbridge.trainer.distributed import loop as distributed_loop
-            distributed_loop.leave(self)
-        if self.loop.recorder is not None:   # every row is in: open trajectories end as truncated
-            for pid, d in self.loop.recorder.close().items():
-                print(f"simbridge-trainer: dataset of {pid}: {d['episodes']:,} episodes, {d['steps']:,} steps in "
-                      f"{d['path']}", file=self.out, flush=True)
-        try:   # before the last record: a learner process's weights and counts come with its state
+        try:
+            self._stop_serving_and_record(server)
+            # before the last record: a learner process's weights and counts come with its state
             self.checkpoint(clean=True)
             if self.writes:
                 print(f"simbridge-trainer: checkpoint {self.ckpt_path} at {self.checkpoints.env_steps:,} env steps",
@@ -347,8 +351,13 @@ class TrainerDaemon:
         except LearnerProcessDied as e:   # its networks are gone: the last checkpoint stays
             print(f"simbridge-trainer: no final checkpoint: {e}", file=sys.stderr, flush=True)
             self.exit_code = 1
-        finally:
+        finally:   # whatever failed above: learner processes left running would hold the exit for good
             self.loop.close()
+        if self.loop.recording_failed:
+            print(f"simbridge-trainer: the dataset stopped at an error: {self.loop.recording_failed} (the "
+                  f"learners kept every row; [dataset] dir or --logdir elsewhere, or free space, then --resume)",
+                  file=sys.stderr, flush=True)
+            self.exit_code = 1
         self.reporter.report("stop")
         if self.journal is not None:
             self.journal.close()

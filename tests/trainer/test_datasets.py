@@ -262,3 +262,45 @@ def test_recorder_bounds_open_episodes_and_their_length(tmp_path, caplog):
     # Its rows' observations in order (row 1 of the first batch, rows 1-5 of the second), then the
     # last row's new_obs.
     assert eps[0].observations[:, 0].tolist() == [1, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_relative_dataset_root_is_written(tmp_path, monkeypatch):
+    """`simbridge-trainer run --record-dataset` records to runs/cartpole_dqn/datasets, relative:
+    Minari's storage joined a relative data path to itself when it sized the file, and the first
+    write failed (then the trainer could not stop: test_learner_process's recorder-failure test)."""
+    import gymnasium as gym
+    from simbridge.trainer.data.datasets import EpisodeRecorder
+
+    monkeypatch.chdir(tmp_path)
+    spaces = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+    rec = EpisodeRecorder(DatasetSection(record=True), Path("runs/x/datasets"), lambda pid: spaces)
+    rec.add(_rows([1, 1, 2], [0, 0, 0], [False, True, True]))
+    rec._write_due(force=True)   # the write that failed
+    assert rec.close()["p"]["episodes"] == 2
+    assert (tmp_path / "runs/x/datasets/simbridge/p-v0/data/main_data.hdf5").exists()
+
+
+def test_a_dataset_that_cannot_be_written_stops_the_run_in_order(tmp_path):
+    """The recorder's first write fails (here its folder's parent is a file): the trainer says why,
+    writes its checkpoint, ends its learner process and exits 1 by itself. Before, the error
+    escaped the learning loop and the shutdown alike, the learner process was never ended, and
+    the trainer neither exited nor stopped on SIGTERM."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the dataset's folder should go")
+    logdir = tmp_path / "run"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[server]\naddress = "{ANY}"\n[run]\nlogdir = "{logdir}"\n'
+                   f'[policies.default_policy]\nalgorithm = "dqn"\nconfig = {{ learning_starts = 100 }}\n'
+                   f'[dataset]\nrecord = true\ndir = "{blocker / "datasets"}"\n')
+    daemon = start_trainer(cfg, name="recorder")
+    sim = start_sim("gym_sim", "simbridge.sims.gym_sim", daemon.address, "--slots", "4", "--max-steps", "4000")
+    try:
+        wait(lambda: daemon.poll() is not None, 90, "the trainer to stop by itself", [])
+        daemon.wait_output()
+        out = "\n".join(daemon.lines)
+        assert daemon.poll() == 1, out
+        assert "stopping (the dataset could not be written (" in out
+        assert "the dataset stopped at an error:" in out and "then --resume" in out
+        assert f"checkpoint {logdir / 'checkpoint.pt'}" in out and "Traceback" not in out
+    finally:
+        kill(daemon, sim)

@@ -74,7 +74,9 @@ class _Writer:
         from minari.dataset.minari_storage import MinariStorage
 
         self.id = dataset_id(policy_id, rank)
-        data = root / self.id / "data"
+        # absolute: Minari's storage joins a relative data path to itself when it sizes the file
+        # (minari 0.5: 'runs/x/data/runs/x/data/main_data.hdf5', and the first write failed)
+        data = Path(root).resolve() / self.id / "data"
         if (data / "metadata.json").exists():
             if not resume:
                 raise DatasetConfigError(f"a dataset already exists at {data}: remove it, or set [dataset] dir "

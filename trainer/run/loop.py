@@ -32,6 +32,7 @@ class LearningLoop:
         self.runtime = runtime
         self.journal = journal   # told the update counts after each chunk of updates (None: none)
         self.recorder = None     # trainer/data/datasets.py's EpisodeRecorder, when the run records
+        self.recording_failed = ""   # why the recorder stopped (the run stops with it, in order)
         self.warm_start: List = []   # (policy id, SampleBatch) fed before any experience (trainer/data/warm_start.py)
         self.ingested: Dict[str, int] = collections.Counter()
         # Rows taken from the experience queue (every ingest's) and fed on, this process's: with
@@ -110,7 +111,14 @@ class LearningLoop:
 
     def ingest(self, batch) -> None:
         if self.recorder is not None:   # the datasets see what the learners get, in the same order
-            self.recorder.add(batch)
+            try:
+                self.recorder.add(batch)
+            except Exception as e:   # noqa: BLE001 - a full disk, a path the writer cannot use
+                # The learners still get these rows; the run stops in order (checkpoint, learner
+                # processes), where an exception here left the trainer unable to stop at all.
+                self.recorder = None
+                self.recording_failed = f"{type(e).__name__}: {e}"
+                self._stop(f"the dataset could not be written ({self.recording_failed})")
         policies = self.runtime.policies
         for pid, b in batch.policy_batches.items():
             self.ingested[pid] += b.count
