@@ -128,15 +128,16 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
     unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
     tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify."""
     if is_unix(address):
-        sock, why = _connect_unix(unix_path(address), timeout_s)
-        if sock is None:
-            return why
+        def connect():
+            return _connect_unix(unix_path(address), timeout_s)
     else:
         host, _, port = address.rpartition(":")
-        # each address gRPC may try, in turn: the system resolver's first of them may have no server
-        sock, why = _connect_tcp(host.strip("[]"), int(port), timeout_s)
-        if sock is None:
-            return why
+
+        def connect():   # each address gRPC may try, in turn: the resolver's first may have no server
+            return _connect_tcp(host.strip("[]"), int(port), timeout_s)
+    sock, why = connect()
+    if sock is None:
+        return why
     with sock:
         # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
         # run files in between), and that looks the same as a failed handshake from here.
@@ -145,9 +146,13 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
             if refused:
                 return refused, True
             return "a server answers but the TLS handshake or the gRPC connection failed", False
+        closed = False   # the peer closed the probe's connection without a byte (not a timeout: a hung host)
         try:
             sock.sendall(_HTTP1_PROBE)
             answer = sock.recv(64)
+            closed = not answer
+        except ConnectionResetError:
+            answer, closed = b"", True
         except OSError:
             answer = b""
     if answer.startswith(b"HTTP/1"):
@@ -156,9 +161,34 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
                 f"TensorBoard?)"), True
     if len(answer) >= 9 and answer[3] == 0x04:   # an HTTP/2 SETTINGS frame: a gRPC server, not ready yet
         return "a gRPC server answers there but the connection did not get ready", False
-    if answer[:1] in (b"\x15", b"\x16"):
-        return "a TLS server answers there: connect with TLS (--tls-ca, docs/security.md)", True
+    if answer[:1] in (b"\x15", b"\x16") or (closed and _answers_tls(connect()[0])):
+        # gRPC's TLS server closes a plain-text connection without a byte: a handshake tells it
+        return (TLS_SERVER, True)
     return "something listens there but does not answer as a gRPC server (yet: a trainer still starting?)", False
+
+
+TLS_FIX = ("connect with TLS: --tls-ca CA.pem, and --tls-server-name NAME where the certificate names the host "
+           "otherwise (docs/security.md)")
+TLS_SERVER = f"a TLS server answers there, and this client speaks plain text: {TLS_FIX}"
+
+
+def _answers_tls(sock: Optional[socket.socket], timeout_s: float = 0.5) -> bool:
+    """Whether a TLS handshake (nothing verified) completes with the server on `sock`: a TLS server
+    that closed the plain-text probe without a byte. No answer in time: not a verdict (False)."""
+    if sock is None:
+        return False
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    sock.settimeout(timeout_s)
+    try:
+        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
+            return True
+    except OSError:   # ssl.SSLError (not TLS: closed, or another protocol) and timeouts
+        return False
+    finally:
+        sock.close()
 
 
 def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 0.5) -> Optional[str]:

@@ -189,11 +189,18 @@ def test_tls_client_waits_for_a_trainer_that_has_bound_but_not_yet_started(pki):
         srv.stop(grace=0)
 
 
-def test_plaintext_client_cannot_reach_a_tls_server(make_server, pki):
+def test_plaintext_client_to_a_tls_server_fails_fast_and_names_tls(make_server, pki):
+    """docs/security.md: a client without --tls-ca at a TLS port does not wait out its connect
+    timeout. gRPC's TLS server closes a plain-text connection without a byte (it read as 'not a
+    gRPC server, a trainer still starting?', waited 30 s, and named nothing): a handshake tells."""
     srv = _serve(make_server, pki, tokens=False)
+    t0 = time.monotonic()
     with pytest.raises(BridgeError) as e:
-        _act(srv.address, ClientSecurity(), timeout=2)
+        _act(srv.address, ClientSecurity(), timeout=30)
+    assert time.monotonic() - t0 < 10, e.value.message
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "speaks TLS, this client plain text" in e.value.message
+    assert "--tls-ca" in e.value.message and "--tls-server-name" in e.value.message
     assert srv.runtime.snapshot()["sessions"] == 0
 
 
