@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
     r.add_argument("--logdir", help="run directory (overrides [run] logdir)")
     r.add_argument("--seed", type=int, help="seed of the learners and their exploration (overrides [run] seed)")
-    r.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N (overrides [run] device)")
+    r.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N, mps (overrides [run] device)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key by its dotted path, the value read as TOML, checked like the "
                         "file; repeatable. E.g. --set policies.default_policy.config.lr=3e-4 --set "
