@@ -42,6 +42,14 @@ from simbridge.trainer.run.rundir import SAVED_CONFIG
 from simbridge.wire import tree
 
 
+def simulator_flags(server) -> str:
+    """The flags a simulator needs beside --address for this [server] table (the waiting line's
+    example): TLS roots, a client certificate for mutual TLS, a token."""
+    flags = " --tls-ca CA.pem" if server.tls_cert else ""
+    flags += " --tls-cert CLIENT.pem --tls-key CLIENT.key" if server.tls_client_ca else ""
+    return flags + (" --auth-token-file TOKEN_FILE" if server.auth_token_file else "")
+
+
 class TrainerDaemon:
     """Runtime + server + learners + logging for one run. `run()` blocks until stopped."""
 
@@ -279,6 +287,7 @@ class TrainerDaemon:
         else:   # listening since the CLI's start: the calls held meanwhile go now
             server.serve()
         self.address = self.reporter.address = server.address
+        self.reporter.sim_flags = simulator_flags(self.cfg.server)
         self.serving.set()
         what = f"resumed at {self.resumed_env_steps:,} env steps" if self.resume else self.started_as
         if self.resume and not self.writes:

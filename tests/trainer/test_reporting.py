@@ -33,3 +33,18 @@ def test_each_record_is_one_tensorboard_event_holding_every_scalar_at_its_env_st
     (events_file,) = tmp_path.glob("events.out.tfevents.*")
     with_scalars = [e for e in EventFileLoader(str(events_file)).Load() if e.HasField("summary")]
     assert [e.step for e in with_scalars] == [0, 7]   # one event per record, not one per scalar
+
+
+def test_the_waiting_lines_example_simulator_carries_the_flags_the_server_asks_for():
+    """A trainer with TLS and a token: the `simbridge-sim --address ...` it suggests while it waits
+    would fail without them (a newcomer's audit, 28 Nov)."""
+    import dataclasses
+
+    from simbridge.trainer.config.sections import ServerSection
+    from simbridge.trainer.daemon import simulator_flags
+    plain = ServerSection()
+    assert simulator_flags(plain) == ""
+    tls = dataclasses.replace(plain, tls_cert="server.pem", tls_key="server.key", auth_token_file="tokens.txt")
+    assert simulator_flags(tls) == " --tls-ca CA.pem --auth-token-file TOKEN_FILE"
+    mtls = dataclasses.replace(tls, tls_client_ca="ca.pem", auth_token_file="")
+    assert simulator_flags(mtls) == " --tls-ca CA.pem --tls-cert CLIENT.pem --tls-key CLIENT.key"

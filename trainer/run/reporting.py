@@ -39,6 +39,7 @@ class Reporter:
         self._metrics_file = None
         self._writer = None
         self.address = "?"   # the server's, once bound (the "waiting for simulators" line)
+        self.sim_flags = ""  # what a simulator needs beside --address there (TLS, a token)
         self._waiting_said: Optional[float] = None
         self._refusals_said: Dict[str, tuple] = {}   # reason -> (its count when said, when)
 
@@ -90,7 +91,8 @@ class Reporter:
             if self._waiting_said is None or now - self._waiting_said >= WAITING_EVERY_S:
                 self._waiting_said = now
                 print(f"[trainer] waiting for simulators on {self.address} ({rec['env_steps']:,} env steps so far; "
-                      f"start one, e.g. `simbridge-sim --address {self.address}`)", file=self.out, flush=True)
+                      f"start one, e.g. `simbridge-sim --address {self.address}{self.sim_flags}`)", file=self.out,
+                      flush=True)
             return rec
         self._waiting_said = None
         print(progress_line(rec, self.queue_max), file=self.out, flush=True)
