@@ -20,8 +20,9 @@ from simbridge.wire.errors import BridgeError, Reason
 
 def add_common_args(p: argparse.ArgumentParser, print_every: int = 20) -> None:
     p.add_argument("--address", default="127.0.0.1:50051",
-                   help="host:port (or unix:PATH) of the simbridge server, or several as h1:p1,h2:p2 (connects "
-                        "to one, moves to another when it goes away: docs/scaling.md; default: %(default)s)")
+                   help="host:port (or unix:PATH, shm+unix:PATH) of the simbridge server, or several as "
+                        "h1:p1,h2:p2 (connects to one, moves to another when it goes away: docs/scaling.md; "
+                        "default: %(default)s)")
     p.add_argument("--episodes", type=int, default=0,
                    help="episodes to run, then exit (0: run until stopped; default: %(default)s)")
     p.add_argument("--transport", choices=["stream", "unary"], default="stream",

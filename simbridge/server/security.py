@@ -26,6 +26,7 @@ from typing import Dict, Optional
 
 import grpc
 
+from simbridge.wire.addresses import address_problem
 from simbridge.wire.errors import BridgeError, Reason
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
@@ -63,7 +64,9 @@ class ServerSecurity:
                 root_certificates=_read(self.tls_client_ca, "--tls-client-ca") if self.tls_client_ca else None,
                 require_client_auth=bool(self.tls_client_ca))
         tokens = read_tokens(self.auth_token_file) if self.auth_token_file else {}
-        if not is_loopback(address) and not self.insecure and not (credentials and (tokens or self.tls_client_ca)):
+        # an address that is no address at all (unix-abstract:) is refused for what it is, where it binds
+        if address_problem(address) is None and not is_loopback(address) and not self.insecure \
+                and not (credentials and (tokens or self.tls_client_ca)):
             raise SecurityConfigError(
                 f"refusing to serve {address} beyond this machine without TLS and authentication: pass "
                 f"--tls-cert/--tls-key and --auth-token-file (or --tls-client-ca), bind 127.0.0.1, or pass "

@@ -112,6 +112,12 @@ def test_unix_addresses_in_lists_and_bad_ones_name_the_fix():
     assert cfg.server.address == "unix:/run/sb/bridge.sock"
     with pytest.raises(ConfigError, match="or unix:PATH"):
         parse_config('[server]\naddress = "unix-abstract:x"\n[policies.p]\nalgorithm = "random"\n')
+    # the server says why an abstract socket is refused, not "beyond this machine without TLS"
+    # (which pointed at --insecure, after which it said the real reason)
+    out = subprocess.run([sys.executable, "-m", "simbridge.server.cli", "--address", "unix-abstract:x"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "abstract Unix sockets have no file permissions" in out.stderr, out.stderr
+    assert "--insecure" not in out.stderr
 
 
 def test_a_socket_path_too_long_for_unix_is_refused_in_words_not_by_grpc():
