@@ -109,6 +109,33 @@ def _linear_q(**config):
     return LinearQLearner(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), config=config, device="cpu")
 
 
+def _slow_process(name: str, started: Path, updates_per_step: float, update_sleep_s: float):
+    """(learner, its LearnerProcess): SlowLinearQ sleeping update_sleep_s in each update, touching
+    `started` when the first begins."""
+    from slow_learner import SlowLinearQ
+    from simbridge.trainer.run.learner_process import LearnerProcess
+    learner = SlowLinearQ(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                          config={"updates_per_step": updates_per_step, "learning_starts": 0, "batch_size": 2,
+                                  "update_sleep_s": update_sleep_s, "started_file": str(started)}, device="cpu")
+    return learner, LearnerProcess(name, learner)
+
+
+def _random_rows(rng, n: int):
+    from simbridge.server.sample_batch import SampleBatch
+    return SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
+                       new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
+                       rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool),
+                       eps_id=np.zeros(n, np.int64), agent_index=np.zeros(n, np.int64), t=np.arange(n),
+                       policy_version=np.zeros(n, np.int64), action_logp=np.full(n, -0.7, np.float32))
+
+
+def _wait_started(started: Path) -> None:
+    deadline = time.monotonic() + 60   # the child's start (importing torch) is all this waits for
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the learner process never began an update"
+
+
 def _fragment():
     from simbridge.server.sample_batch import MultiAgentBatch, SampleBatch
     return MultiAgentBatch({"default_policy": SampleBatch({"rewards": np.ones(FRAGMENT, np.float32)})}, FRAGMENT)
@@ -372,32 +399,14 @@ def test_rows_for_a_learner_process_inside_a_long_update_never_hold_up_the_train
     in a send until the update ended: a Ctrl-C'd trainer, handing the child the rows its rate
     limiter had held, said nothing for that long. Checked without a clock: the sends end before the
     child's first update has reported."""
-    from slow_learner import SlowLinearQ
-    from simbridge.server.sample_batch import SampleBatch
-    from simbridge.trainer.run.learner_process import LearnerProcess
-
     started = tmp_path / "started"
-    learner = SlowLinearQ(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
-                          config={"updates_per_step": 0.5, "learning_starts": 0, "batch_size": 2,
-                                  "update_sleep_s": 6.0, "started_file": str(started)}, device="cpu")
-    proc = LearnerProcess("busy", learner)
+    learner, proc = _slow_process("busy", started, updates_per_step=0.5, update_sleep_s=6.0)
     rng = np.random.default_rng(0)
-
-    def rows(n):
-        return SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
-                           new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
-                           rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool),
-                           truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64),
-                           agent_index=np.zeros(n, np.int64), t=np.arange(n), policy_version=np.zeros(n, np.int64),
-                           action_logp=np.full(n, -0.7, np.float32))
     try:
-        proc.add(rows(2))   # one update due: the child begins it
-        deadline = time.monotonic() + 60   # the child's start (importing torch) is all this waits for
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), "the learner process never began an update"
+        proc.add(_random_rows(rng, 2))   # one update due: the child begins it
+        _wait_started(started)
         for _ in range(40):   # 40 x 1,000 rows: megabytes, many times what a pipe holds
-            proc.add(rows(1000))
+            proc.add(_random_rows(rng, 1000))
         proc.poll()
         assert learner.updates == 0, "the sends waited for the child's update to end"
         assert learner.agent_steps == 40_002
@@ -410,29 +419,15 @@ def test_a_long_wait_for_a_learner_process_state_is_said(caplog, monkeypatch, tm
     """A checkpoint (the stop's included) asks the child for its state, which it sends between its
     updates: after torch.compile had built the first one (16 s on this CPU), a Ctrl-C'd trainer had
     said nothing in between. Here the child is inside two updates of 1.5 s when asked."""
-    from slow_learner import SlowLinearQ
-    from simbridge.server.sample_batch import SampleBatch
     from simbridge.trainer.run import learner_process
-    from simbridge.trainer.run.learner_process import LearnerProcess
 
     monkeypatch.setattr(learner_process, "STATE_WAIT_SAID_S", 0.5)
     started = tmp_path / "started"
-    learner = SlowLinearQ(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
-                          config={"updates_per_step": 1.0, "learning_starts": 0, "batch_size": 2,
-                                  "update_sleep_s": 1.5, "started_file": str(started)}, device="cpu")
-    proc = LearnerProcess("slow", learner)
-    rng = np.random.default_rng(0)
+    learner, proc = _slow_process("slow", started, updates_per_step=1.0, update_sleep_s=1.5)
     n = 2
     try:
-        proc.add(SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
-                             new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
-                             rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool),
-                             eps_id=np.zeros(n, np.int64), agent_index=np.zeros(n, np.int64), t=np.arange(n),
-                             policy_version=np.zeros(n, np.int64), action_logp=np.full(n, -0.7, np.float32)))
-        deadline = time.monotonic() + 60   # the child's start (importing torch) is all this waits for
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), "the learner process never began an update"
+        proc.add(_random_rows(np.random.default_rng(0), n))
+        _wait_started(started)
         state = proc.state(include_replay=False)
         assert state["updates"] == n   # sent after the updates in hand
         said = [r.getMessage() for r in caplog.records if "waiting for its learner process's state" in r.getMessage()]
