@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from simbridge.console import Console, StopEvent
-from simbridge.server.metrics import CUT_REASONS
+from simbridge.server.metrics import count_cut
 from simbridge.server.runtime import BridgeRuntime
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.config.dataset import DatasetConfigError
@@ -146,7 +146,7 @@ class TrainerDaemon:
                 m.episodes = rec.counters["episodes"]
             lost = rec.open_episodes(self.open_from)
             m.episodes += len(lost)
-            m.episodes_cut += len(lost) + sum(x["end_reason"] in CUT_REASONS for x in rec.summaries)
+            m.episodes_cut += count_cut(rec.summaries + lost)   # those open at the kill among them
             recent += rec.summaries + lost
             eps_next = max(eps_next, rec.max_eps_id + 1)
             self._recovered = (rec, lost)

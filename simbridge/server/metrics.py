@@ -16,6 +16,11 @@ log = logging.getLogger("simbridge")
 CUT_REASONS = frozenset({"simulator_stopped", "session_closed", "client_lost", "step_timeout", "trainer_lost"})
 
 
+def count_cut(summaries: Iterable[EpisodeSummary]) -> int:
+    """How many of these ended episodes were cut short (CUT_REASONS)."""
+    return sum(x["end_reason"] in CUT_REASONS for x in summaries)
+
+
 class Metrics:
     def __init__(self):
         self.env_steps = 0
@@ -82,7 +87,7 @@ class Metrics:
         self.empty_episodes += len(summaries) - len(stepped)
         summaries = stepped
         self.episodes += len(summaries)
-        self.episodes_cut += sum(x["end_reason"] in CUT_REASONS for x in summaries)
+        self.episodes_cut += count_cut(summaries)
         self.file_recent(summaries)
         for cb in callbacks:
             for summary in summaries:
