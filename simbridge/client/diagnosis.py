@@ -172,19 +172,30 @@ TLS_FIX = ("connect with TLS: --tls-ca CA.pem, and --tls-server-name NAME where 
 TLS_SERVER = f"a TLS server answers there, and this client speaks plain text: {TLS_FIX}"
 
 
+def _handshake(sock: socket.socket, tls_ca: Optional[bytes], timeout_s: float) -> None:
+    """A TLS handshake on `sock` as gRPC's client makes it (ALPN h2), the chain checked against
+    tls_ca (None: nothing verified), names never (gRPC's own rules judge them). Raises what
+    ssl raises: ssl.SSLCertVerificationError for a chain the roots refuse, OSError otherwise."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    if tls_ca is None:
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
+    ctx.set_alpn_protocols(["h2"])
+    sock.settimeout(timeout_s)
+    with ctx.wrap_socket(sock, do_handshake_on_connect=True):
+        pass
+
+
 def _answers_tls(sock: Optional[socket.socket], timeout_s: float = 0.5) -> bool:
     """Whether a TLS handshake (nothing verified) completes with the server on `sock`: a TLS server
     that closed the plain-text probe without a byte. No answer in time: not a verdict (False)."""
     if sock is None:
         return False
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    sock.settimeout(timeout_s)
     try:
-        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
-            return True
+        _handshake(sock, None, timeout_s)
+        return True
     except OSError:   # ssl.SSLError (not TLS: closed, or another protocol) and timeouts
         return False
     finally:
@@ -196,21 +207,13 @@ def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 
     some other failure, or no answer within timeout_s: a trainer that has bound its port but not
     started serving does not answer a handshake yet, and may still come). Only the chain is
     judged, with the roots gRPC is given: names (--tls-server-name) follow gRPC's own rules."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
     try:
-        ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
-    except (ssl.SSLError, ValueError):
-        return None   # roots Python cannot read: gRPC's own failure says it
-    ctx.set_alpn_protocols(["h2"])
-    sock.settimeout(timeout_s)
-    try:
-        with ctx.wrap_socket(sock, do_handshake_on_connect=True):
-            return None
+        _handshake(sock, tls_ca, timeout_s)
+        return None
     except ssl.SSLCertVerificationError as e:
         return f"{TLS_REFUSED} is not signed by the CA of --tls-ca ({e.verify_message})"
-    except OSError:   # ssl.SSLError and timeouts included: not a verdict on the certificate
-        return None
+    except (OSError, ValueError):   # roots Python cannot read (gRPC's own failure says it), other
+        return None                 # ssl errors and timeouts: not a verdict on the certificate
 
 
 def _connect_unix(path: str, timeout_s: float):
