@@ -30,13 +30,13 @@ SLICE = 4096
 SLICED_DEVICES = ("cuda",)
 
 
-def sliced(lists: Sequence[Sequence[torch.Tensor]], repeated: Sequence[Sequence[torch.Tensor]] = (),
-           size: Optional[int] = None) -> Tuple[List[List[torch.Tensor]], List[List[torch.Tensor]]]:
+def sliced(lists: Sequence[Sequence[torch.Tensor]], repeated: Sequence[Sequence[torch.Tensor]] = ()
+           ) -> Tuple[List[List[torch.Tensor]], List[List[torch.Tensor]]]:
     """Lists of tensors that correspond element for element (parameters, their gradients, Adam's
     moments) with each large contiguous tensor on a SLICED_DEVICES device cut alike into flat views
-    of `size` (SLICE) elements; `repeated` lists (Adam's step counts) repeat their element once per
-    slice. Inside torch.compile: the lists as they are (inductor makes its own kernels)."""
-    size = size or SLICE
+    of SLICE elements; `repeated` lists (Adam's step counts) repeat their element once per slice.
+    Inside torch.compile: the lists as they are (inductor makes its own kernels)."""
+    size = SLICE   # read at the call: tests and benches set it
     if _compiling() or not lists[0] or lists[0][0].device.type not in SLICED_DEVICES:
         return [list(x) for x in lists], [list(r) for r in repeated]   # the CPU's way: no Python per tensor
     out: List[List[torch.Tensor]] = [[] for _ in lists]
