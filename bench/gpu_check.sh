@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of issue 26 ("A GPU that pays"): one prepared run. The issue's own checks come first
-# and take about 5.5 minutes (28 Nov's run: setup 16 s, CUDA tests 77, learner speed 30, row chunks
-# 17, the two learning comparisons 127; not yet run there: layer products ~15, the switches ~50); then, while
+# and take under 6 minutes (28 Nov's run: setup 16 s, CUDA tests 77, learner speed 30, row chunks
+# 17, the two learning comparisons 127; not yet run there: layer products ~15, the switches ~50,
+# the replay's gather ~15); then, while
 # the 540 s it keeps to leave room (the device tool's timeout_s 560), the compile path's bench,
 # dqn-cartpole on the compile path and Pong from pixels, each only where its timeout still fits.
 #
@@ -18,9 +19,10 @@
 # (./gpu_check_out without $OUT):
 #   setup.log            ../shared/gpu/device_setup.sh: wheels and this project into /tmp/site
 #   nvidia-smi.txt       the card, and the processes on it at the start
-#   pytest_gpu.txt       tests/trainer/test_update_paths.py, test_splitk.py and test_optim.py: the
-#                        CUDA graph path against eager, row-chunked gradients against one product,
-#                        Adam and the target update in slices against whole tensors
+#   pytest_gpu.txt       tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py and
+#                        test_replay_nstep.py: the CUDA graph path against eager, row-chunked gradients
+#                        against one product, Adam and the target update in slices against whole
+#                        tensors, a packed replay against a store per column
 #   layer_products.json  bench/layer_products.py: the twin critics' and DQN's layer ops one by one at
 #                        256 and 4,096 rows (which form of a bias gradient, weight gradient and action
 #                        pick is cheapest: DQN's batch-4,096 gap to its bar is about 11 us an update)
@@ -36,6 +38,9 @@
 #                        each row's costliest kernels: SAC's three Adam steps took 103 us of its
 #                        483-us update whole (one thread block per 65,536 elements), DQN's bias
 #                        sums 17 of its 212 us at 4,096 rows
+#   learner_speed_gather.json  DQN and SAC's graph path at 256 and 4,096 with --replay-gather
+#                        packed,columns (the replay's columns of one dtype in one storage, one index
+#                        op each: the default since 28 Nov, later; or a storage and an op per column)
 #   learner_speed_compile.json  DQN and SAC at 256 and 4,096 on the compile path (inductor's kernels
 #                        in the learner's own CUDA graph) beside the graph path, in one process
 #   learner_speed_chunks.json  SAC's graph and compile paths at 4,096 with grad_row_chunks "auto" (the
@@ -76,9 +81,9 @@ cd /tmp/run || { step "no /tmp/run: setup failed"; exit 1; }
 python3 -c "import torch, simbridge.trainer.learners.capture as c; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
   >> "$out/summary.txt" 2>&1 || { step "simbridge.trainer does not import: see setup.log"; exit 1; }
 
-step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py)"
+step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py, test_replay_nstep.py)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py tests/trainer/test_splitk.py \
-  tests/trainer/test_optim.py \
+  tests/trainer/test_optim.py tests/trainer/test_replay_nstep.py \
   > "$out/pytest_gpu.txt" 2>&1
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 
@@ -93,6 +98,9 @@ for x in r["rows"]:
 for o in r["optimizers"]:
     print(f'  {o["network"]} ({o["parameters"]} parameters): ' + ", ".join(
         f"{k} {o[k]}" for k in ("adam_whole", "adam_sliced", "lerp_whole", "lerp_sliced")))
+for g in r["replays"]:
+    print(f'  replay {g["learner"]} b{g["rows"]}: {g["columns"]} columns, a store each {g["gather_columns"]} us, '
+          f'in {g["stores_packed"]} stores {g["gather_packed"]} us')
 EOF
 
 step "bench/learner_speed.py"
@@ -136,6 +144,25 @@ if prod:
 for k, v in rat.items():
     if k.endswith("/graph/b4096_vs_b256"):
         print(f"  BAR {k}: {v} (>= 0.8: {'met' if v >= 0.8 else 'not met'})")
+EOF
+
+step "bench/learner_speed.py --replay-gather packed,columns: DQN and SAC's graph path, the replay's columns packed by dtype or a store each"
+# DQN's five per-column gathers were about 18 us of its 4,096-row update (28 Nov's profile); packed,
+# its float columns are one index op and its actions another (trainer/learners/replay.py's PACK,
+# the default since 28 Nov, later)
+timeout 60 python3 bench/learner_speed.py --devices cuda --learners dqn,sac --paths graph --replay-gather packed,columns \
+  --window 0.1 --repeats 3 --no-acting --out "$out/learner_speed_gather.json" > /dev/null 2> "$out/learner_speed_gather.log"
+python3 - "$out/learner_speed_gather.json" >> "$out/summary.txt" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["results"]:
+    print(f'  {x["learner"]} b{x["batch"]} {x["path"]} gather {x["replay_gather"]}: {x["updates_per_s"]}/s {x["spread"]}')
+cols = {k: v for k, v in r["ratios"].items() if k.endswith("/gathercolumns_vs_packed")}
+word = "keep" if cols and all(v < 1.0 for v in cols.values()) else "drop" if cols and all(v > 1.02 for v in cols.values()) else "mixed:"
+print(f"  VERDICT replay columns packed by dtype (replay.PACK = True): {word} {json.dumps(cols)}")
+for k, v in r["ratios"].items():
+    if k.endswith("/graph/b4096_vs_b256"):
+        print(f"  BAR {k} (packed): {v} (>= 0.8: {'met' if v >= 0.8 else 'not met'})")
 EOF
 
 step "bench/learner_speed.py --grad-row-chunks auto,1: SAC at batch 4,096, graph and compile, chunked twin gradients against one product"

@@ -19,12 +19,16 @@ Two kinds of layer, at each row count:
 And each network's optimizer step: the fused Adam over its parameters (capturable, a tensor learning
 rate: the graph path's) and the target update's `_foreach_lerp_`, each with the tensors whole and
 in slices of 4,096 elements (trainer/learners/optim.py: one thread block per 65,536 elements whole).
+And each learner's replay sample, the rows' gather that opens its update: a storage per column (an
+index kernel each: DQN's five were about 18 us at 4,096 rows on the H200) against the columns of one
+dtype in one storage (trainer/learners/replay.py's PACK, the default).
 On cuda each op is captured REPS times in a CUDA graph and replayed (the learners' graph path), TF32
 on, best of 5 replays of 10, in microseconds per op; on the CPU one call each, timed (a smoke run:
 the figures that matter are the GPU's).
 Prints one JSON object: {"device", "rows": [{"layer": "twin"|"plain", "rows", "in", "out",
 "<formulation>": us, ...}], "optimizers": [{"network", "parameters", "adam_whole", "adam_sliced",
-"lerp_whole", "lerp_sliced"}]}.
+"lerp_whole", "lerp_sliced"}], "replays": [{"learner", "rows", "columns", "stores_packed",
+"gather_columns", "gather_packed"}]}.
 """
 import argparse
 import sys
@@ -37,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.report import emit  # noqa: E402
-from simbridge.trainer.learners import optim  # noqa: E402
+from simbridge.trainer.learners import optim, replay  # noqa: E402
 
 REPS = 20
 HEADS = 2
@@ -190,6 +194,36 @@ def optimizer_steps(network: str, dev: torch.device) -> dict:
         optim.SLICED_DEVICES = saved
 
 
+# each preset's replay columns: (row shape, dtype); DQN stores action indices, SAC scaled actions
+REPLAYS = {
+    "dqn": {"obs": ((4,), torch.float32), "new_obs": ((4,), torch.float32), "actions": ((), torch.int64),
+            "rewards": ((), torch.float32), "discounts": ((), torch.float32)},
+    "sac": {"obs": ((3,), torch.float32), "new_obs": ((3,), torch.float32), "actions": ((1,), torch.float32),
+            "rewards": ((), torch.float32), "discounts": ((), torch.float32)},
+}
+
+
+def replay_gathers(learner: str, rows: int, dev: torch.device) -> dict:
+    columns, buffers = REPLAYS[learner], {}
+    gen = torch.Generator().manual_seed(0)
+    data = {k: torch.randint(0, 2, (5_000,) + shape, generator=gen).to(dtype) if dtype == torch.int64
+            else torch.randn((5_000,) + shape, generator=gen, dtype=dtype) for k, (shape, dtype) in columns.items()}
+    saved = replay.PACK
+    try:
+        for packed in (False, True):
+            replay.PACK = packed
+            buffers[packed] = replay.ReplayBuffer(5_000, dev)
+            buffers[packed].add({k: v.numpy() for k, v in data.items()})
+    finally:
+        replay.PACK = saved
+    idx = buffers[True].draw(rows, torch.Generator(dev).manual_seed(1))
+    ops = {f"gather_{way}": (lambda b=buffers[packed]: tuple(v for _, v in sorted(b.gather(idx).items())))
+           for way, packed in (("columns", False), ("packed", True))}
+    same(ops, "gather_")
+    return {"learner": learner, "rows": rows, "columns": len(columns), "stores_packed": len(buffers[True]._stores),
+            **{name: timed(fn, dev.type == "cuda") for name, fn in ops.items()}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="256,4096")
@@ -203,7 +237,8 @@ def main(argv=None) -> int:
     rows += [plain_layer(r, i, o, dev, last=(i, o) == PLAIN_LAYERS[-1]) for r in counts for i, o in PLAIN_LAYERS]
     report = {"bench": "layer_products", "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "reps_per_graph": REPS, "rows": rows, "optimizers": [optimizer_steps(n, dev) for n in NETWORKS]}
+              "reps_per_graph": REPS, "rows": rows, "optimizers": [optimizer_steps(n, dev) for n in NETWORKS],
+              "replays": [replay_gathers(n, r, dev) for n in REPLAYS for r in counts]}
     return emit(report, args.out, indent=1)
 
 

@@ -3,7 +3,8 @@
     python bench/learner_speed.py [--devices cpu,cuda] [--batches 256,4096] [--paths eager,graph]
                                   [--window 0.3] [--repeats 3] [--threads 1] [--compile] [--tf32 on|off|both]
                                   [--profile K] [--blas cublas|cublaslt] [--grad-row-chunks auto,1,8]
-                                  [--adam-slices on,off] [--bias-grad sum,product] [--out FILE]
+                                  [--adam-slices on,off] [--bias-grad sum,product]
+                                  [--replay-gather packed,columns] [--out FILE]
 
 For each learner (DQN with the CartPole preset, SAC with the Pendulum preset, PPO's minibatch step
 with the CartPole preset), each device present (cpu; cuda when torch sees one) and each batch size:
@@ -18,20 +19,24 @@ on cuda), one row per value. --adam-slices: whether large tensors reach the mult
 (fused Adam, the target update) in slices on cuda ("on", the learners' way: trainer/learners/optim.py)
 or whole ("off"), one row per value. --bias-grad: layers' bias gradients over batches of >= 1,024
 rows as a sum ("sum", PyTorch's way and the default) or as a product with ones ("product":
-trainer/learners/splitk.py's BIAS_BY_PRODUCT, on every device), one row per value.
+trainer/learners/splitk.py's BIAS_BY_PRODUCT, on every device), one row per value. --replay-gather:
+the replay's columns of one dtype in one storage, one index op per dtype ("packed", the default:
+trainer/learners/replay.py's PACK) or a storage and an index op per column ("columns").
 Prints one JSON object:
   results: {learner, device, batch, path, tf32 (cuda: float32 products on TF32 tensor cores, the
            learners' default; --tf32 both measures full float32 beside it), updates_per_s (median), spread [min, max], cpu_ms_per_update
            (process CPU time per update, median), updates timed, warmup_s (building, filling, first
            updates and any capture or compile), with --profile K: profile, the K ops with the most
            self time per update (on the device on cuda)}
-  ratios:  (rows with the defaults: grad_row_chunks "auto", adam_slices "on", bias_grad "sum") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
+  ratios:  (rows with the defaults: grad_row_chunks "auto", adam_slices "on", bias_grad "sum",
+           replay_gather "packed") per learner/device/batch, each path's rate over eager's (`graph_vs_eager`) and the
            compile path's over the graph path's (`compile_vs_graph`, cuda), and per
            learner/device/path the batch-4,096 rate over the batch-256 rate (`b4096_vs_b256`), and on
            cuda with --tf32 both, TF32's rate over full float32's (`tf32_vs_fp32`); per
            learner/device/batch/path, each grad_row_chunks K's rate over "auto"'s (`chunksK_vs_auto`),
            adam_slices "off"'s rate over "on"'s (`slicesoff_vs_on`), bias_grad "product"'s over "sum"'s
-           (`biasproduct_vs_sum`); a row off two defaults names both
+           (`biasproduct_vs_sum`), replay_gather "columns"'s over "packed"'s (`gathercolumns_vs_packed`);
+           a row off two defaults names both
   acting:  the acting copy's forward pass (compute_actions, explore) per call, in microseconds of wall
            and of process CPU time, at 1 and 256 rows, on each device, for each preset's network and a [1024, 1024] MLP
   targets: on cuda, the GPU issue's bars (SAC >= 1,000 and DQN >= 2,500 updates/s at batch 256 on
@@ -59,7 +64,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from simbridge.trainer.learners import optim, splitk  # noqa: E402
+from simbridge.trainer.learners import optim, replay, splitk  # noqa: E402
 from simbridge.trainer.learners.dqn import DQNLearner  # noqa: E402
 from simbridge.trainer.learners.nstep import DISCOUNTS  # noqa: E402
 from simbridge.trainer.learners.ppo import MINIBATCH_KEYS, PPOLearner  # noqa: E402
@@ -78,7 +83,7 @@ DEFAULT_CHUNKS = "auto"   # the learners' grad_row_chunks default: the rows the 
 # A row's settings beside the learners' defaults, each compared with its default in the ratios:
 # row key -> (default, tag in a ratio's name)
 VARIANTS = {"grad_row_chunks": (DEFAULT_CHUNKS, "chunks"), "adam_slices": ("on", "slices"),
-            "bias_grad": ("sum", "bias")}
+            "bias_grad": ("sum", "bias"), "replay_gather": ("packed", "gather")}
 
 
 def default_row(r: dict) -> bool:
@@ -86,18 +91,21 @@ def default_row(r: dict) -> bool:
 
 
 @contextlib.contextmanager
-def switches(slices: str, bias: str):
+def switches(slices: str, bias: str, gather: str = "packed"):
     """The module settings a row runs with, held over its build, capture and timing: slices "on",
     the multi-tensor kernels take large tensors in slices on cuda (optim.SLICED_DEVICES, the
     learners' way), "off" whole; bias "product", large batches' bias gradients as products on every
-    device (splitk.BIAS_BY_PRODUCT), "sum" PyTorch's reduction (the learners' way)."""
-    saved = optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT
+    device (splitk.BIAS_BY_PRODUCT), "sum" PyTorch's reduction (the learners' way); gather "packed",
+    the replay's columns of one dtype in one storage (replay.PACK, the learners' way), "columns" a
+    storage each."""
+    saved = optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT, replay.PACK
     optim.SLICED_DEVICES = ("cuda",) if slices == "on" else ()
     splitk.BIAS_BY_PRODUCT = ("cpu", "cuda") if bias == "product" else ()
+    replay.PACK = gather == "packed"
     try:
         yield
     finally:
-        optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT = saved
+        optim.SLICED_DEVICES, splitk.BIAS_BY_PRODUCT, replay.PACK = saved
 
 
 def sync(device: torch.device) -> None:
@@ -137,10 +145,11 @@ def build(name: str, device: str, batch: int, path: str, tf32: bool = True, chun
 
 
 def measure(name: str, device: str, batch: int, path: str, window: float, repeats: int, tf32: bool = True,
-            profile_top: int = 0, chunks=DEFAULT_CHUNKS, slices: str = "on", bias: str = "sum") -> dict:
-    with switches(slices, bias):
+            profile_top: int = 0, chunks=DEFAULT_CHUNKS, slices: str = "on", bias: str = "sum",
+            gather: str = "packed") -> dict:
+    with switches(slices, bias, gather):
         row = _measure(name, device, batch, path, window, repeats, tf32, profile_top, chunks)
-    row.update(adam_slices=slices, bias_grad=bias)
+    row.update(adam_slices=slices, bias_grad=bias, replay_gather=gather)
     return row
 
 
@@ -324,6 +333,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bias-grad", default="sum", metavar="sum,product",
                     help="large batches' bias gradients as a sum (PyTorch's) or a product with ones, one "
                          "row per value (trainer/learners/splitk.py)")
+    ap.add_argument("--replay-gather", default="packed", metavar="packed,columns",
+                    help="the replay's columns of one dtype in one storage (packed) or a storage each, one "
+                         "row per value (trainer/learners/replay.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -343,11 +355,12 @@ def main(argv=None) -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 for path in paths:
                     for tf32 in tf32s if device.startswith("cuda") else (True,):
-                        for chunks, slices, bias in itertools.product(
+                        for chunks, slices, bias, gather in itertools.product(
                                 (k if k == "auto" else int(k) for k in args.grad_row_chunks.split(",")),
-                                args.adam_slices.split(","), args.bias_grad.split(",")):
+                                args.adam_slices.split(","), args.bias_grad.split(","),
+                                args.replay_gather.split(",")):
                             r = measure(learner, device, batch, path, args.window, args.repeats, tf32,
-                                        args.profile, chunks, slices, bias)
+                                        args.profile, chunks, slices, bias, gather)
                             print(json.dumps(r), file=sys.stderr, flush=True)
                             results.append(r)
     acting = []

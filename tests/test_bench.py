@@ -203,6 +203,6 @@ def test_the_gpu_checks_python_blocks_compile_here():
     blocks (an f-string with a backslash, on the VM's Python 3.11) would cost a GPU session's run."""
     text = (ROOT / "bench" / "gpu_check.sh").read_text()
     blocks = re.findall(r"<<'(EOF2?)'\n(.*?)\n\1\n", text, re.S)
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     for _, code in blocks:
         compile(code, "bench/gpu_check.sh", "exec")

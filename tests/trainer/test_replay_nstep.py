@@ -1,11 +1,15 @@
+import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from simbridge.server.sample_batch import SampleBatch
+from simbridge.trainer.learners import capture, replay
 from simbridge.trainer.learners.nstep import NStepAccumulator
-from simbridge.wire.preprocess import flat_dim, flatten
 from simbridge.trainer.learners.replay import ReplayBuffer
-import gymnasium as gym
+from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
+from simbridge.wire.preprocess import flat_dim, flatten
+from support.learners import filled, weights
 
 
 def rows(eps, agent, t0, rewards, term_last=False, trunc_last=False):
@@ -59,6 +63,74 @@ def test_replay_wraps_and_samples_on_device():
     rb2 = ReplayBuffer(1)
     rb2.load_state_dict(rb.state_dict())
     assert torch.equal(rb2._data["x"], rb._data["x"]) and len(rb2) == 5
+
+
+def _mixed(pack: bool, monkeypatch) -> ReplayBuffer:
+    """Columns of three dtypes (camera frames among them), written past the end of a 6-row buffer."""
+    monkeypatch.setattr(replay, "PACK", pack)
+    rb = ReplayBuffer(6)
+    rng = np.random.default_rng(0)
+    for n in (4, 5):
+        rb.add({"obs": rng.standard_normal((n, 3)).astype(np.float32),
+                "frames": rng.integers(0, 255, (n, 2, 2), dtype=np.uint8),
+                "actions": rng.integers(0, 4, n), "rewards": rng.standard_normal(n).astype(np.float32),
+                "new_frames": rng.integers(0, 255, (n, 2, 2), dtype=np.uint8)})
+    return rb
+
+
+def test_columns_of_one_dtype_share_a_store_and_sample_the_same_rows(monkeypatch):
+    """One index op per dtype (PACK): three stores for five columns, every column's rows, shapes and
+    dtypes as a store per column gives them, through wrapping writes."""
+    packed, apart = _mixed(True, monkeypatch), _mixed(False, monkeypatch)
+    assert len(packed._stores) == 3 and len(apart._stores) == 5
+    assert len(packed) == len(apart) == 6 and packed.added == 9
+    idx = torch.tensor([5, 0, 2, 2, 3])
+    got, want = packed.gather(idx), apart.gather(idx)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape and torch.equal(got[k], want[k])
+    assert torch.equal(packed._data["frames"], apart._data["frames"])
+
+
+@pytest.mark.parametrize("saved_packed", [True, False])
+def test_a_replay_checkpoint_loads_whichever_way_it_was_stored(saved_packed, monkeypatch):
+    """Checkpoints keep columns (written before PACK, or with it off) and load into either layout."""
+    saved = _mixed(saved_packed, monkeypatch)
+    state = state_from_bytes(state_bytes(saved.state_dict()))   # torch.save / weights_only load
+    monkeypatch.setattr(replay, "PACK", not saved_packed)
+    loaded = ReplayBuffer(1)
+    loaded.load_state_dict(state)
+    assert len(loaded._stores) == (5 if saved_packed else 3) and len(loaded) == 6 and loaded.added == 9
+    idx = torch.arange(6)
+    for k, v in saved.gather(idx).items():
+        assert torch.equal(loaded.gather(idx)[k], v)
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_learner_on_a_packed_replay_updates_as_on_a_store_per_column(kind, monkeypatch):
+    """The views a packed sample hands the networks (rows strided by the store's width) give the
+    same updates as contiguous columns."""
+    packed = filled(kind)
+    monkeypatch.setattr(replay, "PACK", False)
+    apart = filled(kind)
+    assert len(packed.replay._stores) < len(apart.replay._stores)
+    for lrn in (packed, apart):
+        lrn.train(max_updates=5)
+    for a, b in zip(weights(packed), weights(apart)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_a_packed_replay_on_the_graph_path_updates_as_a_store_per_column_on_cuda(kind, monkeypatch):
+    packed = filled(kind, device="cuda", update_path="graph")
+    monkeypatch.setattr(replay, "PACK", False)
+    apart = filled(kind, device="cuda", update_path="graph")
+    for lrn in (packed, apart):
+        lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture, replays
+    assert packed.updater.path == "graph" and len(packed.updater._graphs) >= 1
+    for a, b in zip(weights(packed), weights(apart)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_flatten_composite_observations():

@@ -3,18 +3,12 @@ the same gradients as one product and a sum, for plain layers and the twin criti
 whichever inputs want gradients; the learners' `grad_row_chunks` reaches every layer and leaves
 their updates as they were. Whether they pay is the GPU's question (bench/gpu_check.sh); the cuda
 tests here run there."""
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
 
 from simbridge.trainer.learners import capture, splitk
-from simbridge.trainer.learners.dqn import DQNLearner
-from simbridge.trainer.learners.nstep import DISCOUNTS
-from simbridge.trainer.learners.presets import DQN_CARTPOLE, SAC_PENDULUM
-from simbridge.trainer.learners.sac import SACLearner
-from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
+from support.learners import filled, weights
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -90,62 +84,40 @@ def test_without_gradients_it_is_the_plain_product():
     assert splitk.bmm(x.expand(2, -1, -1), w, torch.zeros(2, 1, w.shape[-1]), 8).grad_fn is None
 
 
-def _learner(kind: str, **cfg):
-    env, cls, preset = {"dqn": (gym.make("CartPole-v1"), DQNLearner, DQN_CARTPOLE),
-                        "sac": (gym.make("Pendulum-v1"), SACLearner, SAC_PENDULUM)}[kind]
-    device = cfg.pop("device", "cpu")
-    base = {"hidden": [32, 32], "batch_size": 1024, "learning_starts": 100, "buffer_size": 4000, "seed": 0}
-    lrn = cls(env.observation_space, env.action_space, {**preset, **base, **cfg}, device=device)
-    rng = np.random.default_rng(0)
-    rows = 3000
-    obs = rng.uniform(-1, 1, (rows,) + env.observation_space.shape).astype(np.float32)
-    env.action_space.seed(0)
-    actions = np.stack([env.action_space.sample() for _ in range(rows)])
-    lrn.replay.add({OBS: obs, NEW_OBS: obs * 0.9, ACTIONS: lrn.store_actions(actions),
-                    REWARDS: rng.standard_normal(rows).astype(np.float32),
-                    DISCOUNTS: np.where(rng.random(rows) < 0.1, 0.0, 0.99).astype(np.float32)})
-    lrn.agent_steps += rows
-    return lrn
-
-
 @pytest.mark.parametrize("kind", ["dqn", "sac"])
 def test_a_learner_with_bias_gradients_as_products_updates_as_before(kind, monkeypatch):
     """Every layer of the learner (DQN's 2-D ones, SAC's actor and twin critics) at 1,024 rows."""
-    one = _learner(kind)
+    one = filled(kind)
     monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
     bias_grad = splitk._bias_grad
     products = []
     monkeypatch.setattr(splitk, "_bias_grad", lambda g, by: (products.append(by), bias_grad(g, by))[1])
-    product = _learner(kind)
+    product = filled(kind)
     for lrn in (one, product):
         lrn.train(max_updates=5)
     assert products and all(products)
     assert one.updates == product.updates == 5
-    for a, b in zip(_weights(one), _weights(product)):
+    for a, b in zip(weights(one), weights(product)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)   # float sums in another order
-
-
-def _weights(lrn) -> list:
-    return [t.detach().cpu().clone() for t in lrn.modules_for_acting().state_dict().values()]
 
 
 @pytest.mark.parametrize("kind", ["dqn", "sac"])
 def test_a_learner_with_row_chunks_reaches_every_layer_and_updates_as_before(kind):
-    one, split = _learner(kind), _learner(kind, grad_row_chunks=8)
+    one, split = filled(kind), filled(kind, grad_row_chunks=8)
     chunked = [m for m in split.__dict__.values() if isinstance(m, torch.nn.Module)
                for s in m.modules() if getattr(s, "grad_row_chunks", None) == 8]
     assert chunked, "no layer of the learner took grad_row_chunks"
     for lrn in (one, split):
         lrn.train(max_updates=5)
     assert one.updates == split.updates == 5
-    for a, b in zip(_weights(one), _weights(split)):
+    for a, b in zip(weights(one), weights(split)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)   # float sums in another order
 
 
 def test_a_bad_grad_row_chunks_is_refused():
     for bad in (0, "8", True, 2.0):
         with pytest.raises(ValueError, match="grad_row_chunks must be \"auto\" or an integer >= 1"):
-            _learner("dqn", grad_row_chunks=bad)
+            filled("dqn", grad_row_chunks=bad)
 
 
 def test_auto_cuts_the_twin_critics_batched_products_on_cuda_only():
@@ -162,7 +134,7 @@ def test_auto_cuts_the_twin_critics_batched_products_on_cuda_only():
     assert (net[0].grad_row_chunks, net[1].grad_row_chunks) == (1, 1)
     splitk.set_chunks(net, 4, "cpu")   # a number: every layer, on any device
     assert (net[0].grad_row_chunks, net[1].grad_row_chunks) == (4, 4)
-    sac = _learner("sac")   # the learner's default reaches its critics as "auto" on its device
+    sac = filled("sac")   # the learner's default reaches its critics as "auto" on its device
     assert sac.config["grad_row_chunks"] == "auto"
     assert {m.grad_row_chunks for m in sac.critic.modules() if hasattr(m, "grad_row_chunks")} == {1}
 
@@ -174,36 +146,36 @@ def test_row_chunks_trace_under_torch_compile(kind, product, monkeypatch):
     if product:
         monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cpu",))
     torch._dynamo.reset()
-    lrn = _learner(kind, grad_row_chunks=4, update_path="compile")
+    lrn = filled(kind, grad_row_chunks=4, update_path="compile")
     lrn.updater._compiler = lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False)
-    ref = _learner(kind, grad_row_chunks=4)
+    ref = filled(kind, grad_row_chunks=4)
     for x in (lrn, ref):
         x.train(max_updates=3)
     assert lrn.updater.path == "compile", lrn.updater.reason
-    for a, b in zip(_weights(ref), _weights(lrn)):
+    for a, b in zip(weights(ref), weights(lrn)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @cuda
 @pytest.mark.parametrize("kind", ["dqn", "sac"])
 def test_row_chunks_on_the_graph_path_equal_one_product_on_cuda(kind):
-    one = _learner(kind, device="cuda", update_path="graph", grad_row_chunks=1)
-    split = _learner(kind, device="cuda", update_path="graph", grad_row_chunks=8)
+    one = filled(kind, device="cuda", update_path="graph", grad_row_chunks=1)
+    split = filled(kind, device="cuda", update_path="graph", grad_row_chunks=8)
     for lrn in (one, split):
         lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture, replays
     assert split.updater.path == "graph" and len(split.updater._graphs) >= 1
-    for a, b in zip(_weights(one), _weights(split)):
+    for a, b in zip(weights(one), weights(split)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 @cuda
 @pytest.mark.parametrize("kind", ["dqn", "sac"])
 def test_bias_gradients_as_products_on_the_graph_path_equal_sums_on_cuda(kind, monkeypatch):
-    one = _learner(kind, device="cuda", update_path="graph")
+    one = filled(kind, device="cuda", update_path="graph")
     monkeypatch.setattr(splitk, "BIAS_BY_PRODUCT", ("cuda",))
-    product = _learner(kind, device="cuda", update_path="graph")
+    product = filled(kind, device="cuda", update_path="graph")
     for lrn in (one, product):
         lrn.train(max_updates=capture.WARMUP + 20)   # warm-up, capture (with the setting), replays
     assert product.updater.path == "graph" and len(product.updater._graphs) >= 1
-    for a, b in zip(_weights(one), _weights(product)):
+    for a, b in zip(weights(one), weights(product)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

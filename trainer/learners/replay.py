@@ -6,18 +6,28 @@ and sampled with torch.randint on the same device, so on a GPU the sampled
 batch never leaves it. `sample` is `gather(draw(...))`: a captured update (trainer/learners/
 capture.py) draws the indices eagerly and gathers inside its CUDA graph, from storage whose
 reallocation `storage_version` counts.
+
+Columns of one dtype share one storage, a column a span of its rows (`_data` holds each column's
+view): a sample is one index op per dtype, not one per column. On a GPU each index op is a kernel
+of a few microseconds whatever its width; DQN's five columns were about 18 us of a 4,096-row update
+(H200, 28 Nov). PACK = False keeps a storage per column (bench/learner_speed.py --replay-gather).
 """
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+
+
+PACK = True   # read when the storage is allocated
 
 
 class ReplayBuffer:
     def __init__(self, capacity: int, device: torch.device | str = "cpu"):
         self.capacity = int(capacity)
         self.device = torch.device(device)
-        self._data: Dict[str, torch.Tensor] = {}
+        self._data: Dict[str, torch.Tensor] = {}   # column -> its rows: a view into one of the stores
+        # each store (capacity, width) with its columns' (name, first, end, row shape) spans
+        self._stores: List[Tuple[torch.Tensor, List[Tuple[str, int, int, tuple]]]] = []
         self._pos = 0
         self._size = 0
         self.added = 0
@@ -33,11 +43,8 @@ class ReplayBuffer:
         if n == 0:
             return
         if not self._data:
-            for k, v in columns.items():
-                v = np.asarray(v)
-                self._data[k] = torch.zeros((self.capacity,) + v.shape[1:],
-                                            dtype=torch.from_numpy(v[:1].copy()).dtype, device=self.device)
-            self.storage_version += 1
+            self._allocate({k: (np.asarray(v).shape[1:], torch.from_numpy(np.asarray(v)[:1].copy()).dtype)
+                            for k, v in columns.items()})
         if n > self.capacity:  # keep the newest
             columns = {k: np.asarray(v)[-self.capacity:] for k, v in columns.items()}
             n = self.capacity
@@ -61,18 +68,38 @@ class ReplayBuffer:
         return torch.randint(0, self._size, (batch_size,), device=self.device, generator=generator)
 
     def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
-        return {k: v[idx] for k, v in self._data.items()}
+        out = {}
+        for store, spans in self._stores:
+            rows = store[idx]
+            for k, first, end, shape in spans:
+                out[k] = rows[:, first:end].view((len(idx),) + shape)
+        return out
+
+    def _allocate(self, columns: Dict[str, Tuple[tuple, torch.dtype]]) -> None:
+        """Zeroed stores for columns {name: (row shape, dtype)}: one per dtype (PACK), or per column."""
+        groups: Dict[object, list] = {}
+        for k, (shape, dtype) in columns.items():
+            groups.setdefault(dtype if PACK else k, []).append((k, tuple(shape), dtype))
+        self._data, self._stores = {}, []
+        for members in groups.values():
+            widths = [int(np.prod(shape, dtype=np.int64)) for _, shape, _ in members]
+            store = torch.zeros((self.capacity, sum(widths)), dtype=members[0][2], device=self.device)
+            spans, first = [], 0
+            for (k, shape, _), width in zip(members, widths):
+                self._data[k] = store[:, first:first + width].view((self.capacity,) + shape)
+                spans.append((k, first, first + width, shape))
+                first += width
+            self._stores.append((store, spans))
+        self.storage_version += 1
 
     def state_dict(self) -> dict:
+        # views: torch.save writes each store once, however many columns it holds
         return {"capacity": self.capacity, "pos": self._pos, "size": self._size, "added": self.added,
                 "data": {k: v[:self._size].cpu() for k, v in self._data.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.capacity = state["capacity"]
         self._pos, self._size, self.added = state["pos"], state["size"], state["added"]
-        self._data = {}
-        self.storage_version += 1
+        self._allocate({k: (tuple(v.shape[1:]), v.dtype) for k, v in state["data"].items()})
         for k, v in state["data"].items():
-            store = torch.zeros((self.capacity,) + tuple(v.shape[1:]), dtype=v.dtype, device=self.device)
-            store[:len(v)] = v.to(self.device)
-            self._data[k] = store
+            self._data[k][:len(v)] = v.to(self.device)
