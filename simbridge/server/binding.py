@@ -51,8 +51,26 @@ def in_use_message(address: str) -> str:
     if is_unix(address):
         return (f"could not bind {address}: another process is listening on that socket: stop it, or pick another "
                 f"path with --address unix:PATH")
+    if not _accepts(address):
+        # An outgoing connection's local end: the kernel gives ports of its ephemeral range (32768-60999
+        # on Linux, 50051 among them) to connections it opens, and a bind fails while one holds it.
+        return (f"could not bind {address}: the port is the local end of a connection (one this machine opened "
+                f"was given it), not a server's: try again when that connection ends, or pick another port "
+                f"with --address HOST:PORT")
     return (f"could not bind {address}: another process is listening on that port: stop it, or pick another port "
             f"with --address HOST:PORT")
+
+
+def _accepts(address: str) -> bool:
+    """Whether a server accepts connections at HOST:PORT (a wildcard host: on loopback)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _unix_listening(path: str) -> bool:

@@ -1,6 +1,7 @@
 // `simbridge_gz_check_config key=value ...`: parses the plugin's parameters as the plugin would and
 // prints the spaces the session would declare. Exit 2 with the reason for a bad parameter. Lets a
 // Gazebo user (and tests/sims/test_gazebo_layer.py) check a world's <plugin> block without Gazebo.
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
     params[arg.substr(0, eq)] = arg.substr(eq + 1);
   }
   try {
-    const simbridge_gz::Config c = simbridge_gz::parse_config(params);
+    const simbridge_gz::Config c = simbridge_gz::parse_config(params, std::getenv("SIMBRIDGE_ADDRESS"));  // as the plugin reads it
     std::cout << "address: " << c.address << "\n";
     print_space("observation", simbridge_gz::observation_space(c));
     print_space("action", simbridge_gz::action_space(c));

@@ -78,7 +78,7 @@ const std::vector<std::string>& config_keys() {
       "address", "client_name", "observe_joints", "actuate_joints", "effort_limits", "position_limits",
       "action", "max_episode_steps", "steps_per_action", "reward_per_step", "init_noise", "reset",
       "reset_timeout_steps", "seed", "training", "tls_ca", "tls_cert", "tls_key", "tls_server_name",
-      "auth_token_file"};
+      "auth_token_file", "connect_timeout_s"};
   return keys;
 }
 
@@ -97,6 +97,8 @@ Config parse_config(const std::map<std::string, std::string>& params, const char
   if (address_from_env && *address_from_env) c.address = trimmed(address_from_env);
   if (auto v = get("client_name")) c.client_name = trimmed(*v);
   if (c.address.empty() || split(c.address).size() != 1) bad("address", "expected host:port");
+  if (auto v = get("connect_timeout_s")) c.connect_timeout_s = to_double("connect_timeout_s", trimmed(*v));
+  if (!(c.connect_timeout_s > 0) || std::isinf(c.connect_timeout_s)) bad("connect_timeout_s", "must be finite and > 0");
   // Paths and a name: read by the SDK when the plugin connects (it names a missing file then).
   const std::pair<const char*, std::string*> passed_to_sdk[] = {
       {"tls_ca", &c.tls_ca}, {"tls_cert", &c.tls_cert}, {"tls_key", &c.tls_key},

@@ -29,6 +29,10 @@ enum class ResetMode {
 struct Config {
   std::string address = "127.0.0.1:50051";
   std::string client_name = "gazebo";
+  // How long the plugin waits for a trainer when gz-sim loads it (the world waits with it); after
+  // that it logs the error and the world runs on without it. A world started before its trainer
+  // needs it longer than the SDK's 30 s.
+  double connect_timeout_s = 30;
   // TLS and the token, handed to the C++ SDK's ClientOptions as they are (tls_ca_file, tls_cert_file,
   // tls_key_file, tls_server_name, auth_token_file; $SIMBRIDGE_AUTH_TOKEN is read by the SDK).
   std::string tls_ca, tls_cert, tls_key, tls_server_name, auth_token_file;

@@ -87,6 +87,7 @@ class SimbridgeSystem : public gz::sim::System,
 
       simbridge::ClientOptions options;
       options.client_name = config.client_name;
+      options.connect_timeout_s = config.connect_timeout_s;
       options.log = to_gz_log;
       options.tls_ca_file = config.tls_ca;
       options.tls_cert_file = config.tls_cert;

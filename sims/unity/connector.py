@@ -306,7 +306,8 @@ def run_instance(args, worker_id: int) -> Tuple[int, dict]:
     max_steps = math.ceil(args.max_steps / share) if args.max_steps else 0
     max_episodes = math.ceil(args.episodes / share) if args.episodes else 0
     stats = Stats(f"{PROG}#{worker_id}", args.print_every, args.quiet)
-    extra: Dict[str, object] = {}
+    # which instance, also in a failed one's summary (Instance.run() gives them again on success)
+    extra: Dict[str, object] = {"worker_id": worker_id, "port": base_port(args) + worker_id}
 
     def body(stop: StopFlag, stats: Stats) -> dict:
         _check_server(args)
@@ -383,6 +384,15 @@ def main(argv=None) -> int:
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
+    if args.log_folder:
+        # mlagents-envs wants it absolute, and the player does not make it (a missing one ended the
+        # player at its first log line, seen as "Environment shut down")
+        args.log_folder = os.path.abspath(args.log_folder)
+        try:
+            os.makedirs(args.log_folder, exist_ok=True)
+        except OSError as e:
+            print(f"{PROG}: error: --log-folder {args.log_folder}: {e.strerror}", file=sys.stderr)
+            return 2
     # mlagents_envs' loggers print to stdout themselves ("[INFO] Connected new brain: ...").
     logging_util.set_log_level(logging_util.WARNING if args.quiet else logging_util.INFO)
     if args.num_envs == 1:

@@ -14,6 +14,7 @@
   * Actions are written into the step message with one protobuf call per agent
     (0.28.0 makes four; 5 ms instead of 15 ms per step for 512 agents), the same message.
 """
+import atexit
 import time
 from typing import Dict, Optional
 
@@ -91,6 +92,9 @@ class BridgeUnityEnvironment(UnityEnvironment):
         except BaseException:
             if getattr(self, "_communicator", None) is not None:
                 self._close(0)  # 0.28.0 leaves the server (and player) running on some failures
+            # its __init__ registered _close with atexit before it failed (a taken port fails before
+            # the communicator exists): at exit that would print an AttributeError's traceback
+            atexit.unregister(self._close)
             raise
 
     @staticmethod

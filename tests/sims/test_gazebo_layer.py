@@ -1,9 +1,12 @@
 """The Gazebo plugin's plain layer (sims/gazebo), built with CMake into build/gazebo and run with ctest.
 
-gz-sim is not installed here, so the plugin itself is not compiled: these tests check that
-configuring says so plainly, that every decision the plugin delegates passes its C++ cases, and
-that the example world is a cart-pole whose <plugin> block the layer accepts as the plugin would.
+This build looks for gz-sim where CMake does by default (Debian has no gz-sim 8 packages), so here
+it builds the layer without the plugin: these tests check that configuring says so plainly, that
+every decision the plugin delegates passes its C++ cases, and that the example world is a cart-pole
+whose <plugin> block the layer accepts as the plugin would. The plugin itself is compiled and run
+against gz-sim built from source by tests/sims/test_gazebo_sim.py.
 """
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +23,9 @@ WORLD = SRC / "worlds" / "cartpole.sdf"
 pytestmark = pytest.mark.timeout(600)   # the first test configures and compiles
 
 
-def run(*cmd, timeout=300):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(*cmd, timeout=300, env=None):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,9 @@ def test_requiring_the_plugin_without_gz_sim_fails_the_configure(build, tmp_path
         pytest.skip("gz-sim 8 is installed here")
     out = run("cmake", "-S", SRC, "-B", tmp_path / "b", "-DSIMBRIDGE_GZ_REQUIRE_PLUGIN=ON")
     assert out.returncode != 0
-    assert "gz-sim8 (Gazebo Harmonic) not found" in out.stderr
+    said = " ".join(out.stderr.split())   # CMake wraps its messages
+    assert "gz-sim8 (Gazebo Harmonic) not found, and SIMBRIDGE_GZ_REQUIRE_PLUGIN is ON" in said, said
+    assert "-DCMAKE_PREFIX_PATH" in said and "skipped" not in said   # the fix, not a skip
 
 
 def world_model():
@@ -127,6 +133,15 @@ def test_the_layer_accepts_the_worlds_plugin_block(build):
     high = lines["observation"].split()
     assert high[:2] == ["Box(4)", "high"]
     assert [float(x) for x in high[2:]][0::2] == pytest.approx([4.8, 0.419])
+
+
+def test_the_config_check_reads_the_address_as_the_plugin_does(build):
+    """$SIMBRIDGE_ADDRESS wins over <address> in the plugin: the check says what the plugin will dial."""
+    _, params = plugin_params()
+    env = {**os.environ, "SIMBRIDGE_ADDRESS": "trainer:6000"}
+    out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in params.items()), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "address: trainer:6000" in out.stdout.splitlines()
 
 
 def test_the_layer_refuses_a_misspelt_parameter_by_name(build):

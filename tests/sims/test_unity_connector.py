@@ -265,5 +265,19 @@ def test_a_taken_port_is_refused_at_once_with_the_fix(tmp_path):
             bridge.stop()
     assert run.code == 3, run.explain()
     assert f"port {base + 1} is in use" in run.stderr and "--base-port" in run.stderr
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr   # mlagents' atexit
     worker1 = run.summary["instances"][1]
     assert worker1["error"].startswith(f"port {base + 1} is in use") and run.summary["instances"][0]["steps"] >= 25
+    assert (worker1["worker_id"], worker1["port"]) == (1, base + 1)   # which instance failed, and where
+
+
+def test_a_log_folder_that_does_not_exist_yet_is_made(tmp_path):
+    """The player writes DIR/Player-<i>.log and does not make DIR: a missing one ended the player."""
+    bridge = Bridge([])
+    logs = tmp_path / "logs" / "unity"
+    try:
+        run = run_connector(bridge.address, tmp_path, args=["--max-steps", 30, "--log-folder", logs])
+    finally:
+        bridge.stop()
+    assert run.code == 0, run.explain()
+    assert (logs / "Player-0.log").exists()

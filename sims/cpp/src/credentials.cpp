@@ -204,9 +204,10 @@ void wait_connected(const std::shared_ptr<grpc::Channel>& channel, const Credent
     if (now >= deadline) {
       std::string how = creds.tls() ? " over TLS (checking its certificate with " + creds.trust() + ")" : "";
       throw Error(StatusCode::UNAVAILABLE,
-                  "no simbridge server answered at " + address + how + " within " + fmt_s(timeout_s) +
+                  "no simbridge trainer at " + address + how + " within " + fmt_s(timeout_s) +
                       (last_failure.empty() ? "" : " (" + last_failure + ")") +
-                      ": start one with `simbridge-server --address " + address + "` or pass the right address",
+                      ": start one with `simbridge-trainer run --address " + address +
+                      "`, or pass the trainer's address",
                   "SERVER_UNAVAILABLE");
     }
     // gRPC keeps a failing channel in TRANSIENT_FAILURE while it retries: look again every 200 ms.

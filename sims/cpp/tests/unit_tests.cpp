@@ -15,6 +15,8 @@
 
 #include <unistd.h>
 
+#include <grpcpp/grpcpp.h>
+
 #include "backoff.hpp"
 #include "connection.hpp"
 #include "credentials.hpp"
@@ -334,6 +336,20 @@ TEST(bad_token_and_pem_files_are_named_before_connecting) {
   half.tls_cert_file = not_pem;  // a certificate without its key
   CHECK(error_message([&] { Credentials c(half); }).find("go together") != std::string::npos);
   for (const auto& f : {empty, two_lines, not_pem}) std::remove(f.c_str());
+}
+
+TEST(no_trainer_within_the_connect_timeout_names_the_trainer_to_start) {
+  // As the Python SDK says it: the fix is a trainer, not the random-policy simbridge-server.
+  ClientOptions o;
+  Credentials creds(o);
+  grpc::ChannelArguments args;
+  creds.configure(args);
+  const std::string address = "127.0.0.1:1";  // nothing listens on port 1
+  auto channel = grpc::CreateCustomChannel(address, creds.channel(), args);
+  const std::string message = error_message([&] { wait_connected(channel, creds, address, 0.3); });
+  CHECK(message.find("no simbridge trainer at 127.0.0.1:1 within") != std::string::npos);
+  CHECK(message.find("start one with `simbridge-trainer run --address 127.0.0.1:1`") != std::string::npos);
+  CHECK(message.find("simbridge-server") == std::string::npos);
 }
 
 TEST(tls_is_on_when_any_tls_option_is_set) {

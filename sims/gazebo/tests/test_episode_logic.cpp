@@ -172,6 +172,8 @@ void parse_defaults() {
   CHECK_EQ(c.init_noise, 0.05);
   CHECK_EQ(c.reward_per_step, 1.0);
   CHECK(c.reset == ResetMode::kWorld);
+  CHECK_EQ(c.connect_timeout_s, 30.0);
+  CHECK_EQ(cartpole([](auto& p) { p["connect_timeout_s"] = " 600 "; }).connect_timeout_s, 600.0);
 }
 
 void parse_rejects_bad_parameters() {
@@ -184,7 +186,8 @@ void parse_rejects_bad_parameters() {
       {"max_episode_steps", "-1"},   {"steps_per_action", "0"},        {"steps_per_action", "1.5"},
       {"init_noise", "-0.1"},        {"reset", "model"},               {"training", "yes"},
       {"address", "a:1 b:2"},        {"reward_per_step", "inf"},       {"seed", "-3"},
-      {"reset_timeout_steps", "0"},  {"init_noise", "0.1 0.2"},
+      {"reset_timeout_steps", "0"},  {"init_noise", "0.1 0.2"},      {"connect_timeout_s", "0"},
+      {"connect_timeout_s", "inf"},  {"connect_timeout_s", "soon"},
   };
   for (const auto& [key, value] : cases) {
     const std::string err = error_of([&, key = key, value = value] {
