@@ -274,6 +274,9 @@ def configure_and_build(prefix: Path, build: Path, timeout: float = 900.0, sdk: 
     configure = subprocess.run(
         ["cmake", "-S", str(SOURCE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
          f"-DCMAKE_PREFIX_PATH={prefix}" + (f";{sdk}" if sdk else ""), f"-DSIMBRIDGE_GZ_SDK_FROM_SOURCE={'OFF' if sdk else 'ON'}",
+         # named, not searched: find_package keeps the package folder it found first in the build's
+         # cache, and an earlier run's SDK prefix (a temporary folder that may still exist) would win
+         *([f"-Dsimbridge_client_DIR={sdk / 'lib' / 'cmake' / 'simbridge_client'}"] if sdk else []),
          "-DSIMBRIDGE_GZ_REQUIRE_PLUGIN=ON", "-DSIMBRIDGE_GZ_WERROR=ON"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     result = {"configure": configure.stdout + configure.stderr, "configure_rc": configure.returncode}

@@ -7,10 +7,12 @@ process with GZ_IP=127.0.0.1 and a partition of its own (tests/sims/gazebo_harne
 """
 import re
 import signal
+import time
 
 import pytest
 
-from gazebo_harness import NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix, wait_until
+from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix, free_port,
+                            wait_until)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -69,13 +71,16 @@ def world(prefix, plugin, sdf, trainer, log, **kw):
     return World(prefix, plugin["plugin"].parent, sdf, trainer.address, log, **kw)
 
 
-def test_the_plugin_compiles_against_gz_sim_with_no_warning(plugin):
+def test_the_plugin_compiles_against_gz_sim_with_no_warning(plugin, cpp_install):
     version = re.search(r"building the plugin simbridge-gz-system against gz-sim (8\.\d+\.\d+)", plugin["configure"])
     assert version, plugin["configure"][-3000:]
     # Its translation units were compiled in this run, under -Wall -Wextra -Wpedantic -Werror.
     assert "simbridge_system.cpp.o" in plugin["build"] and "episode_logic.cpp.o" in plugin["build"]
     warnings = [line for line in plugin["build"].splitlines() if "warning:" in line]
     assert not warnings, "\n".join(warnings)
+    # linked with this run's SDK, not one an earlier configure of the folder found and cached
+    link = (ROOT / "build" / "gazebo-gz" / "CMakeFiles" / "simbridge-gz-system.dir" / "link.txt").read_text()
+    assert str(cpp_install / "lib" / "libsimbridge_client.a") in link, link
 
 
 def test_a_world_runs_its_episodes_counted_exactly_on_both_sides(prefix, plugin, random_config, tmp_path):
@@ -112,6 +117,51 @@ def test_a_world_runs_its_episodes_counted_exactly_on_both_sides(prefix, plugin,
         if gz is not None:
             gz.stop()
         trainer.stop()
+
+
+def with_plugin_params(sdf, tmp_path, **params):
+    """A copy of the world whose simbridge <plugin> block has these parameters too."""
+    text = sdf.read_text()
+    block = text.index('<plugin filename="simbridge-gz-system"')
+    end = text.index("</plugin>", block)
+    extra = "".join(f"<{k}>{v}</{k}>" for k, v in params.items())
+    path = tmp_path / sdf.name
+    path.write_text(text[:end] + extra + text[end:])
+    return path
+
+
+def test_a_world_started_before_its_trainer_waits_connect_timeout_s_for_it(prefix, plugin, random_config, tmp_path):
+    """gz-sim first, the trainer seconds later: the plugin waits (the world with it) and then trains; with
+    no trainer at all, it gives up after connect_timeout_s, says what to start, and the world runs on."""
+    address = f"127.0.0.1:{free_port()}"
+    (tmp_path / "patient").mkdir()
+    patient = with_plugin_params(CARTPOLE, tmp_path / "patient", connect_timeout_s=120)
+    gz, trainer = None, None
+    try:
+        gz = World(prefix, plugin["plugin"].parent, patient, address, tmp_path / "gz.log", iterations=600)
+        wait_until(lambda: "simbridge: connecting to" in gz.text(), 60, "the plugin to start connecting",
+                   [("gz sim", gz.proc, gz.log)])
+        time.sleep(5)   # longer than a trainer's start would be in a test: the world is still waiting
+        assert "not started" not in gz.text() and gz.proc.poll() is None
+        trainer = Trainer(tmp_path / "run", address=address, config=random_config())
+        assert gz.wait(300) == 0, gz.text()[-3000:]
+        summary = gz.summary()
+        assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
+    finally:
+        if gz is not None:
+            gz.stop()
+        if trainer is not None:
+            trainer.stop()
+    (tmp_path / "hasty").mkdir()
+    hasty = with_plugin_params(CARTPOLE, tmp_path / "hasty", connect_timeout_s=1.5)
+    alone = World(prefix, plugin["plugin"].parent, hasty, f"127.0.0.1:{free_port()}", tmp_path / "alone.log",
+                  iterations=300)
+    try:
+        assert alone.wait(120) == 0, alone.text()[-3000:]   # the world ran its iterations without the plugin
+        said = alone.text()
+        assert "not started: no simbridge trainer at" in said and "simbridge-trainer run --address" in said, said[-3000:]
+    finally:
+        alone.stop()
 
 
 def test_two_worlds_in_their_own_partitions_feed_one_trainer(prefix, plugin, random_config, tmp_path):
