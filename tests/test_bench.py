@@ -206,3 +206,65 @@ def test_the_gpu_checks_python_blocks_compile_here():
     assert len(blocks) == 8
     for _, code in blocks:
         compile(code, "bench/gpu_check.sh", "exec")
+
+
+# Every other bench's documented commands: in code blocks and in inline code (which may wrap once).
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+INDENTED = re.compile(r"^    \S.*$", re.M)
+INLINE = re.compile(r"(?<!`)`([^`\n]*(?:\n[^`\n]*)?)`(?!`)")
+BENCH = re.compile(r"(python\S* )?bench/(\w+)\.py((?:[^\n#|;&>`]*\\\n)*[^\n#|;&>`]*)")
+PLACEHOLDERS = re.compile(r"^[A-Z][A-Z_]*$|\[|\.\.\.|^<")   # TASK, N, [--seed S], ...
+
+PARSE_ONLY = """
+import argparse, json, runpy, sys
+class Parsed(Exception):
+    pass
+def parsed(original):
+    def parse(self, *a, **k):
+        original(self, *a, **k)
+        raise Parsed()
+    return parse
+argparse.ArgumentParser.parse_args = parsed(argparse.ArgumentParser.parse_args)
+argparse.ArgumentParser.parse_known_args = parsed(argparse.ArgumentParser.parse_known_args)
+bad = []
+for name, args in json.loads(sys.argv[1]):
+    sys.argv = [f"bench/{name}.py", *args]
+    try:
+        runpy.run_path(f"bench/{name}.py", run_name="__main__")
+        bad.append([name, args, "returned without parsing its command line"])
+    except Parsed:
+        pass
+    except SystemExit as e:
+        bad.append([name, args, f"exit {e.code}"])
+print(json.dumps(bad))
+"""
+
+
+def documented_bench_commands():
+    found = {}
+    for path in [ROOT / "README.md", ROOT / "DEVELOPERS.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        prose = FENCED.sub("", text)
+        # code: a command a line (continued by a backslash); inline code: one command, wrapped once
+        pieces = FENCED.findall(text) + INDENTED.findall(prose) + \
+            [m.group(1).replace("\n", " ") for m in INLINE.finditer(prose)]
+        for piece in pieces:
+            for m in BENCH.finditer(piece):
+                python, name, rest = m.groups()
+                args = shlex.split(rest.replace("\\\n", " "))
+                if name == "throughput" or not (python or args) or any(PLACEHOLDERS.search(a) for a in args):
+                    continue   # throughput.py has its own test; a bare file name is no command
+                found.setdefault(f"{path.name}: bench/{name}.py {' '.join(args)}", [name, args])
+    return found
+
+
+def test_every_documented_bench_command_takes_its_flags():
+    """Each command a reader copies from the docs parses (the script stops right after parsing):
+    a renamed or dropped flag fails here, not in a reader's terminal."""
+    commands = documented_bench_commands()
+    names = {name for name, _ in commands.values()}
+    assert len(commands) >= 40 and {"learning", "learner_speed", "soak", "fuzz", "pixels"} <= names, sorted(commands)
+    for name in names:
+        assert "parse_args(" in (ROOT / "bench" / f"{name}.py").read_text(), f"bench/{name}.py would run, not parse"
+    bad = json.loads(run("-c", PARSE_ONLY, json.dumps(list(commands.values())), timeout=240).splitlines()[-1])
+    assert not bad, f"documented commands a bench refuses: {bad}"
