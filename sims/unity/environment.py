@@ -91,6 +91,12 @@ class BridgeUnityEnvironment(UnityEnvironment):
             super().__init__(*args, **kwargs)
         except BaseException:
             if getattr(self, "_communicator", None) is not None:
+                player = getattr(self, "_process", None)
+                if player is not None and player.poll() is None:
+                    # ended at once, as a refused player should be: _close(0) would log it as a
+                    # "timed out shutting down" before the refusal's own message
+                    player.kill()
+                    player.wait()
                 self._close(0)  # 0.28.0 leaves the server (and player) running on some failures
             # its __init__ registered _close with atexit before it failed (a taken port fails before
             # the communicator exists): at exit that would print an AttributeError's traceback

@@ -84,6 +84,7 @@ def test_a_1_0_lts_player_is_refused_with_the_upgrade_to_make(tmp_path):
         bridge.stop()
     assert run.code == 3, run.explain()
     assert "com.unity.ml-agents 1.0.8" in run.stderr and "upgrade the package to 1.9" in run.stderr
+    assert "timed out" not in run.stdout + run.stderr, run.explain()   # the player is ended, not waited for
 
 
 def test_no_server_fails_before_starting_unity(tmp_path):
