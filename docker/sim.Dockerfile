@@ -2,7 +2,10 @@
 # A reference simulator (simbridge-sim): the Python SDK and gymnasium, no torch.
 #
 #   docker build -f docker/sim.Dockerfile -t simbridge-sim:local .
-#   docker run --rm -e SIMBRIDGE_ADDRESS=host.docker.internal:50051 simbridge-sim:local --slots 8
+#   docker run --rm --add-host=host.docker.internal:host-gateway \
+#     -e SIMBRIDGE_ADDRESS=host.docker.internal:50051 simbridge-sim:local --slots 8
+# (--add-host: Linux's Docker has no host.docker.internal of its own; and the trainer on the host
+# must listen beyond its loopback, which takes TLS and a token, or --insecure: docs/security.md)
 #
 # Also the base for a Python simulator of your own: FROM simbridge-sim:local, COPY it, set ENTRYPOINT.
 FROM python:3.11-slim-bookworm

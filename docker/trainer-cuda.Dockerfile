@@ -47,4 +47,4 @@ HEALTHCHECK --interval=5s --timeout=5s --start-period=90s --retries=3 \
     CMD ["python", "/opt/simbridge/healthcheck.py", "127.0.0.1:50051"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["simbridge-trainer"]
-CMD ["run", "--address", "0.0.0.0:50051", "--insecure", "--logdir", "/data/runs/cartpole_dqn"]
+CMD ["run", "--address", "0.0.0.0:50051", "--insecure", "--logdir", "/data/runs/cartpole_dqn", "--resume-if-present"]

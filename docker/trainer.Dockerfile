@@ -42,4 +42,5 @@ STOPSIGNAL SIGTERM
 ENTRYPOINT ["simbridge-trainer"]
 # 0.0.0.0 inside the container: the simulators reach it over the compose network, a private
 # one, hence --insecure (plain text beyond loopback); publish it wider only with TLS and a token.
-CMD ["run", "--address", "0.0.0.0:50051", "--insecure", "--logdir", "/data/runs/cartpole_dqn"]
+# --resume-if-present: a container started again on the same /data/runs continues the run there.
+CMD ["run", "--address", "0.0.0.0:50051", "--insecure", "--logdir", "/data/runs/cartpole_dqn", "--resume-if-present"]

@@ -9,6 +9,7 @@
   tells a serving bridge from an absent one.
 Building and running the images is left to machines with Docker (docker/README.md).
 """
+import json
 import os
 import re
 import shutil
@@ -134,6 +135,19 @@ def test_compose_passes_the_trainers_address_by_environment():
     for name in ("sim", "gazebo"):
         assert services[name]["environment"]["SIMBRIDGE_ADDRESS"] == f"trainer:{port}"
         assert "--address" not in services[name].get("command", [])
+
+
+def test_the_trainers_command_continues_its_run_when_started_again():
+    """compose's `down` and `up`, a restart: the trainer starts again on the runs volume, whose logdir
+    a plain `run` refuses (it holds a run). tests/trainer/test_trainer_start.py runs the flag."""
+    from simbridge.trainer.cli import build_parser
+    commands = {"compose.yaml": load_compose()["services"]["trainer"]["command"]}
+    for name in ("trainer.Dockerfile", "trainer-cuda.Dockerfile"):
+        cmd = re.search(r"^CMD (\[.*\])$", (DOCKER / name).read_text(), re.M)
+        commands[name] = json.loads(cmd.group(1))
+    for where, command in commands.items():
+        assert "--resume-if-present" in command, where
+        assert build_parser().parse_args(command).resume_if_present, where
 
 
 def test_compose_publishes_no_port_beyond_loopback():

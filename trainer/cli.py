@@ -81,7 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="serve and train (until SIGTERM / Ctrl-C or total_env_steps)")
     r.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name}, embedded; with --resume: "
                                     f"the run's saved {SAVED_CONFIG})")
-    r.add_argument("--resume", action="store_true", help=f"continue from LOGDIR/{CHECKPOINT}")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help=f"continue from LOGDIR/{CHECKPOINT}")
+    again.add_argument("--resume-if-present", action="store_true",
+                       help=f"continue the run in LOGDIR if it holds one (its {CHECKPOINT}), else start one: for "
+                            f"a trainer that a supervisor starts again (compose, systemd, Kubernetes)")
     r.add_argument("--address", help="host:port, or unix:PATH for a Unix socket (shm+unix:PATH: the steps through shared memory), to serve on (overrides "
                                       "[server] address)")
     r.add_argument("--total-env-steps", type=int, help="stop at this many env steps (overrides [run]; 0: never)")
@@ -169,6 +173,10 @@ def cmd_run(args) -> int:
             print(f"simbridge-trainer: torchrun restart {restart}: resuming from rank 0's checkpoint", flush=True)
             args.resume = True
         cfg = config_for(args)
+        if args.resume_if_present and (Path(cfg.run.logdir) / CHECKPOINT).exists():
+            print(f"simbridge-trainer: {cfg.run.logdir} holds a run: resuming it (--resume-if-present)", flush=True)
+            args.resume = True
+            cfg = config_for(args)   # the run's saved config, where no --config is given
         rank = None
         if "WORLD_SIZE" in os.environ:   # started by torchrun: one rank of a data-parallel group
             from simbridge.trainer.distributed import ranks   # needs torch: see the comment atop

@@ -91,3 +91,27 @@ def test_a_server_started_on_port_0_is_reached_where_it_says_and_one_that_exits_
     with pytest.raises(RuntimeError, match=r"(?s)broken exited with code 3 before serving on 127\.0\.0\.1:0:.*no port"):
         start_server("broken", [sys.executable, "-c", "import sys; print('no port for you'); sys.exit(3)"], "127.0.0.1:0",
                      timeout=60)
+
+
+def test_resume_if_present_starts_a_run_and_then_continues_it(tmp_path):
+    """What a supervisor (compose's restart, systemd) needs: one command, run again and again, that
+    starts a run the first time and continues it after (a plain `run` refused the logdir it had
+    written, so a restarted container never served again)."""
+    logdir, cfg = tmp_path / "run", tmp_path / "random.toml"
+    cfg.write_text('[policies.default_policy]\nalgorithm = "random"\n')
+    said = []
+    for i in range(2):
+        address = f"127.0.0.1:{free_port()}"
+        trainer = Proc(f"trainer{i}", python_module("simbridge.trainer.cli", "run", "--config", cfg, "--logdir",
+                                                    logdir, "--address", address, "--resume-if-present"))
+        try:
+            wait_for_health(address, timeout=240, proc=trainer)
+        finally:
+            assert trainer.stop(timeout=60) == 0
+        said.append("\n".join(trainer.lines))
+    assert "holds a run" not in said[0] and "fresh run" in said[0], said[0]
+    assert f"{logdir} holds a run: resuming it (--resume-if-present)" in said[1] and "resumed at" in said[1], said[1]
+    plain = subprocess.run(python_module("simbridge.trainer.cli", "run", "--config", cfg, "--logdir", logdir,
+                                         "--address", f"127.0.0.1:{free_port()}"), capture_output=True, text=True, timeout=120,
+                           env=child_env(), cwd=str(ROOT))
+    assert plain.returncode == 2 and "already holds a run" in plain.stderr, plain.stderr
