@@ -317,6 +317,10 @@ class TrainerDaemon:
         return self.exit_code
 
     def _stop_serving_and_record(self, server) -> None:
+        if self.loop.budget_spent:
+            # the run is done, not interrupted: the simulators stop as at their own end (exit 0),
+            # rather than step on through the server's grace and then wait to reconnect
+            self.runtime.end_training(self.stop_reason)
         self.loop.drain_while(lambda: server.stop(grace=0.5))
         if self.rank is not None:   # the last counts to rank 0; weights hashes; leaves the group
             from simbridge.trainer.distributed import loop as distributed_loop

@@ -27,7 +27,8 @@ from simbridge.server.sessions import Session, SessionTable, request_digest, spa
 from simbridge.server.slots import SlotCalls
 from simbridge.server.uploads import UploadCalls
 from simbridge.wire import checks
-from simbridge.wire.errors import SEQ_NOT_SPENT, BridgeError, Reason, invalid_argument, not_found
+from simbridge.wire.errors import (SEQ_NOT_SPENT, BridgeError, Reason, failed_precondition, invalid_argument,
+                                   not_found)
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 log = logging.getLogger("simbridge")
@@ -86,6 +87,7 @@ class BridgeRuntime:
             lambda pid, obs_space, act_space: self.policy_factory(pid, obs_space, act_space),
             space_key, lambda policy, explore=True: DynamicBatcher(policy, c.max_batch_rows, c.max_wait_ms, explore))
         self.frame_stacks = frame_stacks or {}
+        self.over: Optional[str] = None   # end_training's words: every call but CloseSession is refused
         self.episode_end_callbacks: List[Callable[[dict], None]] = []
         self.ctx = ServerContext(c, self.policies,
                                  policy_mapping_fn or (lambda agent_id, episode: DEFAULT_POLICY),
@@ -147,12 +149,26 @@ class BridgeRuntime:
                        client: str = "") -> pb.CreateSessionResponse:
         """client: the caller's identity from the transport (credential, or host), which owns the
         session; "" for in-process callers."""
+        if self.over is not None:
+            raise self._over()
         if req.resume_session_id:
             s = self.sessions.resume(req.resume_session_id, multi_agent, client)
             if s is not None:
                 return self._session_response(s, resumed=True)
         s = self.sessions.create(req, multi_agent, self.slots.create_bank, client)
         return self._session_response(s, resumed=False)
+
+    def end_training(self, why: str) -> None:
+        """From now on every call but CloseSession is answered TRAINING_OVER, a simulator's normal
+        end (the trainer's run reached its end: total_env_steps); the calls already in flight finish."""
+        self.over = why
+
+    def _refuse_over(self, s: Session, req, defer: bool):
+        raise self._over()
+
+    def _over(self) -> BridgeError:
+        return failed_precondition(f"training is over ({self.over}): nothing more will be served",
+                                   Reason.TRAINING_OVER)
 
     def _session_response(self, s: Session, resumed: bool) -> pb.CreateSessionResponse:
         c = self.config
@@ -225,6 +241,8 @@ class BridgeRuntime:
         call = self._calls.get(method)
         if call is None:
             raise invalid_argument(f"unknown call {method!r}")
+        if self.over is not None and method != "close_session":
+            call = self._refuse_over   # a refusal like any other: it spends its seq, and a close follows
         header = req.header
         if bound is not None:
             if header.session_id and header.session_id != bound.session_id:

@@ -138,6 +138,8 @@ class SimbridgeSystem : public gz::sim::System,
       count_ended_episodes("its limits");
     } catch (const simbridge::SessionLost& e) {
       new_session(e.what());
+    } catch (const simbridge::Error& e) {
+      stop(e.what(), e.reason() == "TRAINING_OVER");
     } catch (const std::exception& e) {
       stop(e.what());
     }
@@ -151,6 +153,8 @@ class SimbridgeSystem : public gz::sim::System,
       count_ended_episodes("a world reset from outside");
     } catch (const simbridge::SessionLost& e) {
       new_session(e.what());
+    } catch (const simbridge::Error& e) {
+      stop(e.what(), e.reason() == "TRAINING_OVER");
     } catch (const std::exception& e) {
       stop(e.what());
     }
@@ -212,9 +216,13 @@ class SimbridgeSystem : public gz::sim::System,
     ++sessions_lost_;
   }
 
-  // A failure stops this plugin, not the simulation: the world runs on without efforts.
-  void stop(const std::string& why) {
-    gzerr << "simbridge: " << why << "; the plugin is inactive from now on" << std::endl;
+  // A failure stops this plugin, not the simulation: the world runs on without efforts. So does the
+  // trainer's end (TRAINING_OVER: its run reached total_env_steps), which is no failure.
+  void stop(const std::string& why, bool training_over = false) {
+    if (training_over)
+      gzmsg << "simbridge: " << why << "; the plugin is inactive from now on" << std::endl;
+    else
+      gzerr << "simbridge: " << why << "; the plugin is inactive from now on" << std::endl;
     driver_.reset();
     agent_.reset();
     if (client_) {

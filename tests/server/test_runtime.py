@@ -108,6 +108,24 @@ def test_create_resume_and_look_up_sessions():
     assert info.value.reason == Reason.SESSION_UNKNOWN
 
 
+def test_after_end_training_every_call_but_close_is_training_over():
+    """The trainer's run reached its end: simulators hear a normal end, not a server gone away."""
+    rt = make()
+    sid = create(rt).session_id
+    call(rt, "start_episode", pb.StartEpisodeRequest(episode_ids=["e"]), sid, seq=1)
+    get_action(rt, sid, "e", [0.0, 0.0], seq=2)
+    rt.end_training("total_env_steps 1 reached")
+    refused = [lambda: get_action(rt, sid, "e", [1.0, 0.0], seq=3),
+               lambda: call(rt, "end_episode", pb.EndEpisodeRequest(episode_ids=["e"]), sid, seq=4),
+               lambda: create(rt), lambda: create(rt, resume=sid)]
+    for attempt in refused:
+        with pytest.raises(BridgeError) as info:
+            attempt()
+        assert info.value.reason == Reason.TRAINING_OVER and "total_env_steps 1 reached" in str(info.value)
+    call(rt, "close_session", pb.CloseSessionRequest(), sid, seq=5)
+    assert sid not in rt.session_ids()
+
+
 # ---------------------------------------------------------------- row calls
 
 

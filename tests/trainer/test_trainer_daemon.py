@@ -272,10 +272,14 @@ def test_daemon_end_to_end_sigterm_resume_and_plot(tmp_path, learner_process):
     address = daemon.address
     sim = start_sim("gym_sim2", "simbridge.sims.gym_sim", address, "--slots", "4")
     try:
-        wait(lambda: daemon.poll() is not None, 60, "the resumed daemon to reach total_env_steps", [sim])
+        wait(lambda: daemon.poll() is not None, 60, "the resumed daemon to reach total_env_steps")
         daemon.wait_output()
         assert daemon.poll() == 0, "\n".join(daemon.lines)
         assert "resumed at" in "\n".join(daemon.lines)
+        # the simulator heard that training is over: a normal end, not a lost trainer
+        wait(lambda: sim.poll() is not None, 30, "the simulator to end at TRAINING_OVER")
+        sim.wait_output()
+        assert sim.poll() == 0 and '"ended": "training_over"' in "\n".join(sim.lines), "\n".join(sim.lines)
     finally:
         kill(daemon, sim)
 

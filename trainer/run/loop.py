@@ -41,6 +41,7 @@ class LearningLoop:
         self.run_cfg = run
         self.stop_event = stop_event
         self._stop = stop
+        self.budget_spent = False   # total_env_steps reached: the simulators are told training is over
         self._report = report
         self._checkpoint = checkpoint
         self._next_report = 0.0
@@ -78,6 +79,7 @@ class LearningLoop:
             if steps >= next_ckpt:
                 next_ckpt = (steps // every + 1) * every
             if run.total_env_steps and steps >= run.total_env_steps:
+                self.budget_spent = True
                 self._stop(f"total_env_steps {run.total_env_steps} reached")
 
     def _step(self, known: int, next_ckpt: float) -> int:

@@ -192,10 +192,14 @@ int main(int argc, char** argv) {
   try {
     run(options, summary);
   } catch (const simbridge::Error& e) {
-    summary.stopped = "error";
-    summary.error = std::string(e.what()) + " (reason " + e.reason() + ", gRPC status " +
-                    std::to_string(static_cast<int>(e.code())) + ")";
-    rc = 1;
+    if (e.reason() == "TRAINING_OVER") {
+      summary.stopped = "training_over";  // the trainer's run is done: a normal end
+    } else {
+      summary.stopped = "error";
+      summary.error = std::string(e.what()) + " (reason " + e.reason() + ", gRPC status " +
+                      std::to_string(static_cast<int>(e.code())) + ")";
+      rc = 1;
+    }
   } catch (const std::exception& e) {
     summary.stopped = "error";
     summary.error = e.what();
