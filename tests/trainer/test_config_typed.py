@@ -44,6 +44,14 @@ BAD = [
     (DQN, [("policies.default_policy.config.lrr", 3e-4)],
      ["--set policies.default_policy.config.lrr (over t.toml)", "unknown key(s) ['lrr']", "did you mean 'lr'?"]),
     (DQN, [("run.print_every_s", -1)], ["print_every_s must be > 0"]),
+    # values build() refused only when the first simulator connected, after the run was written
+    (DQN + 'config = { loss = "l1" }', (), ["(DQNLearner)", "loss must be 'huber' or 'mse', got 'l1'"]),
+    (DQN, [("policies.default_policy.config.logged_actions", "foo")],
+     ["--set policies.default_policy.config.logged_actions", "logged_actions must be one of"]),
+    ('[policies.p]\nalgorithm = "ppo"\nconfig = { batch_size = 64 }', (), ["PPO has no replay buffer", "batch_size"]),
+    ('[policies.p]\nalgorithm = "ppo"\nconfig = { num_epochs = 0 }', (), ["num_epochs >= 1"]),
+    (DQN + "config = { n_step = 0 }", (), ["n_step must be >= 1"]),
+    (DQN + 'config = { update_path = "fast" }', (), ["update_path = 'fast'", "use one of"]),
 ]
 
 

@@ -72,4 +72,9 @@ def resolve_algorithm(spec, source: str = "", overrides=()):
             except ConfigError as e:
                 raise ConfigError(f"{blame([key])}{e} (the {obj.__name__} default is "
                                   f"{defaults[key]!r})") from None
+        try:   # the values no space decides: refused now, not when the first simulator connects
+            obj.check_config({**defaults, **spec.config})
+        except ValueError as e:
+            raise ConfigError(f"{blame(spec.config)}[policies.{spec.policy_id}] config ({obj.__name__}): "
+                              f"{e}") from None
     return obj

@@ -108,7 +108,7 @@ class RunSection:
                               f"small networks, the learner's device for large ones), \"cpu\" or \"learner\"")
         dev = self.device
         if not (dev in ("auto", "cpu", "mps") or dev == "cuda" or dev.startswith("cuda:")):
-            raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+            raise ConfigError(f"{where}: [run] device = {dev!r}: use \"auto\", \"cpu\", \"cuda\", \"cuda:N\" or \"mps\"")
 
 
 # The flat [tables] of the config: name -> dataclass (typed fields with defaults and a `check`).

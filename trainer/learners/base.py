@@ -74,6 +74,16 @@ class Learner(Policy):
         return {**COMMON_DEFAULTS, **cls.DEFAULTS}
 
     @classmethod
+    def check_config(cls, cfg: Dict[str, Any]) -> None:
+        """A ValueError for a value the learner cannot train with that no space decides (its keys
+        and types are checked already). Run as the trainer's config loads, before a port binds or
+        a file is written, and again when a learner is made; subclasses add their own."""
+        splitk.check(cfg["grad_row_chunks"], cls.__name__)
+        capture.check(cfg["update_path"])
+        if cfg["n_step"] < 1:
+            raise ValueError("n_step must be >= 1")
+
+    @classmethod
     def config_types(cls) -> Dict[str, Any]:
         types: Dict[str, Any] = {}
         for klass in reversed(cls.__mro__):
@@ -113,7 +123,7 @@ class Learner(Policy):
             raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; "
                              f"known: {sorted(cfg)}")
         cfg.update(config or {})
-        splitk.check(cfg["grad_row_chunks"], type(self).__name__)
+        self.check_config(cfg)
         self.config = cfg
         self.device = placement.pick_device(device)
         # Where a learner process trains it (trainer/run/learner_process.py): its device, unless the

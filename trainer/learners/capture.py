@@ -53,11 +53,16 @@ WARMUP = 3   # eager updates on a side stream before a graph is captured (PyTorc
 Inputs = Dict[str, torch.Tensor]
 
 
-def resolve(setting: str, device: torch.device) -> Tuple[str, str]:
-    """(path, why) for the `update_path` setting on this device."""
+def check(setting: str) -> None:
+    """A ValueError unless `setting` is an `update_path` value."""
     if setting not in PATHS:
         raise ValueError(f"update_path = {setting!r}: use one of {list(PATHS)} (\"auto\": a CUDA graph on cuda, "
                          f"eager on the CPU)")
+
+
+def resolve(setting: str, device: torch.device) -> Tuple[str, str]:
+    """(path, why) for the `update_path` setting on this device."""
+    check(setting)
     if setting == "auto":
         if device.type == "cuda":
             return "graph", "auto on cuda"

@@ -150,6 +150,14 @@ class DQNLearner(Learner):
 
     # ------------------------------------------------------------ networks
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        if cfg["loss"] not in ("huber", "mse"):
+            raise ValueError(f"DQN loss must be 'huber' or 'mse', got {cfg['loss']!r}")
+        if cfg["logged_actions"] not in LOGGED_ACTIONS:
+            raise ValueError(f"DQN logged_actions must be one of {LOGGED_ACTIONS}, got {cfg['logged_actions']!r}")
+
     def build(self) -> None:
         cfg = self.config
         self.nvec = action_branches(self.action_space)
@@ -163,10 +171,6 @@ class DQNLearner(Learner):
         # (1 - p, p) for p = logged_share(), on the device for the target's mix (kept current by
         # count_rows: a captured update reads them there); 1 - p computed on the host, as a float
         self.share = torch.tensor([1.0, 0.0], device=self.device)
-        if cfg["loss"] not in ("huber", "mse"):
-            raise ValueError(f"DQN loss must be 'huber' or 'mse', got {cfg['loss']!r}")
-        if cfg["logged_actions"] not in LOGGED_ACTIONS:
-            raise ValueError(f"DQN logged_actions must be one of {LOGGED_ACTIONS}, got {cfg['logged_actions']!r}")
         # rows seen, and those whose action the simulator chose (float64: exact counts, kept in checkpoints)
         self.row_counts = torch.zeros(2, dtype=torch.float64)
         self.mask_columns = dict_key_columns(self.observation_space, MASK_KEY)

@@ -126,14 +126,18 @@ class PPOLearner(Learner):
 
     # ------------------------------------------------------------ build
 
-    def build(self) -> None:
-        cfg = self.config
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
         changed = [k for k in REPLAY_KEYS if cfg[k] != COMMON_DEFAULTS[k]]
         if changed:
             raise ValueError(f"PPO has no replay buffer: {changed} do not apply; use train_batch_size, "
                              f"minibatch_size and num_epochs")
         if cfg["train_batch_size"] < 1 or cfg["minibatch_size"] < 1 or cfg["num_epochs"] < 1:
             raise ValueError("PPO needs train_batch_size, minibatch_size and num_epochs >= 1")
+
+    def build(self) -> None:
+        cfg = self.config
         # The daemon sizes journal replays by replay.capacity: PPO keeps no old rows to refill.
         self.replay = ReplayBuffer(0, self.device)
         self.layout = ActionLayout(self.action_space)
