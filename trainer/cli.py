@@ -62,7 +62,7 @@ from pathlib import Path
 import simbridge
 from simbridge.console import exit_within, on_hangup
 from simbridge.extras import run_needing_extra
-from simbridge.server.cli import add_security_args
+from simbridge.server.cli import add_log_level, add_security_args
 from simbridge.server.service import address_in_use, in_use_message
 from simbridge.trainer.run import rundir
 from simbridge.trainer.run.gcquiet import imports_without_gc
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "per policy, in LOGDIR/datasets (docs/datasets.md)")
     r.add_argument("--warm-start", action="append", default=[], metavar="POLICY=PATH",
                    help="learn from a Minari dataset before the simulators' experience (dqn, sac; repeatable)")
-    r.add_argument("--log-level", default="INFO")
+    add_log_level(r)
     add_security_args(r)
     sv = sub.add_parser("serve", help="serve a trained run's policies from its checkpoint, greedy, never learning")
     sv.add_argument("--checkpoint", required=True, metavar="DIR", help=f"the run directory ({CHECKPOINT}, "
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--address", help="host:port or unix:PATH to serve on (default: the run's [server] address)")
     sv.add_argument("--explore", action="store_true", help="sample actions as in training (default: greedy)")
     sv.add_argument("--logdir", help="where serving writes its metrics (default: runs/serve-<time>; never DIR)")
-    sv.add_argument("--log-level", default="INFO")
+    add_log_level(sv)
     add_security_args(sv)
     ex = sub.add_parser("export", help="write a policy's ONNX model from a checkpoint, checked against torch")
     ex.add_argument("--checkpoint", required=True, metavar="DIR", help=f"the run directory ({CHECKPOINT}, "

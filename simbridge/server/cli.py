@@ -49,6 +49,21 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
                    help="allow a non-loopback --address without TLS and authentication (a network you trust)")
 
 
+def add_log_level(p: argparse.ArgumentParser) -> None:
+    """--log-level, checked by argparse (a misspelt level was logging's traceback)."""
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   metavar="LEVEL", help="debug, info (the default), warning or error")
+
+
+def _at_least(low: float, what: str):
+    def parse(text: str) -> float:
+        value = float(text)
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {low:g}, got {text}")
+        return value
+    return parse
+
+
 def security_from_args(args, base: ServerSecurity = None) -> ServerSecurity:
     """`base` (e.g. a config file's settings) with the flags given on the command line over it."""
     base = base or ServerSecurity()
@@ -64,19 +79,23 @@ def main(argv=None) -> int:
                    help="host:port to listen on (default loopback only; 0.0.0.0:PORT exposes it), or "
                         "unix:PATH for a Unix socket on this machine (owner-only; docs/transports.md), "
                         "shm+unix:PATH for that socket and the steps through shared memory")
-    p.add_argument("--rollout-fragment-length", type=int, default=200)
-    p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"])
-    p.add_argument("--max-wait-ms", type=float, default=0.0, help="dynamic batcher wait for more rows")
+    p.add_argument("--rollout-fragment-length", type=int, default=200,
+                   help="agent steps per experience fragment (default 200; >= 1)")
+    p.add_argument("--batch-mode", default="truncate_episodes", choices=["truncate_episodes", "complete_episodes"],
+                   help="fragments cut at rollout_fragment_length (default), or whole episodes")
+    p.add_argument("--max-wait-ms", type=_at_least(0, "--max-wait-ms"), default=0.0,
+                   help="dynamic batcher wait for more rows (default 0)")
     p.add_argument("--policy-map", action="append", default=[], metavar="PATTERN=POLICY",
                    help="map agent ids matching a glob to a policy, e.g. 'player_*=nim' (repeatable; "
                         "first match wins; others use default_policy). Agents with different spaces "
                         "need different policies.")
     add_security_args(p)
-    p.add_argument("--print-every", type=float, default=2.0, help="seconds between progress lines (0: quiet)")
+    p.add_argument("--print-every", type=_at_least(0, "--print-every"), default=2.0,
+                   help="seconds between progress lines (0: quiet)")
     p.add_argument("--json", action="store_true", help="print progress as JSON lines")
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     try:
         mapping = pattern_mapping(parse_rules(args.policy_map))
@@ -84,7 +103,10 @@ def main(argv=None) -> int:
         p.error(str(e))
     cfg = BridgeConfig(rollout_fragment_length=args.rollout_fragment_length, batch_mode=args.batch_mode,
                        max_wait_ms=args.max_wait_ms)
-    runtime = BridgeRuntime(cfg, policy_mapping_fn=mapping)
+    try:
+        runtime = BridgeRuntime(cfg, policy_mapping_fn=mapping)
+    except ValueError as e:   # a value the experience collector refuses (rollout_fragment_length < 1)
+        p.error(str(e))
     try:
         server = BridgeServer(runtime, args.address, security=security_from_args(args)).start()
     except SecurityConfigError as e:
@@ -101,7 +123,10 @@ def main(argv=None) -> int:
     print(f"simbridge-server listening on {server.address}", file=out, flush=True)
     last_steps, last_t = 0, time.monotonic()
     try:
-        while not stop.wait(args.print_every or 3600):
+        quiet = args.print_every == 0
+        while not stop.wait(1.0 if quiet else args.print_every):
+            if quiet:
+                continue
             snap = runtime.snapshot()
             now = time.monotonic()
             rate = (snap["env_steps"] - last_steps) / max(now - last_t, 1e-9)

@@ -96,3 +96,16 @@ def test_a_second_ctrl_c_while_the_bridge_stops_ends_it_at_once_without_a_traceb
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--rollout-fragment-length", "0"], "rollout_fragment_length must be >= 1"),
+    (["--print-every", "-1"], "--print-every must be >= 0"),
+    (["--max-wait-ms", "-5"], "--max-wait-ms must be >= 0"),
+    (["--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
+])
+def test_a_bad_argument_is_one_usage_error_not_a_traceback(args, said):
+    out = subprocess.run(python_module("simbridge.server.cli", "--address", "127.0.0.1:0", *args),
+                         capture_output=True, text=True, timeout=60, env=child_env())
+    assert out.returncode == 2 and said in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "listening" not in out.stdout
