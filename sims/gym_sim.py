@@ -222,8 +222,8 @@ def run_batched(envs: List[gym.Env], args, stats: Stats, stop: StopFlag) -> None
     client.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default: %(default)s)")
@@ -342,8 +342,9 @@ def run_step_slots(batched, args, stats: Stats, stop: StopFlag) -> None:
         raise
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str = PROG) -> int:
+    """prog: the name the messages and the summary's client name carry (simbridge-pixel-sim runs this)."""
+    args = build_parser(prog).parse_args(argv)
     protocol = args.slot_protocol or ("rows" if args.off_policy_fraction else "step")
     refusals = [   # the options that cannot go together; the first that applies is said
         (args.slots < 1, "--slots must be >= 1"),
@@ -357,14 +358,14 @@ def main(argv=None) -> int:
          "--vector is for --env CartPole-v1 with --slots K > 1 on the step protocol")]
     for refused, why in refusals:
         if refused:
-            print(f"{PROG}: error: {why}", file=sys.stderr)
+            print(f"{prog}: error: {why}", file=sys.stderr)
             return 2
     try:
         envs = [make_env(args) for _ in range(1 if args.vector else args.slots)]
     except gym.error.Error as e:
-        print(f"{PROG}: error: cannot make env {args.env!r}: {e}", file=sys.stderr)
+        print(f"{prog}: error: cannot make env {args.env!r}: {e}", file=sys.stderr)
         return 2
-    stats = Stats(PROG, args.print_every, args.quiet)
+    stats = Stats(prog, args.print_every, args.quiet)
 
     def body(stop: StopFlag, stats: Stats) -> dict:
         if args.slots == 1 and args.inference == "local":
@@ -384,7 +385,7 @@ def main(argv=None) -> int:
                 "slot_protocol": protocol if args.slots > 1 else None}
 
     try:
-        return run_cli(PROG, body, stats)
+        return run_cli(prog, body, stats)
     finally:
         for env in envs:
             env.close()

@@ -18,7 +18,7 @@ Two games, both with their own loop in this process:
     action, which is still waiting for its outcome, so that action is the one
     credited (rewards add up per agent until its next action).
 
-    simbridge-server &
+    simbridge-server --policy-map 'player_*=nim' &   # Nim's players to a policy of their own spaces
     simbridge-multiagent-sim --game simultaneous --agents 4 --episodes 50
     simbridge-multiagent-sim --game turn_based --episodes 200
 """

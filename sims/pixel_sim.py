@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 ENV_ID = "simbridge/PixelCatch-v0"
+PROG = "simbridge-pixel-sim"
 BALL, PADDLE = 255, 128
 
 
@@ -73,21 +74,28 @@ register()
 
 def main(argv=None) -> int:
     from simbridge.sims import gym_sim
-    p = argparse.ArgumentParser(prog="simbridge-pixel-sim", add_help=False)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, add_help=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-h", "--help", action="store_true", help="this help, then simbridge-sim's options")
     p.add_argument("--cells", type=int, default=5, help="grid side in cells (default: %(default)s)")
     p.add_argument("--cell-px", type=int, default=4, help="pixels per cell side (default: %(default)s)")
     p.add_argument("--layout", choices=("hwc", "chw"), default="hwc", help="image layout (default: %(default)s)")
     args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if "-h" in rest or "--help" in rest:
+    if args.help:
         p.print_help()
-        print("\nand simbridge-sim's options:")
+        print("\nand simbridge-sim's options, but --env (this one runs PixelCatch):\n")
+        return gym_sim.main(["--help"], prog=PROG)
+    if any(a == "--env" or a.startswith("--env=") for a in rest):
+        print(f"{PROG}: error: --env: this simulator runs PixelCatch ({ENV_ID}); for another env, run "
+              f"simbridge-sim --env ENV", file=sys.stderr)
+        return 2
     try:
         register(cells=args.cells, cell_px=args.cell_px, layout=args.layout)
         PixelCatch(args.cells, args.cell_px, args.layout)
     except ValueError as e:
-        print(f"simbridge-pixel-sim: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    return gym_sim.main(["--env", ENV_ID, *rest])
+    return gym_sim.main(["--env", ENV_ID, *rest], prog=PROG)
 
 
 if __name__ == "__main__":

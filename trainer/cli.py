@@ -216,7 +216,7 @@ def cmd_serve(args) -> int:
             cfg.server.address = args.address
         apply_security_args(cfg, args)
         if args.logdir:
-            refuse_used(Path(args.logdir))
+            refuse_used(Path(args.logdir), resumable=False)
         daemon = serve.serving_daemon(ckpt, cfg, args.explore, args.logdir)
     except ConfigError as e:
         print(f"simbridge-trainer: error: {e}", file=sys.stderr)

@@ -38,3 +38,20 @@ def test_bad_options_are_refused_with_the_fix():
     out = subprocess.run([sys.executable, "-m", "simbridge.sims.pixel_sim", "--cells", "2"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "cells >= 3" in out.stderr
+
+
+def _pixel_sim(*args):
+    return subprocess.run([sys.executable, "-m", "simbridge.sims.pixel_sim", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_its_help_and_errors_are_its_own():
+    """It runs simbridge-sim's loop, but its help shows what it is and its errors carry its name; an
+    --env would have replaced PixelCatch without a word."""
+    out = _pixel_sim("--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: simbridge-pixel-sim [-h]"), out.stdout[:300]
+    assert "Catch seen through a camera" in out.stdout and "--slots" in out.stdout
+    out = _pixel_sim("--env", "CartPole-v1")
+    assert out.returncode == 2 and "runs PixelCatch" in out.stderr, out.stderr
+    out = _pixel_sim("--slots", "0")
+    assert out.returncode == 2 and out.stderr.startswith("simbridge-pixel-sim: error: --slots"), out.stderr

@@ -148,3 +148,9 @@ def test_serve_answers_greedily_with_the_checkpoints_weights_and_never_updates(t
     assert all(not r["updates"] for r in recs)
     assert (run / "checkpoint.pt").read_bytes() == before and sorted(os.listdir(run)) == ["checkpoint.pt",
                                                                                              "config.toml"]
+    # served again into the same logdir: refused with the fix serve has (it takes no --resume)
+    again = subprocess.run(python_module("simbridge.trainer.cli", "serve", "--checkpoint", str(run), "--address",
+                                         "127.0.0.1:0", "--logdir", str(logdir)),
+                           capture_output=True, text=True, timeout=120, env=daemon_env())
+    assert again.returncode == 2 and "already holds a run" in again.stderr, again.stderr
+    assert "choose another --logdir" in again.stderr and "--resume" not in again.stderr, again.stderr

@@ -21,13 +21,13 @@ SAVED_CONFIG = "config.toml"
 JOURNAL = "journal"
 
 
-def refuse_used(logdir: Path) -> None:
-    """A fresh run must not write over another run's checkpoint or metrics."""
+def refuse_used(logdir: Path, resumable: bool = True) -> None:
+    """A fresh run must not write over another run's checkpoint or metrics. resumable: the command
+    takes --resume (run does; serve does not)."""
+    fix = "pass --resume to continue it, or choose another --logdir" if resumable else "choose another --logdir"
     for name in (CHECKPOINT, METRICS):
         f = logdir / name
         if f.exists() and f.stat().st_size > 0:
-            raise ConfigError(f"{logdir} already holds a run ({name}): pass --resume to continue it, or "
-                              f"choose another --logdir")
+            raise ConfigError(f"{logdir} already holds a run ({name}): {fix}")
     if any((logdir / JOURNAL).glob("seg-*.sbj")):
-        raise ConfigError(f"{logdir} already holds a run's journal ({JOURNAL}/): pass --resume to continue it, "
-                          f"or choose another --logdir")
+        raise ConfigError(f"{logdir} already holds a run's journal ({JOURNAL}/): {fix}")
