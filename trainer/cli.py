@@ -1,8 +1,9 @@
 """`simbridge-trainer`: the bridge server with learners behind it, in one process.
 
-    simbridge-trainer run [--config FILE] [--resume] [--address HOST:PORT]
+    simbridge-trainer run [--config FILE] [--resume | --resume-if-present] [--address HOST:PORT]
                           [--total-env-steps N] [--logdir DIR] [--seed N] [--device DEV]
-                          [--set KEY=VALUE ...]
+                          [--set KEY=VALUE ...] [--record-dataset] [--warm-start POLICY=PATH ...]
+                          [--log-level LEVEL] [TLS and token flags: docs/security.md]
     simbridge-trainer serve --checkpoint DIR [--address HOST:PORT] [--explore] [--logdir OUT]
     simbridge-trainer export --checkpoint DIR --onnx OUT.onnx [--policy ID]
     simbridge-trainer plot RUN_DIR [--out PNG] [--target RETURN]

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--quality-level", type=int, default=5, help="Unity quality level (default: %(default)s)")
     u.add_argument("--target-frame-rate", type=int, default=-1, help="(default: %(default)s, unbounded)")
     u.add_argument("--capture-frame-rate", type=int, default=60, help="(default: %(default)s)")
-    u.add_argument("--env-param", type=_env_param, action="append", default=[], metavar="KEY=VALUE",
+    u.add_argument("--env-param", type=_env_param, action="append", default=[], metavar="KEY=NUMBER",
                    help="environment parameter (Academy.Instance.EnvironmentParameters), repeatable")
     u.add_argument("--num-areas", type=int, default=1, help="training areas a scene should replicate, for scenes "
                                                             "that read it (default: %(default)s)")

@@ -1,7 +1,7 @@
 """The trainer config's flat sections, [server] and [run]: each key a dataclass field (its type and
 default), each section's `check(where)` for what a type cannot say (ranges, addresses, names).
 
-`section_from_table` reads a section's TOML table against the field annotations (config_values's
+`section_from_table` reads a section's TOML table against the field annotations (values.py's
 typed checks); config.parse_config reads every section in SECTIONS that way, then checks it. A new
 section: a dataclass here with `check(self, where)`, a line in SECTIONS and a field of
 config.TrainerConfig.

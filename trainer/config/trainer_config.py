@@ -30,7 +30,7 @@
                                        # policy's updates_per_step)
 
     [policies.default_policy]
-    algorithm = "dqn"                  # "dqn", "sac", "random" or "package.module:Class"
+    algorithm = "dqn"                  # "dqn", "sac", "ppo", "random" or "package.module:Class"
     config = { learning_starts = 500 } # overrides of the learner's defaults
     frame_stack = 1                    # the policy sees each agent's last k observations as one
                                        # (cameras sending one frame per step: 4; docs/trainer.md)
@@ -58,11 +58,11 @@ config=..., device=..., trainable=..., acting_device=..., acting_only=...): Lear
 keywords, which a subclass overriding __init__ passes on) or a simbridge.server.policies.Policy subclass
 that only acts (built as Class(obs_space, act_space, **config)).
 
-Parsing checks every key's type (config_values.py) and all else that needs no learner import;
-`resolve_algorithm` (config_algorithms.py) checks `policies.<id>.config` against the learner's
-defaults (at the daemon's start, before anything is served or written). `overrides` (`--set`) apply
-before the checks; `config_toml(cfg)` (config_writer.py) is the effective config. [server] and [run]
-are dataclasses in config_sections.py; a new section: a dataclass there with `check(self, where)`,
+Parsing checks every key's type (values.py) and all else that needs no learner import;
+`resolve_algorithm` (algorithms.py) checks `policies.<id>.config` against the learner's defaults
+and its `check_config` (at the daemon's start, before anything is served or written). `overrides`
+(`--set`) apply before the checks; `config_toml(cfg)` (writer.py) is the effective config. [server]
+and [run] are dataclasses in sections.py; a new section: a dataclass there with `check(self, where)`,
 a line in SECTIONS and a field of TrainerConfig.
 """
 import dataclasses
@@ -150,7 +150,7 @@ class TrainerConfig:
 def load_config(path=None, overrides: Sequence[Override] = ()) -> TrainerConfig:
     """Parse a TOML file (default: the embedded configs/cartpole_dqn.toml); `overrides`:
     (dotted key, value) pairs set before the checks, e.g. [("policies.default_policy.config.lr", 3e-4)]
-    (config_values.parse_overrides reads them from "KEY=VALUE" strings)."""
+    (values.parse_overrides reads them from "KEY=VALUE" strings)."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
         text = path.read_text()
