@@ -1,6 +1,8 @@
-"""SIGHUP as the process under test would have it, whatever the test runner's own: a run under
-nohup (or a CI runner that ignores SIGHUP) passes its SIG_IGN to every child, and the programs keep
-an ignored SIGHUP ignored on purpose (simbridge.console.on_hangup).
+"""SIGHUP and SIGINT as the process under test would have them at a terminal, whatever the test
+runner's own: a run under nohup (or a CI runner that ignores SIGHUP) passes its SIG_IGN to every
+child, and the programs keep an ignored SIGHUP ignored on purpose (simbridge.console.on_hangup); a
+suite started in the background by a non-interactive shell ignores SIGINT too (POSIX), and Python
+then never makes a Ctrl-C its KeyboardInterrupt.
 
 A prefix for the child's argv (GNU env resets or ignores the signal, then execs), not a Popen
 preexec_fn: that runs Python in the forked child of a test process whose gRPC threads did not come
@@ -10,7 +12,7 @@ import subprocess
 
 import pytest
 
-AT_A_TERMINAL = ["env", "--default-signal=HUP"]   # SIGHUP's default, as at a terminal
+AT_A_TERMINAL = ["env", "--default-signal=HUP,INT"]   # SIGHUP's and SIGINT's defaults, as at a terminal
 UNDER_NOHUP = ["env", "--ignore-signal=HUP"]      # SIGHUP ignored, as nohup starts a program
 
 # coreutils 8.31 and later (Debian 11+); elsewhere the tests that need it skip
