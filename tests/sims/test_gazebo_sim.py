@@ -164,6 +164,26 @@ def test_a_world_started_before_its_trainer_waits_connect_timeout_s_for_it(prefi
         alone.stop()
 
 
+def test_a_trainer_at_its_total_env_steps_ends_the_plugin_quietly_and_the_world_runs_on(prefix, plugin,
+                                                                                      random_config, tmp_path):
+    """TRAINING_OVER is the trainer's normal end, not a failure: logged as a message, not an error."""
+    trainer = Trainer(tmp_path / "run", config=random_config(), overrides=("run.total_env_steps=200",))
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log", iterations=1500)
+        assert gz.wait(300) == 0, gz.text()[-3000:]   # its iterations, the plugin quiet after the trainer's end
+        assert trainer.proc.wait(60) == 0
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+    said = gz.text()
+    over = [line for line in said.splitlines() if "training is over (total_env_steps 200 reached)" in line]
+    assert over and all(line.startswith("[Msg]") for line in over), said[-3000:]
+    assert not [line for line in said.splitlines() if line.startswith("[Err]") and "simbridge" in line], said[-3000:]
+
+
 def test_two_worlds_in_their_own_partitions_feed_one_trainer(prefix, plugin, random_config, tmp_path):
     """Two cart-pole worlds at once, same world name and control service, partitions apart: each resets
     only itself (a reset request crossing over would cut the other's episodes short) and the trainer

@@ -4,6 +4,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -282,3 +283,18 @@ def test_a_log_folder_that_does_not_exist_yet_is_made(tmp_path):
         bridge.stop()
     assert run.code == 0, run.explain()
     assert (logs / "Player-0.log").exists()
+
+
+def test_training_over_ends_the_connector_as_its_own_end(tmp_path):
+    """The trainer's run reached its end (TRAINING_OVER on every call): the connector stops the
+    player and exits 0, as at its own budget, not 2 (a server problem)."""
+    bridge = Bridge([])
+    ended = threading.Timer(3.0, bridge.runtime.end_training, args=("total_env_steps 100 reached",))
+    ended.start()
+    try:
+        run = run_connector(bridge.address, tmp_path)   # no budget of its own: only the trainer ends it
+    finally:
+        ended.cancel()
+        bridge.stop()
+    assert run.code == 0, run.explain()
+    assert run.summary["steps"] > 0 and run.summary["ended"] == "training_over", run.explain()
