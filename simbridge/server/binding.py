@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import stat
-from typing import Callable
+from typing import Callable, Tuple
 
 from simbridge.wire.addresses import address_problem, is_unix, unix_path
 
@@ -21,14 +21,20 @@ log = logging.getLogger("simbridge")
 SOCKET_MODE = 0o600   # connect(2) on a Unix socket needs write permission on its file
 
 
+def _host_port(address: str) -> Tuple[str, str]:
+    """HOST:PORT's host (IPv6 brackets off; "" for none) and port, as text."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), port
+
+
 def address_in_use(address: str) -> bool:
-    """Whether some process listens on HOST:PORT or unix:PATH now (as gRPC binds: SO_REUSEADDR, so
-    sockets in TIME_WAIT do not count). False for port 0 and for addresses this cannot resolve or
-    test, and for a stale socket file."""
+    """Whether some socket holds HOST:PORT now, a server listening there or a connection's local
+    end (as gRPC binds: SO_REUSEADDR, so sockets in TIME_WAIT do not count), or a process listens on
+    unix:PATH. False for port 0 and for addresses this cannot resolve or test, and for a stale
+    socket file."""
     if is_unix(address):
         return _unix_listening(unix_path(address))
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    host, port = _host_port(address)
     if not port.isdigit() or int(port) == 0:
         return False
     try:
@@ -63,8 +69,7 @@ def in_use_message(address: str) -> str:
 
 def _accepts(address: str) -> bool:
     """Whether a server accepts connections at HOST:PORT (a wildcard host: on loopback)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    host, port = _host_port(address)
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     try:
         with socket.create_connection((host, int(port)), timeout=1.0):

@@ -31,7 +31,7 @@ import torch
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import capture, export, optim, placement, splitk
-from simbridge.trainer.learners import encoders
+from simbridge.trainer.learners import encoders, nstep
 from simbridge.trainer.learners.nstep import NStepAccumulator
 from simbridge.trainer.learners.replay import ReplayBuffer
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
@@ -80,8 +80,7 @@ class Learner(Policy):
         a file is written, and again when a learner is made; subclasses add their own."""
         splitk.check(cfg["grad_row_chunks"], cls.__name__)
         capture.check(cfg["update_path"])
-        if cfg["n_step"] < 1:
-            raise ValueError("n_step must be >= 1")
+        nstep.check(cfg["n_step"])
 
     @classmethod
     def config_types(cls) -> Dict[str, Any]:

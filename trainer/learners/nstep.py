@@ -29,10 +29,15 @@ log = logging.getLogger("simbridge.trainer")
 DISCOUNTS = "discounts"
 
 
+def check(n: int) -> None:
+    """A ValueError unless `n` is an `n_step` value (>= 1)."""
+    if n < 1:
+        raise ValueError("n_step must be >= 1")
+
+
 class NStepAccumulator:
     def __init__(self, n: int, gamma: float, max_open: int = 100_000):
-        if n < 1:
-            raise ValueError("n_step must be >= 1")
+        check(n)
         self.n, self.gamma = n, gamma
         self.max_open = max_open  # trajectories whose end never came (lost clients) are evicted
         self._open: "collections.OrderedDict[Tuple[int, int], list]" = collections.OrderedDict()

@@ -109,12 +109,7 @@ int main(int argc, char** argv) {
                 finished, steps, steps / elapsed, finished ? return_sum / finished : 0.0, client.reconnects(),
                 static_cast<long long>(local ? local->version() : client.last_policy_version()), lost_sessions);
   } catch (const simbridge::Error& e) {
-    if (e.reason() == "TRAINING_OVER") {  // the trainer's run is done: a normal end
-      std::fprintf(stderr, "cartpole: %s\n", e.what());
-      return 0;
-    }
-    cartpole::print_error("cartpole", e);
-    return 1;
+    return cartpole::exit_on_error("cartpole", e);
   }
   return 0;
 }

@@ -100,9 +100,16 @@ inline simbridge::ClientOptions client_options(const std::map<std::string, std::
   return options;
 }
 
-// A failed run's last words on stderr: the message, the reason, the gRPC status code's number.
-inline void print_error(const char* program, const simbridge::Error& e) {
+// A run ended by an error: its last words on stderr and the exit code. TRAINING_OVER (the trainer's
+// run reached its end) is a normal end, exit 0; anything else says the message, the reason and the
+// gRPC status code's number, exit 1.
+inline int exit_on_error(const char* program, const simbridge::Error& e) {
+  if (e.reason() == "TRAINING_OVER") {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 0;
+  }
   std::fprintf(stderr, "%s: %s (%s) [gRPC status %d]\n", program, e.what(), e.reason().c_str(), static_cast<int>(e.code()));
+  return 1;
 }
 
 using Clock = std::chrono::steady_clock;

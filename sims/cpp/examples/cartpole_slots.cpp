@@ -101,12 +101,7 @@ int main(int argc, char** argv) {
                 episodes, num_steps * n, num_steps * n / elapsed, episodes ? return_sum / episodes : 0.0, n, cut_short,
                 client.reconnects(), acted, lost_sessions);
   } catch (const simbridge::Error& e) {
-    if (e.reason() == "TRAINING_OVER") {  // the trainer's run is done: a normal end
-      std::fprintf(stderr, "cartpole_slots: %s\n", e.what());
-      return 0;
-    }
-    cartpole::print_error("cartpole_slots", e);
-    return 1;
+    return cartpole::exit_on_error("cartpole_slots", e);
   }
   return 0;
 }
