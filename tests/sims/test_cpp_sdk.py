@@ -1,8 +1,9 @@
 """The C++ client SDK (sims/cpp): built once per session into build/cpp, its unit tests under ctest,
 its CartPole examples against a real BridgeServer on loopback (lockstep and slots, episodes and
 transitions counted on the server; on TCP, a Unix socket and the shared-memory step channel),
-reconnect and resume with exactly-once resend across a server restart (TCP and shared memory), SessionLost when the server forgot the session, and local inference equal to
-simbridge.client.local_policy on a real learner's PortablePolicy.
+reconnect and resume with exactly-once resend across a server restart (TCP and shared memory),
+SessionLost when the server forgot the session, a camera (Space::Image) that arrives as its bytes,
+and local inference equal to simbridge.client.local_policy on a real learner's PortablePolicy.
 
 Skipped only when the build tools are absent (Debian: cmake libgrpc++-dev protobuf-compiler-grpc
 libprotobuf-dev)."""
@@ -136,6 +137,28 @@ def test_multi_agent_rows_reach_each_agents_policy(build, make_server, handovers
     np.testing.assert_allclose(b["new_obs"]["pos"][b["terminateds"]], [[0.3, 0.3]] * 3, rtol=1e-6)
     snap = rt.snapshot()
     assert snap["episodes"] == 3 and snap["policy_return_mean"] == {"default_policy": 5.0, "pb": 8.0}
+
+
+@pytest.mark.nets("tcp", "shm")
+def test_a_cpp_camera_arrives_as_its_bytes(build, make_server, handovers, net):
+    """tools/camera_probe declares Dict{camera: Space::Image({6, 5, 3}), joints: Box(2)} and sends a
+    known pattern: the server sees a uint8 box, and every transition holds exactly those bytes."""
+    srv = make_server(rollout_fragment_length=8)
+    steps, shape = 5, (6, 5, 3)
+    assert _summary(_run(build, "camera_probe", "--address", srv.address, "--steps", steps, "--height", shape[0],
+                         "--width", shape[1])) == {"steps": steps}
+    assert len(handovers) == (net == "shm")
+    assert srv.runtime.policy("default_policy").observation_space["camera"] == gym.spaces.Box(0, 255, shape, np.uint8)
+
+    def camera(t):
+        return ((7 * np.arange(np.prod(shape)) + 31 * t) % 256).astype(np.uint8).reshape(shape)
+
+    rows = _transitions(srv.runtime)
+    assert len(rows) == steps
+    for key, first in (("obs", 0), ("new_obs", 1)):
+        assert rows[key]["camera"].dtype == np.uint8
+        np.testing.assert_array_equal(rows[key]["camera"], [camera(t) for t in range(first, first + steps)])
+        np.testing.assert_allclose(rows[key]["joints"][:, 0], np.arange(first, first + steps) / steps, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- reconnect

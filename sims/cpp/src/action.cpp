@@ -57,8 +57,7 @@ void fill_typed(pb::Value* value, const Space& s, const std::vector<const Action
   switch (s.kind) {
     case Space::Kind::Box: {
       shape.insert(shape.end(), s.shape.begin(), s.shape.end());
-      auto leaf = column<float>(floats, k, at.floats);
-      fill_tensor(value->mutable_tensor(), pb::FLOAT32, leaf.data(), leaf.size() * 4, shape);
+      fill_box_tensor(value->mutable_tensor(), s, column<float>(floats, k, at.floats), shape, what);
       at.floats += k;
       return;
     }

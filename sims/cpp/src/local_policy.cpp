@@ -167,7 +167,10 @@ struct LocalPolicy::Impl {
       case Space::Kind::Box:
         for (size_t i = 0; i < sp.size(); ++i) {
           double lo = sp.low[i], hi = sp.high[i];
-          if (std::isfinite(lo) && std::isfinite(hi)) {
+          if (sp.dtype == Space::DType::UInt8) {  // integers, as gymnasium samples an integer Box
+            action.push_back(static_cast<float>(lo + static_cast<double>(below(static_cast<int64_t>(hi - lo) + 1))));
+            logp = NAN;
+          } else if (std::isfinite(lo) && std::isfinite(hi)) {
             action.push_back(static_cast<float>(lo + (hi - lo) * uniform()));
             logp -= hi > lo ? std::log(hi - lo) : NAN;
           } else {  // unbounded sides as gymnasium samples them: normal, or shifted exponential
@@ -248,7 +251,8 @@ LocalPolicy::LocalPolicy(const std::string& serialized, uint64_t seed) : impl_(s
         throw format_error("q_argmax action_mask_offset: the mask's columns do not fit the observation features");
     }
   } else if (p.kind == "tanh_gaussian") {
-    if (sp.kind != Space::Kind::Box) throw format_error("tanh_gaussian needs a Box action space");
+    if (sp.kind != Space::Kind::Box || sp.dtype != Space::DType::Float32)
+      throw format_error("tanh_gaussian needs a float32 Box action space");
     for (size_t i = 0; i < sp.low.size(); ++i) {
       double lo = sp.low[i], hi = sp.high[i];
       if (!std::isfinite(lo) || !std::isfinite(hi)) throw format_error("tanh_gaussian needs finite Box bounds");

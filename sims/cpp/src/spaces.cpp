@@ -1,6 +1,9 @@
 // Spaces, the flatten rule and rows of values on the wire (see wire.hpp).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "wire.hpp"
 
@@ -21,6 +24,16 @@ Space Space::Box(Floats low, Floats high, std::vector<int64_t> shape) {
   s.low = std::move(low);
   s.high = std::move(high);
   s.shape = std::move(shape);
+  return s;
+}
+
+Space Space::Image(std::vector<int64_t> shape) {
+  if (shape.empty()) throw invalid_value("Image: shape must not be empty");
+  for (int64_t side : shape)
+    if (side <= 0) throw invalid_value("Image: every side of the shape must be positive");
+  const size_t n = elements(shape);
+  Space s = Box(Floats(n, 0.0f), Floats(n, 255.0f), std::move(shape));
+  s.dtype = DType::UInt8;
   return s;
 }
 
@@ -139,8 +152,8 @@ Floats flatten(const Space& space, const Floats& row) {
 void space_to_proto(const Space& s, pb::Space* msg) {
   switch (s.kind) {
     case Space::Kind::Box:
-      fill_float_tensor(msg->mutable_box()->mutable_low(), s.low, s.shape);
-      fill_float_tensor(msg->mutable_box()->mutable_high(), s.high, s.shape);
+      fill_box_tensor(msg->mutable_box()->mutable_low(), s, s.low, s.shape, "Box low");
+      fill_box_tensor(msg->mutable_box()->mutable_high(), s, s.high, s.shape, "Box high");
       return;
     case Space::Kind::Discrete:
       msg->mutable_discrete()->set_n(s.n);
@@ -176,9 +189,14 @@ void space_to_proto(const Space& s, pb::Space* msg) {
 Space space_from_proto(const pb::Space& msg, const std::string& what) {
   switch (msg.kind_case()) {
     case pb::Space::kBox: {
-      Floats low = tensor_floats(msg.box().low(), what + " low"), high = tensor_floats(msg.box().high(), what + " high");
-      std::vector<int64_t> shape(msg.box().low().shape().begin(), msg.box().low().shape().end());
-      return Space::Box(std::move(low), std::move(high), std::move(shape));
+      const auto& box = msg.box();
+      if (box.low().dtype() != box.high().dtype()) throw invalid_value(what + ": Box low and high differ in dtype");
+      Floats low = tensor_floats(box.low(), what + " low"), high = tensor_floats(box.high(), what + " high");
+      std::vector<int64_t> shape(box.low().shape().begin(), box.low().shape().end());
+      Space s = Space::Box(std::move(low), std::move(high), std::move(shape));
+      // Other dtypes read as float32 boxes, as before: the SDK sends only float32 and uint8.
+      if (box.low().dtype() == pb::UINT8) s.dtype = Space::DType::UInt8;
+      return s;
     }
     case pb::Space::kDiscrete: return Space::Discrete(msg.discrete().n(), msg.discrete().start());
     case pb::Space::kMultiDiscrete: {
@@ -218,24 +236,51 @@ void check_rows(const Space& space, size_t floats, size_t n, const std::string& 
 
 namespace {
 
-// The leaf column [offset, offset + k) of n rows of `stride` floats.
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// v as the integer type T, or an Error naming the leaf and v: a float outside T's range would be
+// undefined behaviour to cast, and a wrapped value a silent wrong pixel or index.
 template <typename T>
-std::vector<T> gather(const float* rows, size_t n, size_t stride, size_t offset, size_t k, const std::string& what,
-                      bool integral) {
+T integer(float v, const std::string& what) {
+  using Limits = std::numeric_limits<T>;
+  const double d = v, lowest = static_cast<double>(Limits::lowest());
+  const double above = std::ldexp(1.0, Limits::digits);  // max + 1, exact in a double even for int64
+  if (!std::isfinite(d) || std::nearbyint(d) != d) throw invalid_value(what + ": " + number(d) + " is not an integer");
+  if (d < lowest || d >= above)
+    throw invalid_value(what + ": " + number(d) + " is outside [" + std::to_string(Limits::lowest()) + ", " +
+                        std::to_string(Limits::max()) + "]");
+  return static_cast<T>(d);
+}
+
+// The leaf column [offset, offset + k) of n rows of `stride` floats; an integer T takes integers only.
+template <typename T>
+std::vector<T> gather(const float* rows, size_t n, size_t stride, size_t offset, size_t k, const std::string& what) {
   std::vector<T> out(n * k);
   for (size_t r = 0; r < n; ++r) {
     for (size_t j = 0; j < k; ++j) {
-      float v = rows[r * stride + offset + j];
-      if (integral) {
-        if (!std::isfinite(v) || std::nearbyint(v) != v) throw invalid_value(what + ": " + std::to_string(v) + " is not an integer");
-        out[r * k + j] = static_cast<T>(std::nearbyint(v));
-      } else {
-        out[r * k + j] = static_cast<T>(v);
-      }
+      const float v = rows[r * stride + offset + j];
+      if constexpr (std::is_integral_v<T>) out[r * k + j] = integer<T>(v, what);
+      else out[r * k + j] = v;
     }
   }
   return out;
 }
+
+}  // namespace
+
+void fill_box_tensor(pb::Tensor* t, const Space& box, const Floats& values, const std::vector<int64_t>& shape,
+                     const std::string& what) {
+  if (box.dtype == Space::DType::Float32) return fill_float_tensor(t, values, shape);
+  std::vector<uint8_t> bytes(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bytes[i] = integer<uint8_t>(values[i], what);
+  fill_tensor(t, pb::UINT8, bytes.data(), bytes.size(), shape);
+}
+
+namespace {
 
 void fill_leafs(pb::Value* value, const Space& s, const float* rows, size_t n, size_t stride, size_t offset,
                 const std::string& what) {
@@ -244,19 +289,18 @@ void fill_leafs(pb::Value* value, const Space& s, const float* rows, size_t n, s
   switch (s.kind) {
     case Space::Kind::Box: {
       shape.insert(shape.end(), s.shape.begin(), s.shape.end());
-      auto leaf = gather<float>(rows, n, stride, offset, k, what, false);
-      fill_tensor(value->mutable_tensor(), pb::FLOAT32, leaf.data(), leaf.size() * 4, shape);
+      fill_box_tensor(value->mutable_tensor(), s, gather<float>(rows, n, stride, offset, k, what), shape, what);
       return;
     }
     case Space::Kind::Discrete: case Space::Kind::MultiDiscrete: {
       if (s.kind == Space::Kind::MultiDiscrete) shape.push_back(static_cast<int64_t>(k));
-      auto leaf = gather<int64_t>(rows, n, stride, offset, k, what, true);
+      auto leaf = gather<int64_t>(rows, n, stride, offset, k, what);
       fill_tensor(value->mutable_tensor(), pb::INT64, leaf.data(), leaf.size() * 8, shape);
       return;
     }
     case Space::Kind::MultiBinary: {
       shape.insert(shape.end(), s.shape.begin(), s.shape.end());
-      auto leaf = gather<int8_t>(rows, n, stride, offset, k, what, true);
+      auto leaf = gather<int8_t>(rows, n, stride, offset, k, what);
       fill_tensor(value->mutable_tensor(), pb::INT8, leaf.data(), leaf.size(), shape);
       return;
     }

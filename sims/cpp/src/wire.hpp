@@ -26,6 +26,10 @@ size_t elements(const std::vector<int64_t>& shape);
 // ---------------------------------------------------------------- spaces and values
 void space_to_proto(const Space& space, pb::Space* msg);
 Space space_from_proto(const pb::Space& msg, const std::string& what);
+// Values of a Box leaf (its bounds, or n rows of it) as a tensor of the box's dtype: a uint8 box's
+// values must be integers in [0, 255], else INVALID_VALUE naming `what` and the value.
+void fill_box_tensor(pb::Tensor* t, const Space& box, const Floats& values, const std::vector<int64_t>& shape,
+                     const std::string& what);
 // n rows of the space's values (n * space.size() floats) -> a Value whose leaves are (n, *shape).
 void fill_value(pb::Value* value, const Space& space, const float* rows, size_t n, const std::string& what);
 // A Value of n rows -> n * space.size() floats, row-major.

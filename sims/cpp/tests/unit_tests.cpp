@@ -121,6 +121,61 @@ TEST(rows_of_values_become_leaves_with_the_row_dimension_first) {
   CHECK_THROWS_REASON(check_rows(s, rows.size() - 1, 2, "obs"), "INVALID_VALUE");
 }
 
+TEST(an_image_is_a_uint8_box_on_the_wire_as_the_python_sdk_sends_it) {
+  Space img = Space::Image({2, 3, 1});
+  CHECK(img.kind == Space::Kind::Box && img.dtype == Space::DType::UInt8 && img.size() == 6 && img.flat_size() == 6);
+  CHECK(img.low == Floats(6, 0.0f) && img.high == Floats(6, 255.0f));
+  CHECK(Space::Box({0}, {1}).dtype == Space::DType::Float32);
+  pb::Space msg;
+  space_to_proto(img, &msg);
+  // gymnasium.spaces.Box(0, 255, (2, 3, 1), np.uint8) through simbridge.wire.spaces.space_to_proto
+  for (const pb::Tensor* bound : {&msg.box().low(), &msg.box().high()}) {
+    CHECK(bound->dtype() == pb::UINT8);
+    CHECK(std::vector<int64_t>(bound->shape().begin(), bound->shape().end()) == std::vector<int64_t>({2, 3, 1}));
+  }
+  CHECK(msg.box().low().data() == std::string(6, '\0') && msg.box().high().data() == std::string(6, '\xff'));
+  Space back = space_from_proto(msg, "space");
+  CHECK(back.dtype == Space::DType::UInt8 && back.shape == img.shape && back.low == img.low && back.high == img.high);
+  pb::Space again;
+  space_to_proto(back, &again);
+  CHECK(again.SerializeAsString() == msg.SerializeAsString());
+  msg.mutable_box()->mutable_high()->set_dtype(pb::INT8);  // gymnasium's Box has one dtype
+  CHECK_THROWS_REASON(space_from_proto(msg, "space"), "INVALID_VALUE");
+  CHECK_THROWS_REASON(Space::Image({}), "INVALID_VALUE");
+  CHECK_THROWS_REASON(Space::Image({84, 0, 3}), "INVALID_VALUE");
+}
+
+TEST(image_rows_travel_as_bytes_beside_float_leaves) {
+  Space s = Space::Dict({"camera", "joints"}, {Space::Image({2, 2, 1}), Space::Box({-1, -1}, {1, 1})});
+  Floats rows{0, 1, 254, 255, 0.5f, -0.5f, /**/ 7, 128, 200, 3, 0.25f, 1};
+  pb::Value v;
+  fill_value(&v, s, rows.data(), 2, "obs");
+  const auto& camera = v.dict().items().at("camera").tensor();
+  CHECK(camera.dtype() == pb::UINT8);
+  CHECK(std::vector<int64_t>(camera.shape().begin(), camera.shape().end()) == std::vector<int64_t>({2, 2, 2, 1}));
+  CHECK(raw<uint8_t>(camera) == std::vector<uint8_t>({0, 1, 254, 255, 7, 128, 200, 3}));
+  const auto& joints = v.dict().items().at("joints").tensor();
+  CHECK(joints.dtype() == pb::FLOAT32 && raw<float>(joints) == std::vector<float>({0.5f, -0.5f, 0.25f, 1}));
+  CHECK(decode_value(s, v, 2, "obs") == rows);
+  CHECK(flatten(s, Floats(rows.begin(), rows.begin() + 6)) == Floats(rows.begin(), rows.begin() + 6));
+  const std::vector<std::pair<float, std::string>> refused{{256.0f, "obs.camera: 256 is outside [0, 255]"},
+                                                           {-1.0f, "obs.camera: -1 is outside [0, 255]"},
+                                                           {1.5f, "obs.camera: 1.5 is not an integer"},
+                                                           {NAN, "obs.camera: nan is not an integer"}};
+  for (const auto& [value, message] : refused) {
+    Floats bad = rows;
+    bad[8] = value;  // row 1's second pixel
+    CHECK_THROWS_REASON(fill_value(&v, s, bad.data(), 2, "obs"), "INVALID_VALUE");
+    CHECK(error_message([&] { fill_value(&v, s, bad.data(), 2, "obs"); }) == message);
+  }
+  // A typed action of an image space travels as bytes too, checked the same way.
+  Action pixels = Action::box({3, 250});
+  fill_actions(&v, Space::Image({2}), {&pixels}, "action");
+  CHECK(v.tensor().dtype() == pb::UINT8 && raw<uint8_t>(v.tensor()) == std::vector<uint8_t>({3, 250}));
+  Action too_bright = Action::box({3, 300});
+  CHECK_THROWS_REASON(fill_actions(&v, Space::Image({2}), {&too_bright}, "action"), "INVALID_VALUE");
+}
+
 TEST(flatten_is_gymnasiums_rule) {
   Floats flat = flatten(nested(), {0.5f, -0.5f, 3, 1, 2, 1, 0});
   CHECK(flat == Floats({0.5f, -0.5f, /*mode 3, start 1*/ 0, 0, 1, /*md*/ 0, 1, 0, 0, 1, /*mb*/ 1, 0}));
@@ -271,6 +326,31 @@ TEST(local_random_head_stays_in_its_space) {
     CHECK(a[0] >= 1 && a[0] <= 2 && a[1] >= -2 && a[1] <= 2);
   }
   CHECK(near(p.last_logp(), -std::log(10.0)));
+}
+
+TEST(local_policies_read_an_image_flattened_and_draw_integer_pixels) {
+  pb::PortablePolicy msg;
+  msg.set_preprocessor("flatten");
+  space_to_proto(Space::Image({1, 2, 1}), msg.mutable_observation_space());
+  space_to_proto(Space::Discrete(2), msg.mutable_action_space());
+  add_linear(&msg, {1, -1, -1, 1}, {0, 0}, 2, 2);  // q = [p0 - p1, p1 - p0] on the pixels as 0..255
+  msg.mutable_head()->set_kind("q_argmax");
+  msg.mutable_head()->add_branch_sizes(2);
+  LocalPolicy q(msg.SerializeAsString());
+  CHECK(q.forward(flatten(q.observation_space(), {200, 10})) == Floats({190, -190}));
+  CHECK(q.act({200, 10}) == Floats({0}) && q.act({10, 200}) == Floats({1}));
+  pb::PortablePolicy random;
+  random.set_preprocessor("flatten");
+  space_to_proto(Space::Box({-1}, {1}), random.mutable_observation_space());
+  space_to_proto(Space::Image({3}), random.mutable_action_space());
+  random.mutable_head()->set_kind("random");
+  LocalPolicy r(random.SerializeAsString(), 4);
+  for (int i = 0; i < 50; ++i)
+    for (float p : r.act({0}))
+      CHECK(p >= 0 && p <= 255 && std::nearbyint(p) == p);
+  random.mutable_head()->set_kind("tanh_gaussian");  // squashed floats are no pixels
+  add_linear(&random, Floats(6, 0.0f), Floats(6, 0.0f), 6, 1);
+  CHECK_THROWS_REASON(LocalPolicy(random.SerializeAsString()), "INVALID_VALUE");
 }
 
 TEST(malformed_portable_policies_are_refused) {

@@ -4,6 +4,10 @@
 // One row is the leaves of the space's value concatenated in space order (Dict in declared order,
 // Tuple in order), each leaf row-major; a Discrete leaf is one value, its index (start included).
 // Batched calls take N rows back to back. Integer leaves typed as integers: action.hpp.
+//
+// A camera is a uint8 Box (Space::Image): its row holds the pixels as floats 0..255, and they
+// travel as bytes, so the trainer keeps them as bytes and its convolutional encoders read them
+// (docs/engines.md).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +21,11 @@ using Ints = std::vector<int64_t>;
 
 struct Space {
   enum class Kind { Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple };
+  // A Box's element type on the wire (gymnasium's Box dtype): float32, or uint8 for images.
+  enum class DType { Float32, UInt8 };
   Kind kind = Kind::Box;
-  Floats low, high;                    // Box: float32 bounds, row-major
+  DType dtype = DType::Float32;        // Box
+  Floats low, high;                    // Box: bounds, row-major
   std::vector<int64_t> shape;          // Box, MultiBinary
   int64_t n = 0, start = 0;            // Discrete
   std::vector<int64_t> nvec, starts;   // MultiDiscrete (flat, shape (nvec.size(),))
@@ -27,6 +34,9 @@ struct Space {
 
   static Space Box(Floats low, Floats high);  // 1-D float32 box, shape (low.size(),)
   static Space Box(Floats low, Floats high, std::vector<int64_t> shape);
+  // A uint8 Box of bounds 0 and 255: a camera's image, rank 3, HWC (e.g. {84, 84, 3}) or CHW. Its
+  // values must be integers in [0, 255] (Error INVALID_VALUE naming the leaf and the value).
+  static Space Image(std::vector<int64_t> shape);
   static Space Discrete(int64_t n, int64_t start = 0);
   static Space MultiDiscrete(std::vector<int64_t> nvec, std::vector<int64_t> start = {});
   static Space MultiBinary(std::vector<int64_t> shape);
@@ -38,8 +48,9 @@ struct Space {
   size_t int_size() const;   // of size(), those in integer leaves (Discrete, MultiDiscrete, MultiBinary)
 };
 
-// gymnasium.spaces.flatten of one row as float32: Box and MultiBinary as they are, Discrete and
-// MultiDiscrete one-hot from their start, Dict and Tuple concatenated in space order.
+// gymnasium.spaces.flatten of one row as float32: Box (uint8 too: pixels 0..255) and MultiBinary as
+// they are, Discrete and MultiDiscrete one-hot from their start, Dict and Tuple concatenated in
+// space order.
 Floats flatten(const Space& space, const Floats& row);
 
 }  // namespace simbridge
