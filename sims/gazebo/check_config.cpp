@@ -16,9 +16,14 @@ void print_space(const char* name, const simbridge_gz::SpaceSpec& s) {
     std::cout << "Discrete(" << s.n << ")\n";
     return;
   }
+  if (!s.image.empty()) {
+    std::cout << (s.joints ? "Dict(camera: " : "") << "Image(" << s.image[0] << "x" << s.image[1] << "x" << s.image[2]
+              << " uint8)" << (s.joints ? ", joints: " : "\n");
+    if (!s.joints) return;
+  }
   std::cout << "Box(" << s.low.size() << ") high";
   for (float h : s.high) std::cout << " " << h;
-  std::cout << "\n";
+  std::cout << (s.image.empty() ? "\n" : ")\n");
 }
 }  // namespace
 

@@ -71,6 +71,50 @@ bool to_bool(const std::string& key, const std::string& text) {
 
 const float kUnbounded = std::numeric_limits<float>::max();   // as gymnasium's CartPole: finite, huge
 
+double to_seconds(const std::string& key, const std::string& text, bool zero_allowed) {
+  const double value = to_double(key, trimmed(text));
+  if (std::isinf(value) || value < 0 || (!zero_allowed && value == 0))
+    bad(key, zero_allowed ? "must be finite and >= 0" : "must be finite and > 0");
+  return value;
+}
+
+// The camera's keys and <observation>; Get: the key's text, if the <plugin> element has it.
+template <typename Get>
+void parse_camera(const Get& get, Config& c) {
+  CameraConfig& cam = c.camera;
+  if (auto v = get("camera_topic")) {
+    if (split(*v).size() != 1) bad("camera_topic", "expected the camera sensor's <topic>, one word");
+    cam.topic = trimmed(*v);
+  }
+  if (cam.topic.empty()) {
+    for (const char* key : {"camera_width", "camera_height", "camera_format", "camera_timeout_s", "camera_max_age"})
+      if (get(key)) bad(key, "needs <camera_topic>, the camera sensor's <topic>");
+  } else {
+    for (const char* key : {"camera_width", "camera_height"})
+      if (!get(key)) bad(key, "a camera needs its image's size: the sensor's <image><width> and <height>");
+    cam.width = to_int("camera_width", *get("camera_width"), 1);
+    cam.height = to_int("camera_height", *get("camera_height"), 1);
+    if (auto v = get("camera_format")) cam.format = trimmed(*v);
+    if (!image_format(cam.format))
+      bad("camera_format", "'" + cam.format + "': expected one of " + image_format_names() +
+                               " (the sensor's <image><format>; 8-bit images only)");
+    if (auto v = get("camera_timeout_s")) cam.timeout_s = to_seconds("camera_timeout_s", *v, false);
+    if (auto v = get("camera_max_age")) cam.max_age_s = to_seconds("camera_max_age", *v, true);
+  }
+  c.observe_camera = !cam.topic.empty();
+  if (auto v = get("observation")) {
+    const auto words = split(*v);
+    if (words.empty()) bad("observation", "name 'joints', 'camera' or both");
+    c.observe_joint_states = c.observe_camera = false;
+    for (const auto& word : words) {
+      if (word == "joints") c.observe_joint_states = true;
+      else if (word == "camera") c.observe_camera = true;
+      else bad("observation", "'" + word + "': expected 'joints', 'camera' or both");
+    }
+    if (c.observe_camera && cam.topic.empty()) bad("observation", "'camera' needs <camera_topic>");
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& config_keys() {
@@ -78,7 +122,8 @@ const std::vector<std::string>& config_keys() {
       "address", "client_name", "observe_joints", "actuate_joints", "effort_limits", "position_limits",
       "action", "max_episode_steps", "steps_per_action", "reward_per_step", "init_noise", "reset",
       "reset_timeout_steps", "seed", "training", "tls_ca", "tls_cert", "tls_key", "tls_server_name",
-      "auth_token_file", "connect_timeout_s"};
+      "auth_token_file", "connect_timeout_s", "observation", "camera_topic", "camera_width", "camera_height",
+      "camera_format", "camera_timeout_s", "camera_max_age"};
   return keys;
 }
 
@@ -162,11 +207,15 @@ Config parse_config(const std::map<std::string, std::string>& params, const char
     else bad("reset", "'" + *v + "': expected 'world' or 'joints'");
   }
   if (auto v = get("training")) c.training = to_bool("training", *v);
+  parse_camera(get, c);
   return c;
 }
 
 SpaceSpec observation_space(const Config& config) {
   SpaceSpec s;
+  if (config.observe_camera) s.image = {config.camera.height, config.camera.width, config.camera.channels()};
+  s.joints = config.observe_joint_states;
+  if (!s.joints) return s;
   for (double limit : config.position_limits) {
     // Twice the end limit, as gymnasium's CartPole: observations just past it still fit the box.
     const float bound = std::isinf(limit) ? kUnbounded : static_cast<float>(2 * limit);
@@ -188,9 +237,10 @@ SpaceSpec action_space(const Config& config) {
   return s;
 }
 
-EpisodeDriver::EpisodeDriver(Config config, Agent& agent)
-    : config_(std::move(config)), agent_(agent), rng_(config_.seed),
+EpisodeDriver::EpisodeDriver(Config config, Agent& agent, Camera* camera)
+    : config_(std::move(config)), agent_(agent), camera_(camera), rng_(config_.seed),
       efforts_(config_.actuate_joints.size(), 0.0) {
+  if (config_.observe_camera && !camera_) throw std::invalid_argument("the observation holds a camera: pass one");
   draw_start_state();
 }
 
@@ -240,7 +290,7 @@ Command EpisodeDriver::before_step() {
   return command;
 }
 
-void EpisodeDriver::after_step(const std::vector<JointReading>& readings) {
+void EpisodeDriver::after_step(const std::vector<JointReading>& readings, int64_t sim_ns, int64_t step_ns) {
   if (readings.size() != config_.observe_joints.size())
     throw std::invalid_argument("expected " + std::to_string(config_.observe_joints.size()) +
                                 " joint readings, got " + std::to_string(readings.size()));
@@ -248,7 +298,23 @@ void EpisodeDriver::after_step(const std::vector<JointReading>& readings) {
     case Phase::kAwaitingReset:
       return;   // the old episode's world runs on until the reset lands
     case Phase::kStarting: {
-      last_observation_ = observe(readings);
+      // The first frame must show the start state: the world holds it (before_step writes it again)
+      // until the camera has rendered it, for at most camera_timeout_s.
+      const auto now = std::chrono::steady_clock::now();
+      if (starting_since_ns_ < 0) {
+        starting_since_ns_ = sim_ns;
+        starting_wall_ = now;
+      }
+      auto obs = observe(readings, starting_since_ns_, /*wait=*/false);
+      if (!obs) {
+        if (now - *starting_wall_ > std::chrono::duration<double>(config_.camera.timeout_s))
+          throw CameraError(camera_->missing(starting_since_ns_, seconds_per_action(step_ns)));
+        return;
+      }
+      last_observation_ = std::move(*obs);
+      observed_ns_ = sim_ns;
+      starting_since_ns_ = -1;
+      starting_wall_.reset();
       episode_id_ = agent_.start_episode(config_.training);
       episode_steps_ = 0;
       start_positions_.reset();
@@ -261,7 +327,15 @@ void EpisodeDriver::after_step(const std::vector<JointReading>& readings) {
     case Phase::kActing: {
       if (++iterations_since_action_ < config_.steps_per_action) return;
       ++episode_steps_;
-      last_observation_ = observe(readings);
+      // By default a frame taken after the previous observation: one a camera at the action's rate
+      // always has. camera_max_age asks for a fresher one (0: this iteration's).
+      const int64_t not_before = config_.camera.max_age_s < 0
+                                     ? observed_ns_ + 1
+                                     : sim_ns - static_cast<int64_t>(std::llround(config_.camera.max_age_s * 1e9));
+      auto obs = observe(readings, not_before, /*wait=*/true);
+      if (!obs) throw CameraError(camera_->missing(not_before, seconds_per_action(step_ns)));
+      last_observation_ = std::move(*obs);
+      observed_ns_ = sim_ns;
       agent_.log_returns(episode_id_, config_.reward_per_step);
       const bool terminated = beyond_limits(readings);
       const bool truncated = config_.max_episode_steps > 0 && episode_steps_ >= config_.max_episode_steps;
@@ -276,19 +350,34 @@ void EpisodeDriver::after_step(const std::vector<JointReading>& readings) {
   }
 }
 
+double EpisodeDriver::seconds_per_action(int64_t step_ns) const {
+  return static_cast<double>(config_.steps_per_action * step_ns) * 1e-9;
+}
+
 void EpisodeDriver::on_world_reset() {
   // Someone else's reset (the GUI, `gz service`) cuts a running episode short: it did not fail.
   if (phase_ == Phase::kActing) end(last_observation_, /*truncated=*/true);
   draw_start_state();
   phase_ = Phase::kStarting;
+  observed_ns_ = 0;   // sim time starts again from 0
+  starting_since_ns_ = -1;
+  starting_wall_.reset();
 }
 
-Floats EpisodeDriver::observe(const std::vector<JointReading>& readings) const {
+std::optional<Floats> EpisodeDriver::observe(const std::vector<JointReading>& readings, int64_t not_before_ns,
+                                             bool wait) {
   Floats obs;
-  obs.reserve(2 * readings.size());
-  for (const auto& r : readings) {
-    obs.push_back(static_cast<float>(r.position));
-    obs.push_back(static_cast<float>(r.velocity));
+  if (config_.observe_camera) {
+    auto frame = camera_->frame(not_before_ns, wait ? config_.camera.timeout_s : 0.0);
+    if (!frame) return std::nullopt;
+    obs.assign(frame->pixels.begin(), frame->pixels.end());   // 0..255 as floats: the SDK sends them as bytes
+  }
+  if (config_.observe_joint_states) {
+    obs.reserve(obs.size() + 2 * readings.size());
+    for (const auto& r : readings) {
+      obs.push_back(static_cast<float>(r.position));
+      obs.push_back(static_cast<float>(r.velocity));
+    }
   }
   return obs;
 }

@@ -9,12 +9,15 @@
 // machine without gz-sim, and the untested plugin holds no decisions.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "camera.hpp"
 
 namespace simbridge_gz {
 
@@ -52,6 +55,12 @@ struct Config {
   int64_t reset_timeout_steps = 1000;          // ask for a world reset again after this many iterations
   uint32_t seed = 0;
   bool training = true;                        // start_episode(training_enabled)
+  // A camera sensor's images (camera.hpp), and what the observation holds: the joints' states, the
+  // camera's frame, or both (a Dict {camera, joints}). The joints are read either way: the episode's
+  // limits and resets are theirs.
+  CameraConfig camera;
+  bool observe_joint_states = true;
+  bool observe_camera = false;
 };
 
 // The plugin's parameters by name (the SDF <plugin> element's children, as text).
@@ -62,11 +71,15 @@ Config parse_config(const std::map<std::string, std::string>& params, const char
 // The parameter names parse_config reads; the plugin looks up exactly these.
 const std::vector<std::string>& config_keys();
 
-// What the session declares: a Box of floats, or Discrete(n).
+// What the session declares: a Box of floats, or Discrete(n); for an observation with a camera, a
+// uint8 image of shape `image` (height, width, channels), alone or beside the joints' Box as the
+// Dict {camera, joints}, whose row is the image's values then the joints'.
 struct SpaceSpec {
   bool discrete = false;
   int64_t n = 0;
   Floats low, high;
+  std::vector<int64_t> image;   // empty: no camera
+  bool joints = true;           // low/high hold the joints' Box
 };
 SpaceSpec observation_space(const Config& config);
 SpaceSpec action_space(const Config& config);
@@ -97,18 +110,20 @@ struct Command {
 // One simulated cart-pole, pendulum, ... as an ExternalEnv episode loop, one physics iteration at a time.
 //
 //   PreUpdate:    command = driver.before_step()       -> apply efforts / joint resets / ask for a reset
-//   PostUpdate:   driver.after_step(readings)          -> observe; every steps_per_action: reward,
+//   PostUpdate:   driver.after_step(readings, time)    -> observe; every steps_per_action: reward,
 //                                                         end checks, the next action
 //   ISystemReset: driver.on_world_reset()
 class EpisodeDriver {
  public:
   enum class Phase { kStarting, kActing, kAwaitingReset };
 
-  EpisodeDriver(Config config, Agent& agent);
+  // camera: where frames come from when the observation holds one (it must outlive the driver).
+  EpisodeDriver(Config config, Agent& agent, Camera* camera = nullptr);
 
   Command before_step();
-  // readings: one per observed joint, in Config::observe_joints order.
-  void after_step(const std::vector<JointReading>& readings);
+  // readings: one per observed joint, in Config::observe_joints order. sim_ns and step_ns: the sim
+  // time after this iteration and one iteration's span, which pick the camera frame that is current.
+  void after_step(const std::vector<JointReading>& readings, int64_t sim_ns = 0, int64_t step_ns = 0);
   void on_world_reset();
 
   Phase phase() const { return phase_; }
@@ -119,13 +134,16 @@ class EpisodeDriver {
   std::vector<double> efforts_for(const Floats& action) const;
 
  private:
-  Floats observe(const std::vector<JointReading>& readings) const;
+  // The observation row; nullopt while the camera has no frame of the start state yet.
+  std::optional<Floats> observe(const std::vector<JointReading>& readings, int64_t not_before_ns, bool wait);
+  double seconds_per_action(int64_t step_ns) const;
   bool beyond_limits(const std::vector<JointReading>& readings) const;
   void end(const Floats& final_observation, bool truncated);
   void draw_start_state();
 
   Config config_;
   Agent& agent_;
+  Camera* camera_;
   std::mt19937 rng_;
   Phase phase_ = Phase::kStarting;
   std::string episode_id_;
@@ -136,8 +154,12 @@ class EpisodeDriver {
   int64_t episodes_ended_ = 0;
   int64_t iterations_waiting_ = 0;
   bool reset_requested_ = false;
-  // The start state drawn for the next episode, written until the first observation arrives.
+  // The start state drawn for the next episode, written until the first observation arrives (with a
+  // camera: until a frame shows it, so the world holds the start state meanwhile).
   std::optional<std::vector<double>> start_positions_, start_velocities_;
+  int64_t observed_ns_ = 0;            // sim time of the last observation
+  int64_t starting_since_ns_ = -1;     // sim time the start state was first written; -1: not yet
+  std::optional<std::chrono::steady_clock::time_point> starting_wall_;
 };
 
 }  // namespace simbridge_gz

@@ -4,6 +4,7 @@
 //
 // Compiled where gz-sim 8 is installed (docker/gazebo.Dockerfile; tests/sims/test_gazebo_sim.py against a
 // prefix, warnings as errors); see docs/gazebo.md.
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -14,6 +15,7 @@
 
 #include <gz/common/Console.hh>
 #include <gz/msgs/boolean.pb.h>
+#include <gz/msgs/image.pb.h>
 #include <gz/msgs/world_control.pb.h>
 #include <gz/plugin/Register.hh>
 #include <gz/sim/Joint.hh>
@@ -32,7 +34,16 @@ namespace gazebo {
 namespace {
 
 simbridge::Space to_space(const simbridge_gz::SpaceSpec& spec) {
-  return spec.discrete ? simbridge::Space::Discrete(spec.n) : simbridge::Space::Box(spec.low, spec.high);
+  if (spec.discrete) return simbridge::Space::Discrete(spec.n);
+  if (spec.image.empty()) return simbridge::Space::Box(spec.low, spec.high);
+  // The driver's row is the image's values, then the joints': the Dict's declared order.
+  simbridge::Space image = simbridge::Space::Image(spec.image);
+  if (!spec.joints) return image;
+  return simbridge::Space::Dict({"camera", "joints"}, {image, simbridge::Space::Box(spec.low, spec.high)});
+}
+
+int64_t nanoseconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
 // The driver's Agent, served by the SDK's PolicyClient.
@@ -84,6 +95,11 @@ class SimbridgeSystem : public gz::sim::System,
       enable_state_checks(ecm);
       const auto world_name = gz::sim::World(gz::sim::worldEntity(ecm)).Name(ecm);
       control_service_ = "/world/" + world_name.value_or("default") + "/control";
+      if (config.observe_camera) {
+        frames_ = std::make_unique<simbridge_gz::FrameBuffer>(config.camera);
+        if (!node_.Subscribe(config.camera.topic, &SimbridgeSystem::on_image, this))
+          throw std::invalid_argument("could not subscribe to <camera_topic> " + config.camera.topic);
+      }
 
       simbridge::ClientOptions options;
       options.client_name = config.client_name;
@@ -100,7 +116,7 @@ class SimbridgeSystem : public gz::sim::System,
                                                           to_space(simbridge_gz::action_space(config)), options);
       agent_ = std::make_unique<PolicyClientAgent>(*client_);
       config_ = config;
-      driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_);
+      driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_, frames_.get());
     } catch (const std::exception& e) {
       stop(std::string("not started: ") + e.what());
     }
@@ -134,7 +150,8 @@ class SimbridgeSystem : public gz::sim::System,
       readings.push_back({position->front(), velocity->front()});
     }
     try {
-      driver_->after_step(readings);   // may block on the trainer: the world waits for its action
+      // may block on the trainer (the world waits for its action) and on the camera's frame
+      driver_->after_step(readings, nanoseconds(info.simTime), nanoseconds(info.dt));
       count_ended_episodes("its limits");
     } catch (const simbridge::SessionLost& e) {
       new_session(e.what());
@@ -148,6 +165,7 @@ class SimbridgeSystem : public gz::sim::System,
   void Reset(const gz::sim::UpdateInfo&, gz::sim::EntityComponentManager& ecm) override {
     if (!driver_) return;
     enable_state_checks(ecm);   // the reset restored the ECM as it was before Configure asked for them
+    if (frames_) frames_->clear();
     try {
       driver_->on_world_reset();
       count_ended_episodes("a world reset from outside");
@@ -197,6 +215,13 @@ class SimbridgeSystem : public gz::sim::System,
     }
   }
 
+  // On gz-transport's thread: a camera sensor's image, as it published it.
+  void on_image(const gz::msgs::Image& image) {
+    const auto& stamp = image.header().stamp();
+    frames_->offer(image.width(), image.height(), image.step(), image.pixel_format_type(), image.data(),
+                   stamp.sec() * 1'000'000'000LL + stamp.nsec());
+  }
+
   // The plugin's own count, logged at gzmsg level (gz sim -v 3): what the trainer's metrics must match.
   void count_ended_episodes(const char* by) {
     if (driver_->episodes_ended() == counted_) return;
@@ -211,7 +236,7 @@ class SimbridgeSystem : public gz::sim::System,
   // is gone. A fresh driver starts the next episode from a new start state; the world goes on.
   void new_session(const std::string& why) {
     gzwarn << "simbridge: " << why << "; going on with new episodes" << std::endl;
-    driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_);
+    driver_ = std::make_unique<simbridge_gz::EpisodeDriver>(config_, *agent_, frames_.get());
     counted_ = 0;
     ++sessions_lost_;
   }
@@ -239,7 +264,8 @@ class SimbridgeSystem : public gz::sim::System,
   int64_t counted_ = 0;    // the current driver's episodes_ended() already counted
   int64_t episodes_ = 0, actions_ = 0, sessions_lost_ = 0;
   std::string control_service_;
-  gz::transport::Node node_;
+  std::unique_ptr<simbridge_gz::FrameBuffer> frames_;
+  gz::transport::Node node_;   // after frames_: destroyed first, so no image arrives into a freed buffer
   std::unique_ptr<simbridge::PolicyClient> client_;
   std::unique_ptr<PolicyClientAgent> agent_;
   std::unique_ptr<simbridge_gz::EpisodeDriver> driver_;

@@ -144,6 +144,19 @@ def test_the_config_check_reads_the_address_as_the_plugin_does(build):
     assert "address: trainer:6000" in out.stdout.splitlines()
 
 
+def test_the_config_check_shows_a_cameras_observation(build):
+    """A camera sensor's frame beside the joints is the Dict the trainer's encoder takes: image HWC uint8."""
+    _, params = plugin_params()
+    camera = {"camera_topic": "/cartpole/camera", "camera_width": "64", "camera_height": "48"}
+    out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in {**params, **camera}.items()))
+    assert out.returncode == 0, out.stderr
+    observation = dict(line.split(": ", 1) for line in out.stdout.splitlines())["observation"]
+    assert observation.startswith("Dict(camera: Image(48x64x3 uint8), joints: Box(4) high")
+    only = {**camera, "observation": "camera", "camera_format": "L8"}
+    out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in {**params, **only}.items()))
+    assert "observation: Image(48x64x1 uint8)" in out.stdout.splitlines()
+
+
 def test_the_layer_refuses_a_misspelt_parameter_by_name(build):
     _, params = plugin_params()
     params["max_episode_step"] = params.pop("max_episode_steps")

@@ -299,3 +299,109 @@ def test_sac_learns_the_pendulum_world_through_box_efforts(prefix, plugin, tmp_p
         if gz is not None:
             gz.stop()
         trainer.stop()
+
+
+# ---- a camera: tests/fake_camera_system.cpp stands in for gz-sensors' camera (no render engine here) ----
+
+CAMERA_W, CAMERA_H = 24, 20
+
+
+def camera_world(tmp_path, update_rate=0, width=CAMERA_W, **params):
+    """The pendulum world with the stand-in camera on its model and the plugin reading it."""
+    path = with_plugin_params(PENDULUM, tmp_path, camera_topic="/pendulum/camera", camera_width=width,
+                              camera_height=CAMERA_H, camera_format="L8", **params)
+    text = path.read_text()
+    camera = ('<plugin filename="simbridge-gz-test-camera" name="simbridge::gazebo::FakeCamera">'
+              f'<topic>/pendulum/camera</topic><joint>hinge</joint><width>{CAMERA_W}</width>'
+              f'<height>{CAMERA_H}</height><update_rate>{update_rate}</update_rate></plugin>')
+    end = text.rindex("</model>")
+    path.write_text(text[:end] + camera + text[end:])
+    return path
+
+
+def recorded_episodes(logdir):
+    import os
+    import minari
+    os.environ["MINARI_DATASETS_PATH"] = str((logdir / "datasets").resolve())
+    return list(minari.load_dataset("simbridge/default_policy-v0").iterate_episodes())
+
+
+def test_a_camera_frame_reaches_replay_as_bytes_showing_the_state_of_its_observation(prefix, plugin, random_config,
+                                                                                       tmp_path):
+    """Every observation is Dict {camera: uint8 (20, 24, 1), joints}: the camera's bytes arrive exactly (its
+    padded rows packed), and with camera_max_age 0 each frame shows the very state the joints report: the
+    float32 the camera wrote into its first 4 bytes is the observation's hinge angle, bit for bit."""
+    import numpy as np
+    trainer = Trainer(tmp_path / "run", config=random_config(), overrides=("dataset.record=true",))
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, camera_world(tmp_path, camera_max_age=0), trainer, tmp_path / "gz.log",
+                   iterations=1500)
+        assert gz.wait(300) == 0, gz.text()[-3000:]
+        summary = gz.summary()
+        assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
+        wait_until(lambda: trainer.last().get("sessions") == 0, 60, "the world's session to close")
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+    episodes = recorded_episodes(tmp_path / "run")
+    assert len(episodes) >= summary["episodes"]
+    pattern = (np.arange(CAMERA_W * CAMERA_H) % 251).astype(np.uint8).reshape(CAMERA_H, CAMERA_W)
+    frames = 0
+    for ep in episodes:
+        camera, joints = ep.observations["camera"], ep.observations["joints"]
+        assert camera.dtype == np.uint8 and camera.shape[1:] == (CAMERA_H, CAMERA_W, 1)
+        assert joints.dtype == np.float32 and joints.shape[1:] == (2,)
+        pixels = camera[..., 0].reshape(len(camera), -1)
+        np.testing.assert_array_equal(pixels[:, 4:], np.broadcast_to(pattern.reshape(-1)[4:], pixels[:, 4:].shape))
+        angles = pixels[:, :4].copy().view(np.float32)[:, 0]
+        np.testing.assert_array_equal(angles, joints[:, 0])
+        frames += len(camera)
+    assert frames > 100
+
+
+def test_a_camera_at_the_action_rate_serves_every_action(prefix, plugin, random_config, tmp_path):
+    """The default freshness (a frame taken after the previous observation) with a camera at 50 Hz, the
+    pendulum's action rate (2 iterations of 10 ms): the world runs its episodes without a stall."""
+    trainer = Trainer(tmp_path / "run", config=random_config())
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log",
+                   iterations=1500)
+        assert gz.wait(300) == 0, gz.text()[-3000:]
+        summary = gz.summary()
+        assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
+        assert summary["actions"] + summary["open_actions"] >= 600
+        assert "the plugin is inactive" not in gz.text()
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+
+
+@pytest.mark.parametrize("case", ["too_slow", "wrong_size"])
+def test_a_camera_unlike_its_parameters_stops_the_plugin_with_the_fix(prefix, plugin, random_config, tmp_path, case):
+    """A camera slower than the actions, or sending another size than the plugin's parameters, is named
+    with what to change; the plugin stops, the world runs on."""
+    if case == "too_slow":
+        sdf = camera_world(tmp_path, update_rate=10, camera_timeout_s=1)
+        said = "the camera's <update_rate> must give a frame for every action, at least 50 Hz here"
+    else:
+        sdf = camera_world(tmp_path, width=32)
+        said = ("the camera on /pendulum/camera sends 24x20 L8 images, the plugin expects 32x20 L8: make "
+                "<camera_width>, <camera_height> and <camera_format> those of the sensor's <image>")
+    trainer = Trainer(tmp_path / "run", config=random_config())
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, sdf, trainer, tmp_path / "gz.log", iterations=600)
+        assert gz.wait(300) == 0, gz.text()[-3000:]   # the world ran its iterations without the plugin
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+    errors = [line for line in gz.text().splitlines() if line.startswith("[Err]") and "simbridge" in line]
+    assert errors and said in errors[0] and "the plugin is inactive from now on" in errors[0], gz.text()[-3000:]

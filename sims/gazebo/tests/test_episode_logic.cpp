@@ -8,8 +8,11 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <thread>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -374,6 +377,192 @@ void readings_must_match_the_observed_joints() {
   CHECK_CALLS(agent.take(), {});
 }
 
+
+// ---- cameras -----------------------------------------------------------------------------------
+
+std::map<std::string, std::string> with_camera(std::map<std::string, std::string> p) {
+  p["camera_topic"] = "/pole/camera";
+  p["camera_width"] = "3";
+  p["camera_height"] = "2";
+  p["camera_format"] = "L8";
+  return p;
+}
+
+void parse_camera_params() {
+  const Config none = cartpole();
+  CHECK(!none.observe_camera && none.observe_joint_states && none.camera.topic.empty());
+  const Config c = parse_config(with_camera(cartpole_params()));
+  CHECK_EQ(c.camera.topic, std::string("/pole/camera"));
+  CHECK(c.camera.width == 3 && c.camera.height == 2 && c.camera.channels() == 1);
+  CHECK(c.observe_camera && c.observe_joint_states);   // a camera joins the joints by default
+  CHECK(c.camera.timeout_s == 5 && c.camera.max_age_s < 0);
+  auto p = with_camera(cartpole_params());
+  p.erase("camera_format");
+  p["observation"] = "camera";
+  p["camera_max_age"] = "0";
+  const Config only = parse_config(p);
+  CHECK(only.observe_camera && !only.observe_joint_states && only.camera.channels() == 3 && only.camera.max_age_s == 0);
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"camera_width", "0", "must be >= 1"},        {"camera_height", "tall", "not an integer"},
+      {"camera_format", "L16", "R8G8B8, B8G8R8, L8"}, {"camera_format", "R_FLOAT32", "8-bit"},
+      {"camera_timeout_s", "0", "> 0"},            {"camera_max_age", "-1", ">= 0"},
+      {"observation", "pixels", "'pixels'"},       {"observation", " ", "name 'joints'"},
+      {"camera_topic", "/a /b", "one word"},
+  };
+  for (const auto& [key, value, says] : cases) {
+    auto q = with_camera(cartpole_params());
+    q[key] = value;
+    const std::string err = error_of([&] { parse_config(q); });
+    if (err.find("<" + key + ">") == std::string::npos || err.find(says) == std::string::npos)
+      throw Failure("<" + key + ">='" + value + "': '" + err + "'");
+  }
+  // The camera's keys without a camera, and a camera without its size, are named.
+  CHECK(error_of([] { cartpole([](auto& q) { q["camera_width"] = "3"; }); }).find("needs <camera_topic>") !=
+        std::string::npos);
+  CHECK(error_of([] { cartpole([](auto& q) { q["observation"] = "camera"; }); }).find("needs <camera_topic>") !=
+        std::string::npos);
+  CHECK(error_of([] { cartpole([](auto& q) { q["camera_topic"] = "/c"; }); }).find("<image><width>") !=
+        std::string::npos);
+}
+
+void spaces_with_a_camera() {
+  const SpaceSpec both = observation_space(parse_config(with_camera(cartpole_params())));
+  CHECK(both.image == (std::vector<int64_t>{2, 3, 1}) && both.joints && both.low.size() == 4);
+  auto p = with_camera(cartpole_params());
+  p["observation"] = "camera";
+  p["camera_format"] = "R8G8B8";
+  const SpaceSpec image = observation_space(parse_config(p));
+  CHECK(image.image == (std::vector<int64_t>{2, 3, 3}) && !image.joints && image.low.empty());
+}
+
+CameraConfig small_camera(double timeout_s = 2) {
+  CameraConfig c;
+  c.topic = "/cam";
+  c.width = 2;
+  c.height = 2;
+  c.format = "R8G8B8";
+  c.timeout_s = timeout_s;
+  return c;
+}
+
+void frame_buffer_packs_rows_and_names_a_mismatch() {
+  FrameBuffer buffer(small_camera());
+  // Rows of 6 bytes padded to a step of 8, as a sensor may send them.
+  buffer.offer(2, 2, 8, 3, std::string("abcdefXXghijklYY"), 7);
+  const auto frame = buffer.frame(7, 0);
+  CHECK(frame && frame->stamp_ns == 7);
+  CHECK_EQ(std::string(frame->pixels.begin(), frame->pixels.end()), std::string("abcdefghijkl"));
+  FrameBuffer wrong(small_camera());
+  wrong.offer(4, 2, 12, 1, std::string(24, 'x'), 9);
+  const std::string said = error_of([&] { wrong.frame(0, 0); });
+  CHECK(said.find("sends 4x2 L8 images, the plugin expects 2x2 R8G8B8") != std::string::npos);
+  CHECK(said.find("<camera_width>") != std::string::npos);
+  FrameBuffer depth(small_camera());
+  depth.offer(2, 2, 8, 13, std::string(32, 'x'), 9);
+  CHECK(error_of([&] { depth.frame(0, 0); }).find("pixel format 13") != std::string::npos);
+  FrameBuffer cut(small_camera());
+  cut.offer(2, 2, 6, 3, std::string(11, 'x'), 9);
+  CHECK(error_of([&] { cut.frame(0, 0); }).find("sent 11 bytes") != std::string::npos);
+}
+
+void frame_buffer_waits_for_a_frame_late_enough() {
+  FrameBuffer buffer(small_camera());
+  CHECK(buffer.missing(0, 0.02).find("Sensors system") != std::string::npos);   // nothing ever came
+  CHECK(!buffer.frame(10, 0));
+  buffer.offer(2, 2, 6, 3, std::string(12, 'a'), 5);
+  CHECK(!buffer.frame(10, 0));            // too old for 10
+  CHECK(buffer.frame(5, 0));
+  const std::string slow = buffer.missing(10'000'000, 0.02);
+  CHECK(slow.find("at least 50 Hz") != std::string::npos && slow.find("<camera_max_age>") != std::string::npos);
+  // A frame offered from another thread (gz-transport's) wakes the waiting one.
+  std::thread camera([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    buffer.offer(2, 2, 6, 3, std::string(12, 'b'), 10);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const auto frame = buffer.frame(10, 10.0);
+  camera.join();
+  CHECK(frame && frame->stamp_ns == 10 && frame->pixels[0] == 'b');
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  buffer.clear();                          // a world reset: sim time starts again
+  CHECK(!buffer.frame(0, 0));
+}
+
+// Frames by stamp, as a camera would have sent them.
+struct FakeCamera : Camera {
+  std::vector<Frame> sent;
+  std::optional<Frame> frame(int64_t not_before_ns, double) override {
+    if (sent.empty() || sent.back().stamp_ns < not_before_ns) return std::nullopt;
+    return sent.back();
+  }
+  std::string missing(int64_t not_before_ns, double seconds_per_action) override {
+    std::ostringstream out;
+    out << "no frame at " << not_before_ns << " for " << seconds_per_action << " s actions";
+    return out.str();
+  }
+  void at(int64_t stamp, uint8_t value) { sent.push_back({std::vector<uint8_t>(6, value), stamp}); }
+};
+
+void a_camera_frame_joins_the_observation_and_holds_the_start_until_it_shows_it() {
+  FakeAgent agent;
+  FakeCamera camera;
+  auto p = with_camera(cartpole_params());
+  p["reset"] = "joints";
+  p["steps_per_action"] = "2";
+  EpisodeDriver d(parse_config(p), agent, &camera);
+  const int64_t ms = 1'000'000;
+  CHECK(d.before_step().reset_positions);
+  d.after_step(at(0, 0), 10 * ms, 10 * ms);     // no frame of the start state yet: no episode
+  CHECK_CALLS(agent.take(), {});
+  CHECK(d.phase() == EpisodeDriver::Phase::kStarting);
+  CHECK(d.before_step().reset_positions);         // the start state is held meanwhile
+  camera.at(10 * ms, 9);
+  d.after_step(at(0, 0.01), 20 * ms, 10 * ms);
+  CHECK_CALLS(agent.take(), {"start training -> ep1", "act ep1 [9 9 9 9 9 9 0 0.1 0.01 -0.2]"});
+  d.before_step();
+  d.after_step(at(0.1, 0.02), 30 * ms, 10 * ms);
+  camera.at(30 * ms, 7);                           // taken after the last observation (20 ms): current
+  d.before_step();
+  d.after_step(at(0.2, 0.03), 40 * ms, 10 * ms);
+  CHECK_CALLS(agent.take(), {"reward ep1 1", "act ep1 [7 7 7 7 7 7 0.2 0.1 0.03 -0.2]"});
+  d.before_step();
+  d.after_step(at(0.3, 0.04), 50 * ms, 10 * ms);
+  d.before_step();                                 // no frame since 40 ms: the camera is too slow
+  CHECK_EQ(error_of([&] { d.after_step(at(0.4, 0.05), 60 * ms, 10 * ms); }),
+           std::string("no frame at 40000001 for 0.02 s actions"));
+}
+
+void camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observation() {
+  FakeAgent agent;
+  FakeCamera camera;
+  auto p = with_camera(cartpole_params());
+  p["observation"] = "camera";
+  p["camera_max_age"] = "0";
+  EpisodeDriver d(parse_config(p), agent, &camera);
+  camera.at(10, 1);
+  d.before_step();
+  d.after_step(at(0, 0), 10, 10);
+  CHECK_CALLS(agent.take(), {"start training -> ep1", "act ep1 [1 1 1 1 1 1]"});
+  camera.at(15, 2);                                // older than this iteration (20)
+  d.before_step();
+  CHECK(error_of([&] { d.after_step(at(0, 0.01), 20, 10); }).find("no frame at 20") != std::string::npos);
+}
+
+void a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout() {
+  FakeAgent agent;
+  FakeCamera camera;
+  auto p = with_camera(cartpole_params());
+  p["camera_timeout_s"] = "0.05";
+  EpisodeDriver d(parse_config(p), agent, &camera);
+  d.before_step();
+  d.after_step(at(0, 0), 10, 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  d.before_step();
+  CHECK(error_of([&] { d.after_step(at(0, 0), 20, 10); }).find("no frame at 10") != std::string::npos);
+  CHECK_CALLS(agent.take(), {});
+  CHECK(!error_of([&] { EpisodeDriver no_camera(parse_config(p), agent); }).empty());
+}
+
 const std::vector<std::pair<std::string, void (*)()>> kCases = {
     {"parse_cartpole_params", parse_cartpole_params},
     {"the_environment_address_wins", the_environment_address_wins},
@@ -391,6 +580,16 @@ const std::vector<std::pair<std::string, void (*)()>> kCases = {
     {"world_mode_noise_is_written_after_each_reset", world_mode_noise_is_written_after_each_reset},
     {"an_outside_reset_truncates_the_running_episode", an_outside_reset_truncates_the_running_episode},
     {"readings_must_match_the_observed_joints", readings_must_match_the_observed_joints},
+    {"parse_camera_params", parse_camera_params},
+    {"spaces_with_a_camera", spaces_with_a_camera},
+    {"frame_buffer_packs_rows_and_names_a_mismatch", frame_buffer_packs_rows_and_names_a_mismatch},
+    {"frame_buffer_waits_for_a_frame_late_enough", frame_buffer_waits_for_a_frame_late_enough},
+    {"a_camera_frame_joins_the_observation_and_holds_the_start_until_it_shows_it",
+     a_camera_frame_joins_the_observation_and_holds_the_start_until_it_shows_it},
+    {"camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observation",
+     camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observation},
+    {"a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout",
+     a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout},
 };
 
 }  // namespace
