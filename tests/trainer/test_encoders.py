@@ -15,6 +15,7 @@ from simbridge.trainer.learners.sac import SACLearner
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import values
 from simbridge.wire.columns import NEW_OBS, OBS
+from simbridge.wire.preprocess import flatten
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
 torch.set_num_threads(1)
@@ -86,6 +87,45 @@ def test_a_dict_puts_images_through_the_encoder_and_vectors_beside_it():
     torch.testing.assert_close(out[:, 16:], torch.as_tensor(rows[:, 64:]))   # the vectors, as they are
 
 
+# A camera beside joint states, a gear and raw bytes: the robot's usual observation.
+ROBOT = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (20, 20, 1), np.uint8),
+                         "joints": gym.spaces.Box(-3, 3, (3,), np.float32), "gear": gym.spaces.Discrete(3),
+                         "bumpers": gym.spaces.Box(0, 255, (2,), np.uint8)})
+
+
+def test_a_camera_beside_vectors_keeps_its_bytes_and_reads_as_the_flat_rows_do():
+    obs = sb_spaces.sample_batch_of(ROBOT, 6, np.random.default_rng(2))
+    rows = encoders.obs_rows(ROBOT, obs)
+    # a byte a pixel and a raw byte, the joints and the gear's one-hot as float32 bytes
+    assert rows.dtype == np.uint8 and rows.shape == (6, encoders.row_bytes(ROBOT)) == (6, 400 + 4 * 3 + 4 * 3 + 2)
+    flat = flatten(ROBOT, obs)
+    enc = encoders.encoder_for(ROBOT, {"hidden": [16]})
+    with torch.no_grad():
+        torch.testing.assert_close(enc(torch.as_tensor(rows)), enc(torch.as_tensor(flat)), rtol=0, atol=0)
+    with torch.no_grad():   # the vectors reach the MLP as the flat row has them (after the image's features)
+        vectors = np.concatenate([flat[:, :2], flat[:, 402:]], 1)   # gymnasium sorts the keys: bumpers first
+        torch.testing.assert_close(enc(torch.as_tensor(rows))[:, 16:], torch.as_tensor(vectors), rtol=0, atol=0)
+    # a checkpoint's flat float32 rows of the same observations become exactly these bytes
+    state = {"data": {OBS: torch.as_tensor(flat), NEW_OBS: torch.as_tensor(flat), "rewards": torch.zeros(6)}}
+    converted = encoders.replay_in_layout(ROBOT, state)["data"]
+    assert torch.equal(converted[OBS], torch.as_tensor(rows)) and torch.equal(converted[NEW_OBS], converted[OBS])
+    assert encoders.replay_in_layout(ROBOT, {"data": converted})["data"][OBS] is converted[OBS]   # bytes stay
+
+
+def test_a_replay_checkpointed_with_flat_rows_loads_as_bytes_and_trains():
+    learner = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
+    batch = _rows(ROBOT, 32, np.random.default_rng(0))
+    learner.add(batch)
+    bytes_before = learner.replay._data[OBS][:32].clone()
+    state = learner.state_dict(include_replay=True)
+    for k in (OBS, NEW_OBS):   # as a checkpoint of the version that kept such rows as float32
+        state["replay"]["data"][k] = torch.as_tensor(flatten(ROBOT, batch[k]))
+    again = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
+    again.load_state_dict(state)
+    assert again.replay._data[OBS].dtype == torch.uint8 and torch.equal(again.replay._data[OBS][:32], bytes_before)
+    assert np.isfinite(again.train()["loss"])
+
+
 def test_vector_observations_keep_the_plain_mlp_and_its_initial_weights():
     box = gym.spaces.Box(-1, 1, (4,), np.float32)
     learner = DQNLearner(box, gym.spaces.Discrete(3), OFF)
@@ -108,7 +148,8 @@ def _rows(space, n, rng):
 
 
 @pytest.mark.parametrize("space", [CAMERA, gym.spaces.Dict({"cam": CAMERA, "left": image((1, 20, 20)),
-                                                             "bytes": gym.spaces.Box(0, 255, (3,), np.uint8)})])
+                                                             "bytes": gym.spaces.Box(0, 255, (3,), np.uint8)}),
+                                   ROBOT])
 def test_dqn_keeps_uint8_in_replay_and_trains_a_cnn(space):
     learner = DQNLearner(space, gym.spaces.Discrete(3), OFF)
     learner.add(_rows(space, 32, np.random.default_rng(0)))
@@ -207,7 +248,6 @@ MIXED = gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 12, 12), np.uint8),
 def test_a_cnn_policy_exports_onnx_equal_to_torch_and_acts_locally_through_onnxruntime(algo, space):
     import onnxruntime as ort
     from simbridge.client.local_policy import LocalPolicy
-    from simbridge.wire.preprocess import flatten
     if algo == "dqn":
         learner = DQNLearner(space, gym.spaces.Discrete(3), OFF)
     elif algo == "ppo":

@@ -387,7 +387,7 @@ class Learner(Policy):
         self.rng.bit_generator.state = state["rng"]
         self.updates_forgiven = state.get("updates_forgiven", 0)
         if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
+            self.replay.load_state_dict(encoders.replay_in_layout(self.observation_space, state["replay"]))
         else:
             # An empty buffer must not pay off the updates that were due at the
             # checkpoint: that burst would overfit its first few transitions.

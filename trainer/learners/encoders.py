@@ -13,10 +13,13 @@ the features the MLP layers read is `Encoded`, built by `encoder_for`:
 * Each image goes through its own encoder; the other parts of the row (vectors, one-hot
   discrete parts, action masks) go beside the encoders' outputs, concatenated.
 
-Rows keep the observation's bytes: when every part of the space is a uint8 Box (a camera, a
-Dict of cameras), rows are uint8, in the batches and in the replay buffer, and become floats
-only inside the network (as Stable-Baselines3's CnnPolicy). A space that mixes uint8 images
-with other parts gives float32 rows (four bytes per pixel: `row_bytes` says what a row costs).
+Rows keep the observation's bytes: when a part of the space is a uint8 image (a camera, a Dict
+of a camera and joint states), rows are uint8, in the batches and in the replay buffer, and become
+floats only inside the network (as Stable-Baselines3's CnnPolicy). In such a byte row every uint8
+Box part is its bytes and every other part the bytes of its float32 values (4 a value, read back
+as float32 inside the network), so a camera beside a vector costs a byte a pixel, not four
+(`row_bytes` says what a row costs). Without a uint8 image, rows are float32 (the flat layout).
+The encoder reads either layout by the rows' dtype: exports feed it the flat float32 rows.
 
 The encoders are ML-Agents' (`vis_encode_type`, mlagents/trainers/torch_entities/encoders.py),
 each with the smallest image side it takes (MIN_SIDE):
@@ -38,6 +41,7 @@ import torch
 from torch import nn
 
 from simbridge.trainer.learners import splitk
+from simbridge.wire.columns import NEW_OBS, OBS
 from simbridge.wire.preprocess import flat_dim, flatten, image_layout
 
 log = logging.getLogger("simbridge.trainer")
@@ -72,31 +76,60 @@ def has_images(space: gym.Space) -> bool:
 
 
 def byte_rows(space: gym.Space) -> bool:
-    """Whether rows keep the observation as uint8: every part a uint8 Box, one of them an image."""
+    """Whether rows keep the observation's bytes: one of its parts a uint8 image."""
     if isinstance(space, gym.spaces.Box):   # the common case, on every acting call: no lists
         return len(space.shape) == 3 and space.dtype == np.uint8
-    parts = leaves(space)
-    return (any(is_image(s) for s in parts)
-            and all(isinstance(s, gym.spaces.Box) and s.dtype == np.uint8 for s in parts))
+    return any(is_image(s) and s.dtype == np.uint8 for s in leaves(space))
+
+
+def _is_bytes(leaf: gym.Space) -> bool:
+    """A part kept as its bytes in a byte row; every other part is its float32 values' bytes."""
+    return isinstance(leaf, gym.spaces.Box) and leaf.dtype == np.uint8
 
 
 def row_bytes(space: gym.Space) -> int:
     """Bytes one observation row takes (in a batch, in the replay buffer)."""
-    return flat_dim(space) * (1 if byte_rows(space) else 4)
+    if not byte_rows(space):
+        return 4 * flat_dim(space)
+    return sum(flat_dim(leaf) * (1 if _is_bytes(leaf) else 4) for leaf in leaves(space))
 
 
 def obs_rows(space: gym.Space, value: Any) -> np.ndarray:
-    """Batched observations -> rows (N, flat_dim): uint8 where byte_rows(space), float32 otherwise."""
+    """Batched observations -> rows (N, row width): bytes where byte_rows(space), else float32 (N, flat_dim)."""
     return _byte_rows(space, value) if byte_rows(space) else flatten(space, value)
 
 
 def _byte_rows(space: gym.Space, value: Any) -> np.ndarray:
-    if isinstance(space, gym.spaces.Box):
+    if _is_bytes(space):
         v = np.asarray(value)
         return v.reshape(len(v), -1).astype(np.uint8, copy=False)
     if isinstance(space, gym.spaces.Dict):
         return np.concatenate([_byte_rows(s, value[k]) for k, s in space.spaces.items()], axis=1)
-    return np.concatenate([_byte_rows(s, v) for s, v in zip(space.spaces, value)], axis=1)
+    if isinstance(space, gym.spaces.Tuple):
+        return np.concatenate([_byte_rows(s, v) for s, v in zip(space.spaces, value)], axis=1)
+    return np.ascontiguousarray(flatten(space, value), np.float32).view(np.uint8)
+
+
+def replay_in_layout(space: gym.Space, state: dict) -> dict:
+    """A replay buffer's saved state with its observation columns as rows of `space` are now: a
+    checkpoint written before a camera beside other parts kept its bytes holds them as flat float32
+    rows (exact: the pixels are whole numbers), which become byte rows here."""
+    data = state["data"]
+    if not byte_rows(space) or OBS not in data or data[OBS].dtype == torch.uint8:
+        return state
+    return {**state, "data": {**data, **{k: torch.from_numpy(_byte_rows_of_flat(space, data[k].numpy()))
+                                         for k in (OBS, NEW_OBS) if k in data}}}
+
+
+def _byte_rows_of_flat(space: gym.Space, rows: np.ndarray) -> np.ndarray:
+    parts, start = [], 0
+    for leaf in leaves(space):
+        n = flat_dim(leaf)
+        part = rows[:, start:start + n]
+        parts.append(part.astype(np.uint8) if _is_bytes(leaf)
+                     else np.ascontiguousarray(part, np.float32).view(np.uint8))
+        start += n
+    return np.concatenate(parts, axis=1)
 
 
 def choose(vis_encode_type: str, shape, where: str = "the observation") -> str:
@@ -176,12 +209,21 @@ def image_encoder(kind: str, c: int, h: int, w: int, size: int) -> nn.Sequential
     return nn.Sequential(body, dense(flat, size))
 
 
-class ImagePart(nn.Module):
-    """Columns [start, stop) of a row, as an image, through its encoder."""
+def _float32(rows: torch.Tensor, start: int, stop: int, width: int) -> torch.Tensor:
+    """Columns [start, stop) of byte rows as floats: bytes as they are (width 1), or the float32
+    values whose bytes they are (width 4)."""
+    part = rows[:, start:stop]
+    return part.float() if width == 1 else part.contiguous().view(torch.float32)
 
-    def __init__(self, space: gym.spaces.Box, start: int, kind: str, size: int):
+
+class ImagePart(nn.Module):
+    """An image's columns of a row ([start, stop) of a flat float row, [byte_start, byte_stop) of a
+    byte row) through its encoder."""
+
+    def __init__(self, space: gym.spaces.Box, start: int, byte_start: int, width: int, kind: str, size: int):
         super().__init__()
         self.start, self.stop = start, start + flat_dim(space)
+        self.byte_start, self.byte_stop, self.width = byte_start, byte_start + flat_dim(space) * width, width
         self.shape = tuple(int(s) for s in space.shape)
         self.hwc = image_layout(space.shape) == "hwc"
         self.scale = 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
@@ -189,39 +231,57 @@ class ImagePart(nn.Module):
         self.encoder = image_encoder(kind, *chw(space.shape), size)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        x = rows[:, self.start:self.stop].reshape(-1, *self.shape)
+        if rows.dtype == torch.uint8:
+            x = _float32(rows, self.byte_start, self.byte_stop, self.width)
+        else:
+            x = rows[:, self.start:self.stop].float()
+        x = x.reshape(-1, *self.shape)
         if self.hwc:
             x = x.permute(0, 3, 1, 2)
         return self.encoder(x * self.scale)
 
 
 class ObsEncoder(nn.Module):
-    """Observation rows (N, flat_dim), uint8 or float -> features (N, out_dim) float32: each image
-    through its encoder, the other columns as they are, in the space's order."""
+    """Observation rows, bytes (N, row_bytes) or flat float32 (N, flat_dim) -> features (N,
+    out_dim) float32: each image through its encoder, the other columns as they are, in the
+    space's order."""
 
     def __init__(self, space: gym.Space, vis_encode_type: str, size: int):
         super().__init__()
         self.images = nn.ModuleList()
-        self.vectors: List[Tuple[int, int]] = []   # column ranges beside the images
-        start, self.out_dim = 0, 0
-        for i, leaf in enumerate(leaves(space)):
+        # column ranges beside the images: (start, stop) of a flat row, (start, stop, width) of a byte row
+        self.vectors: List[Tuple[int, int]] = []
+        self.byte_vectors: List[Tuple[int, int, int]] = []
+        parts, in_bytes = leaves(space), byte_rows(space)
+        start, byte_start, self.out_dim = 0, 0, 0
+        for i, leaf in enumerate(parts):
             n = flat_dim(leaf)
+            width = 1 if in_bytes and _is_bytes(leaf) else 4
             if is_image(leaf):
-                kind = choose(vis_encode_type, leaf.shape, f"observation part {i}" if len(leaves(space)) > 1
+                kind = choose(vis_encode_type, leaf.shape, f"observation part {i}" if len(parts) > 1
                               else "the observation")
-                self.images.append(ImagePart(leaf, start, kind, size))
+                self.images.append(ImagePart(leaf, start, byte_start, width, kind, size))
                 self.out_dim += size
-            elif self.vectors and self.vectors[-1][1] == start:
-                self.vectors[-1] = (self.vectors[-1][0], start + n)
-                self.out_dim += n
             else:
-                self.vectors.append((start, start + n))
                 self.out_dim += n
-            start += n
+                if self.vectors and self.vectors[-1][1] == start:
+                    self.vectors[-1] = (self.vectors[-1][0], start + n)
+                else:
+                    self.vectors.append((start, start + n))
+                last = self.byte_vectors[-1] if self.byte_vectors else None
+                if last and last[1] == byte_start and last[2] == width:
+                    self.byte_vectors[-1] = (last[0], byte_start + n * width, width)
+                else:
+                    self.byte_vectors.append((byte_start, byte_start + n * width, width))
+            start, byte_start = start + n, byte_start + n * width
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        rows = rows.float()
-        parts = [part(rows) for part in self.images] + [rows[:, a:b] for a, b in self.vectors]
+        if rows.dtype == torch.uint8:
+            vectors = [_float32(rows, a, b, w) for a, b, w in self.byte_vectors]
+        else:
+            rows = rows.float()
+            vectors = [rows[:, a:b] for a, b in self.vectors]
+        parts = [part(rows) for part in self.images] + vectors
         return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
     def describe(self) -> str:
