@@ -405,3 +405,23 @@ def test_a_camera_unlike_its_parameters_stops_the_plugin_with_the_fix(prefix, pl
         trainer.stop()
     errors = [line for line in gz.text().splitlines() if line.startswith("[Err]") and "simbridge" in line]
     assert errors and said in errors[0] and "the plugin is inactive from now on" in errors[0], gz.text()[-3000:]
+
+
+def test_sac_learns_the_pendulum_world_with_a_camera_in_its_observation(prefix, plugin, tmp_path):
+    """The pendulum seen as Dict {camera, joints}: the frame through the convolutional encoder the trainer
+    picks, kept as bytes in replay beside the joints' floats, and SAC still holds the rod up."""
+    trainer = Trainer(tmp_path / "run", config=PENDULUM_SAC, overrides=["run.print_every_s=1.0"])
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log")
+        row = learn(trainer, gz, PENDULUM_TARGET, PENDULUM_BUDGET_S, "SAC on the pendulum world with a camera")
+        assert row["env_steps"] <= PENDULUM_MAX_STEPS, row
+        assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+    said = trainer.log.read_text()
+    assert f"{CAMERA_H}x{CAMERA_W}x1 uint8 image through simple" in said, said[-3000:]
+    assert f"one observation is {CAMERA_H * CAMERA_W + 4 * 2} bytes (uint8 rows)" in said, said[-3000:]
