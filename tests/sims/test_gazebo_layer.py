@@ -83,15 +83,16 @@ def test_requiring_the_plugin_without_gz_sim_fails_the_configure(build, tmp_path
     assert "-DCMAKE_PREFIX_PATH" in said and "skipped" not in said   # the fix, not a skip
 
 
-def world_model():
-    world = ET.parse(WORLD).getroot().find("world")
+def world_model(path=WORLD):
+    """The world and its model that carries the simbridge plugin."""
+    world = ET.parse(path).getroot().find("world")
     assert world is not None
-    model = world.find("model")
+    model = next(m for m in world.findall("model") if m.find("plugin[@filename='simbridge-gz-system']") is not None)
     return world, model
 
 
-def plugin_params():
-    _, model = world_model()
+def plugin_params(path=WORLD):
+    _, model = world_model(path)
     plugin = model.find("plugin")
     return plugin, {child.tag: (child.text or "").strip() for child in plugin}
 
@@ -155,6 +156,25 @@ def test_the_config_check_shows_a_cameras_observation(build):
     only = {**camera, "observation": "camera", "camera_format": "L8"}
     out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in {**params, **only}.items()))
     assert "observation: Image(48x64x1 uint8)" in out.stdout.splitlines()
+
+
+def test_the_camera_world_names_its_sensor_as_the_plugin_reads_it(build):
+    """pendulum_camera.sdf (not rendered here: no render engine in this build) asks the plugin for exactly
+    the camera its sensor makes, at the action rate, and loads the Sensors system with a render engine."""
+    path = SRC / "worlds" / "pendulum_camera.sdf"
+    world, _ = world_model(path)
+    _, params = plugin_params(path)
+    sensor = world.find("model[@name='camera']/link/sensor[@type='camera']")
+    image = sensor.find("camera/image")
+    assert params["camera_topic"] == sensor.findtext("topic")
+    assert (params["camera_width"], params["camera_height"], params["camera_format"]) == \
+        (image.findtext("width"), image.findtext("height"), image.findtext("format"))
+    action_s = float(world.findtext("physics/max_step_size")) * int(params["steps_per_action"])
+    assert float(sensor.findtext("update_rate")) * action_s >= 1   # a frame for every action
+    assert world.find("plugin[@name='gz::sim::systems::Sensors']/render_engine").text == "ogre2"
+    out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in params.items()))
+    assert out.returncode == 0, out.stderr
+    assert "observation: Dict(camera: Image(64x64x1 uint8), joints: Box(2) high" in out.stdout
 
 
 def test_the_layer_refuses_a_misspelt_parameter_by_name(build):

@@ -7,12 +7,13 @@ process with GZ_IP=127.0.0.1 and a partition of its own (tests/sims/gazebo_harne
 """
 import re
 import signal
+import subprocess
 import time
 
 import pytest
 
 from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix, free_port,
-                            wait_until)
+                            gz_env, wait_until)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -425,3 +426,26 @@ def test_sac_learns_the_pendulum_world_with_a_camera_in_its_observation(prefix, 
     said = trainer.log.read_text()
     assert f"{CAMERA_H}x{CAMERA_W}x1 uint8 image through simple" in said, said[-3000:]
     assert f"one observation is {CAMERA_H * CAMERA_W + 4 * 2} bytes (uint8 rows)" in said, said[-3000:]
+
+
+def test_the_camera_world_without_a_render_engine_says_what_it_needs(prefix, plugin, random_config, tmp_path):
+    """pendulum_camera.sdf is valid SDF; in this build of gz-sim (no Sensors system, no render engine) its
+    camera never sends a frame, and the plugin says so, naming the Sensors system, after camera_timeout_s."""
+    sdf = WORLDS / "pendulum_camera.sdf"
+    check = subprocess.run([str(prefix / "bin" / "gz"), "sdf", "-k", str(sdf)], capture_output=True, text=True,
+                           timeout=120, env=gz_env(prefix, plugin["plugin"].parent, "127.0.0.1:1"))
+    assert check.returncode == 0 and "Valid" in check.stdout, check.stdout + check.stderr
+    trainer = Trainer(tmp_path / "run", config=random_config())
+    gz = None
+    try:
+        trainer.wait_serving()
+        quick = with_plugin_params(sdf, tmp_path, camera_timeout_s=2)
+        gz = world(prefix, plugin, quick, trainer, tmp_path / "gz.log")
+        said = ("no image on /pendulum/camera within 2 s: is <camera_topic> the camera sensor's <topic>, and does "
+                "the world load gz-sim's Sensors system with a render engine?")
+        wait_until(lambda: said in gz.text(), 120, "the plugin to give up on the camera", [("gz sim", gz.proc, gz.log)])
+        assert "the plugin is inactive from now on" in gz.text() and gz.proc.poll() is None   # the world runs on
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
