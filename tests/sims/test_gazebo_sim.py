@@ -270,36 +270,33 @@ def learn(trainer, gz, target, budget_s, what):
         raise AssertionError(f"{e}; the trainer's last row: {last()}") from None
 
 
-def test_dqn_learns_the_cart_pole_world(prefix, plugin, tmp_path):
-    """The trainer's default config (DQN) against the cart-pole world, as docs/gazebo.md runs it."""
-    trainer = Trainer(tmp_path / "run", overrides=["run.print_every_s=1.0"])
+def learns(prefix, plugin, sdf, trainer, log, target, budget_s, max_steps, what):
+    """The world against `trainer` until return(10) reaches target within budget_s and max_steps (both
+    stopped after); the world runs on with its plugin the whole time."""
     gz = None
     try:
         trainer.wait_serving()
-        gz = world(prefix, plugin, CARTPOLE, trainer, tmp_path / "gz.log")
-        row = learn(trainer, gz, CARTPOLE_TARGET, CARTPOLE_BUDGET_S, "DQN on the cart-pole world")
-        assert row["env_steps"] <= CARTPOLE_MAX_STEPS, row
+        gz = world(prefix, plugin, sdf, trainer, log)
+        row = learn(trainer, gz, target, budget_s, what)
+        assert row["env_steps"] <= max_steps, row
         assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
     finally:
         if gz is not None:
             gz.stop()
         trainer.stop()
+
+
+def test_dqn_learns_the_cart_pole_world(prefix, plugin, tmp_path):
+    """The trainer's default config (DQN) against the cart-pole world, as docs/gazebo.md runs it."""
+    learns(prefix, plugin, CARTPOLE, Trainer(tmp_path / "run", overrides=["run.print_every_s=1.0"]), tmp_path / "gz.log",
+           CARTPOLE_TARGET, CARTPOLE_BUDGET_S, CARTPOLE_MAX_STEPS, "DQN on the cart-pole world")
 
 
 def test_sac_learns_the_pendulum_world_through_box_efforts(prefix, plugin, tmp_path):
     """A Box(1) torque on the hinge, learned by SAC (sims/gazebo/worlds/pendulum_sac.toml) to hold the rod up."""
     trainer = Trainer(tmp_path / "run", config=PENDULUM_SAC, overrides=["run.print_every_s=1.0"])
-    gz = None
-    try:
-        trainer.wait_serving()
-        gz = world(prefix, plugin, PENDULUM, trainer, tmp_path / "gz.log")
-        row = learn(trainer, gz, PENDULUM_TARGET, PENDULUM_BUDGET_S, "SAC on the pendulum world")
-        assert row["env_steps"] <= PENDULUM_MAX_STEPS, row
-        assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
-    finally:
-        if gz is not None:
-            gz.stop()
-        trainer.stop()
+    learns(prefix, plugin, PENDULUM, trainer, tmp_path / "gz.log", PENDULUM_TARGET, PENDULUM_BUDGET_S,
+           PENDULUM_MAX_STEPS, "SAC on the pendulum world")
 
 
 # ---- a camera: tests/fake_camera_system.cpp stands in for gz-sensors' camera (no render engine here) ----
@@ -320,6 +317,21 @@ def camera_world(tmp_path, update_rate=0, width=CAMERA_W, **params):
     return path
 
 
+def run_to_its_end(prefix, plugin, sdf, trainer, log, iterations):
+    """The world run for `iterations` against `trainer` (both stopped after): the world, its plugin's summary."""
+    gz = None
+    try:
+        trainer.wait_serving()
+        gz = world(prefix, plugin, sdf, trainer, log, iterations=iterations)
+        assert gz.wait(300) == 0, gz.text()[-3000:]
+        wait_until(lambda: trainer.last().get("sessions") == 0, 60, "the world's session to close")
+        return gz, gz.summary()
+    finally:
+        if gz is not None:
+            gz.stop()
+        trainer.stop()
+
+
 def recorded_episodes(logdir):
     import os
     import minari
@@ -334,19 +346,9 @@ def test_a_camera_frame_reaches_replay_as_bytes_showing_the_state_of_its_observa
     float32 the camera wrote into its first 4 bytes is the observation's hinge angle, bit for bit."""
     import numpy as np
     trainer = Trainer(tmp_path / "run", config=random_config(), overrides=("dataset.record=true",))
-    gz = None
-    try:
-        trainer.wait_serving()
-        gz = world(prefix, plugin, camera_world(tmp_path, camera_max_age=0), trainer, tmp_path / "gz.log",
-                   iterations=1500)
-        assert gz.wait(300) == 0, gz.text()[-3000:]
-        summary = gz.summary()
-        assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
-        wait_until(lambda: trainer.last().get("sessions") == 0, 60, "the world's session to close")
-    finally:
-        if gz is not None:
-            gz.stop()
-        trainer.stop()
+    gz, summary = run_to_its_end(prefix, plugin, camera_world(tmp_path, camera_max_age=0), trainer,
+                                 tmp_path / "gz.log", 1500)
+    assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
     episodes = recorded_episodes(tmp_path / "run")
     assert len(episodes) >= summary["episodes"]
     pattern = (np.arange(CAMERA_W * CAMERA_H) % 251).astype(np.uint8).reshape(CAMERA_H, CAMERA_W)
@@ -367,20 +369,11 @@ def test_a_camera_at_the_action_rate_serves_every_action(prefix, plugin, random_
     """The default freshness (a frame taken after the previous observation) with a camera at 50 Hz, the
     pendulum's action rate (2 iterations of 10 ms): the world runs its episodes without a stall."""
     trainer = Trainer(tmp_path / "run", config=random_config())
-    gz = None
-    try:
-        trainer.wait_serving()
-        gz = world(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log",
-                   iterations=1500)
-        assert gz.wait(300) == 0, gz.text()[-3000:]
-        summary = gz.summary()
-        assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
-        assert summary["actions"] + summary["open_actions"] >= 600
-        assert "the plugin is inactive" not in gz.text()
-    finally:
-        if gz is not None:
-            gz.stop()
-        trainer.stop()
+    gz, summary = run_to_its_end(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer,
+                                 tmp_path / "gz.log", 1500)
+    assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
+    assert summary["actions"] + summary["open_actions"] >= 600
+    assert "the plugin is inactive" not in gz.text()
 
 
 @pytest.mark.parametrize("case", ["too_slow", "wrong_size"])
@@ -394,16 +387,8 @@ def test_a_camera_unlike_its_parameters_stops_the_plugin_with_the_fix(prefix, pl
         sdf = camera_world(tmp_path, width=32)
         said = ("the camera on /pendulum/camera sends 24x20 L8 images, the plugin expects 32x20 L8: make "
                 "<camera_width>, <camera_height> and <camera_format> those of the sensor's <image>")
-    trainer = Trainer(tmp_path / "run", config=random_config())
-    gz = None
-    try:
-        trainer.wait_serving()
-        gz = world(prefix, plugin, sdf, trainer, tmp_path / "gz.log", iterations=600)
-        assert gz.wait(300) == 0, gz.text()[-3000:]   # the world ran its iterations without the plugin
-    finally:
-        if gz is not None:
-            gz.stop()
-        trainer.stop()
+    gz, _ = run_to_its_end(prefix, plugin, sdf, Trainer(tmp_path / "run", config=random_config()), tmp_path / "gz.log",
+                           600)   # the world ran its iterations without the plugin
     errors = [line for line in gz.text().splitlines() if line.startswith("[Err]") and "simbridge" in line]
     assert errors and said in errors[0] and "the plugin is inactive from now on" in errors[0], gz.text()[-3000:]
 
@@ -412,17 +397,8 @@ def test_sac_learns_the_pendulum_world_with_a_camera_in_its_observation(prefix, 
     """The pendulum seen as Dict {camera, joints}: the frame through the convolutional encoder the trainer
     picks, kept as bytes in replay beside the joints' floats, and SAC still holds the rod up."""
     trainer = Trainer(tmp_path / "run", config=PENDULUM_SAC, overrides=["run.print_every_s=1.0"])
-    gz = None
-    try:
-        trainer.wait_serving()
-        gz = world(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log")
-        row = learn(trainer, gz, PENDULUM_TARGET, PENDULUM_BUDGET_S, "SAC on the pendulum world with a camera")
-        assert row["env_steps"] <= PENDULUM_MAX_STEPS, row
-        assert gz.proc.poll() is None and "the plugin is inactive" not in gz.text()
-    finally:
-        if gz is not None:
-            gz.stop()
-        trainer.stop()
+    learns(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log", PENDULUM_TARGET,
+           PENDULUM_BUDGET_S, PENDULUM_MAX_STEPS, "SAC on the pendulum world with a camera")
     said = trainer.log.read_text()
     assert f"{CAMERA_H}x{CAMERA_W}x1 uint8 image through simple" in said, said[-3000:]
     assert f"one observation is {CAMERA_H * CAMERA_W + 4 * 2} bytes (uint8 rows)" in said, said[-3000:]
