@@ -73,9 +73,11 @@ void FrameBuffer::offer(int64_t width, int64_t height, int64_t step, int pixel_f
   arrived_.notify_all();
 }
 
-std::optional<Frame> FrameBuffer::frame(int64_t not_before_ns, double wait_s) {
+std::optional<Frame> FrameBuffer::frame(int64_t not_before_ns, int64_t not_after_ns, double wait_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto ready = [&] { return !error_.empty() || (have_ && newest_.stamp_ns >= not_before_ns); };
+  auto ready = [&] {
+    return !error_.empty() || (have_ && newest_.stamp_ns >= not_before_ns && newest_.stamp_ns <= not_after_ns);
+  };
   if (!arrived_.wait_for(lock, std::chrono::duration<double>(wait_s), ready)) return std::nullopt;
   if (!error_.empty()) throw CameraError(error_);
   return newest_;

@@ -57,9 +57,11 @@ struct CameraError : std::runtime_error {
 class Camera {
  public:
   virtual ~Camera() = default;
-  // The newest frame if it is stamped at or after not_before_ns, waiting up to wait_s wall seconds
-  // for one (0: not at all); nullopt if none came. Throws CameraError for images unlike the config.
-  virtual std::optional<Frame> frame(int64_t not_before_ns, double wait_s) = 0;
+  // The newest frame if it is stamped within [not_before_ns, not_after_ns], waiting up to wait_s
+  // wall seconds for one (0: not at all); nullopt if none came. Throws CameraError for images unlike
+  // the config. not_after_ns is the sim time now: a frame stamped later shows a timeline a world
+  // reset ended (a render still in flight at the reset).
+  virtual std::optional<Frame> frame(int64_t not_before_ns, int64_t not_after_ns, double wait_s) = 0;
   // Why no frame came, and what to change: the driver's error when it gives up waiting.
   virtual std::string missing(int64_t not_before_ns, double seconds_per_action) = 0;
 };
@@ -73,7 +75,7 @@ class FrameBuffer final : public Camera {
   // next frame() call throws: a camera configured unlike the plugin is a mistake to name, not to skip.
   void offer(int64_t width, int64_t height, int64_t step, int pixel_format_type, const std::string& data,
              int64_t stamp_ns);
-  std::optional<Frame> frame(int64_t not_before_ns, double wait_s) override;
+  std::optional<Frame> frame(int64_t not_before_ns, int64_t not_after_ns, double wait_s) override;
   std::string missing(int64_t not_before_ns, double seconds_per_action) override;
   // A world reset takes sim time back to 0: frames of the old times would pass for new ones.
   void clear();

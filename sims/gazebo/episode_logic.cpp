@@ -305,7 +305,7 @@ void EpisodeDriver::after_step(const std::vector<JointReading>& readings, int64_
         starting_since_ns_ = sim_ns;
         starting_wall_ = now;
       }
-      auto obs = observe(readings, starting_since_ns_, /*wait=*/false);
+      auto obs = observe(readings, starting_since_ns_, sim_ns, /*wait=*/false);
       if (!obs) {
         if (now - *starting_wall_ > std::chrono::duration<double>(config_.camera.timeout_s))
           throw CameraError(camera_->missing(starting_since_ns_, seconds_per_action(step_ns)));
@@ -332,7 +332,7 @@ void EpisodeDriver::after_step(const std::vector<JointReading>& readings, int64_
       const int64_t not_before = config_.camera.max_age_s < 0
                                      ? observed_ns_ + 1
                                      : sim_ns - static_cast<int64_t>(std::llround(config_.camera.max_age_s * 1e9));
-      auto obs = observe(readings, not_before, /*wait=*/true);
+      auto obs = observe(readings, not_before, sim_ns, /*wait=*/true);
       if (!obs) throw CameraError(camera_->missing(not_before, seconds_per_action(step_ns)));
       last_observation_ = std::move(*obs);
       observed_ns_ = sim_ns;
@@ -365,10 +365,10 @@ void EpisodeDriver::on_world_reset() {
 }
 
 std::optional<Floats> EpisodeDriver::observe(const std::vector<JointReading>& readings, int64_t not_before_ns,
-                                             bool wait) {
+                                             int64_t now_ns, bool wait) {
   Floats obs;
   if (config_.observe_camera) {
-    auto frame = camera_->frame(not_before_ns, wait ? config_.camera.timeout_s : 0.0);
+    auto frame = camera_->frame(not_before_ns, now_ns, wait ? config_.camera.timeout_s : 0.0);
     if (!frame) return std::nullopt;
     obs.assign(frame->pixels.begin(), frame->pixels.end());   // 0..255 as floats: the SDK sends them as bytes
   }

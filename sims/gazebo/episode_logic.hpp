@@ -135,7 +135,8 @@ class EpisodeDriver {
 
  private:
   // The observation row; nullopt while the camera has no frame of the start state yet.
-  std::optional<Floats> observe(const std::vector<JointReading>& readings, int64_t not_before_ns, bool wait);
+  std::optional<Floats> observe(const std::vector<JointReading>& readings, int64_t not_before_ns, int64_t now_ns,
+                                bool wait);
   double seconds_per_action(int64_t step_ns) const;
   bool beyond_limits(const std::vector<JointReading>& readings) const;
   void end(const Floats& final_observation, bool truncated);

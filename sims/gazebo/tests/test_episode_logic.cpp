@@ -449,29 +449,30 @@ void frame_buffer_packs_rows_and_names_a_mismatch() {
   FrameBuffer buffer(small_camera());
   // Rows of 6 bytes padded to a step of 8, as a sensor may send them.
   buffer.offer(2, 2, 8, 3, std::string("abcdefXXghijklYY"), 7);
-  const auto frame = buffer.frame(7, 0);
+  const auto frame = buffer.frame(7, 7, 0);
   CHECK(frame && frame->stamp_ns == 7);
   CHECK_EQ(std::string(frame->pixels.begin(), frame->pixels.end()), std::string("abcdefghijkl"));
   FrameBuffer wrong(small_camera());
   wrong.offer(4, 2, 12, 1, std::string(24, 'x'), 9);
-  const std::string said = error_of([&] { wrong.frame(0, 0); });
+  const std::string said = error_of([&] { wrong.frame(0, 9, 0); });
   CHECK(said.find("sends 4x2 L8 images, the plugin expects 2x2 R8G8B8") != std::string::npos);
   CHECK(said.find("<camera_width>") != std::string::npos);
   FrameBuffer depth(small_camera());
   depth.offer(2, 2, 8, 13, std::string(32, 'x'), 9);
-  CHECK(error_of([&] { depth.frame(0, 0); }).find("pixel format 13") != std::string::npos);
+  CHECK(error_of([&] { depth.frame(0, 9, 0); }).find("pixel format 13") != std::string::npos);
   FrameBuffer cut(small_camera());
   cut.offer(2, 2, 6, 3, std::string(11, 'x'), 9);
-  CHECK(error_of([&] { cut.frame(0, 0); }).find("sent 11 bytes") != std::string::npos);
+  CHECK(error_of([&] { cut.frame(0, 9, 0); }).find("sent 11 bytes") != std::string::npos);
 }
 
 void frame_buffer_waits_for_a_frame_late_enough() {
   FrameBuffer buffer(small_camera());
   CHECK(buffer.missing(0, 0.02).find("Sensors system") != std::string::npos);   // nothing ever came
-  CHECK(!buffer.frame(10, 0));
+  CHECK(!buffer.frame(10, 10, 0));
   buffer.offer(2, 2, 6, 3, std::string(12, 'a'), 5);
-  CHECK(!buffer.frame(10, 0));            // too old for 10
-  CHECK(buffer.frame(5, 0));
+  CHECK(!buffer.frame(10, 10, 0));        // too old for 10
+  CHECK(buffer.frame(5, 5, 0));
+  CHECK(!buffer.frame(0, 4, 0));          // later than now: an old timeline's
   const std::string slow = buffer.missing(10'000'000, 0.02);
   CHECK(slow.find("at least 50 Hz") != std::string::npos && slow.find("<camera_max_age>") != std::string::npos);
   // A frame offered from another thread (gz-transport's) wakes the waiting one.
@@ -480,19 +481,20 @@ void frame_buffer_waits_for_a_frame_late_enough() {
     buffer.offer(2, 2, 6, 3, std::string(12, 'b'), 10);
   });
   const auto start = std::chrono::steady_clock::now();
-  const auto frame = buffer.frame(10, 10.0);
+  const auto frame = buffer.frame(10, 10, 10.0);
   camera.join();
   CHECK(frame && frame->stamp_ns == 10 && frame->pixels[0] == 'b');
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   buffer.clear();                          // a world reset: sim time starts again
-  CHECK(!buffer.frame(0, 0));
+  CHECK(!buffer.frame(0, 100, 0));
 }
 
 // Frames by stamp, as a camera would have sent them.
 struct FakeCamera : Camera {
   std::vector<Frame> sent;
-  std::optional<Frame> frame(int64_t not_before_ns, double) override {
-    if (sent.empty() || sent.back().stamp_ns < not_before_ns) return std::nullopt;
+  std::optional<Frame> frame(int64_t not_before_ns, int64_t not_after_ns, double) override {
+    if (sent.empty() || sent.back().stamp_ns < not_before_ns || sent.back().stamp_ns > not_after_ns)
+      return std::nullopt;
     return sent.back();
   }
   std::string missing(int64_t not_before_ns, double seconds_per_action) override {
@@ -548,6 +550,22 @@ void camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observati
   CHECK(error_of([&] { d.after_step(at(0, 0.01), 20, 10); }).find("no frame at 20") != std::string::npos);
 }
 
+void a_frame_stamped_after_now_is_an_old_timelines_and_not_taken() {
+  // A render in flight at a world reset arrives after it, stamped with the old, later sim time.
+  FakeAgent agent;
+  FakeCamera camera;
+  EpisodeDriver d(parse_config(with_camera(cartpole_params())), agent, &camera);
+  d.on_world_reset();
+  camera.at(5'000, 4);
+  d.before_step();
+  d.after_step(at(0, 0), 10, 10);
+  CHECK_CALLS(agent.take(), {});
+  camera.at(20, 6);
+  d.before_step();
+  d.after_step(at(0, 0.01), 20, 10);
+  CHECK_CALLS(agent.take(), {"start training -> ep1", "act ep1 [6 6 6 6 6 6 0 0.1 0.01 -0.2]"});
+}
+
 void a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout() {
   FakeAgent agent;
   FakeCamera camera;
@@ -588,6 +606,7 @@ const std::vector<std::pair<std::string, void (*)()>> kCases = {
      a_camera_frame_joins_the_observation_and_holds_the_start_until_it_shows_it},
     {"camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observation",
      camera_max_age_zero_wants_this_iterations_frame_and_a_camera_only_observation},
+    {"a_frame_stamped_after_now_is_an_old_timelines_and_not_taken", a_frame_stamped_after_now_is_an_old_timelines_and_not_taken},
     {"a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout",
      a_camera_that_never_shows_the_start_state_stops_the_plugin_after_its_timeout},
 };
