@@ -16,7 +16,7 @@ from simbridge.trainer import cli
 from simbridge.trainer.config.trainer_config import ConfigError, parse_config
 from simbridge.trainer.config.dataset import DatasetSection, dataset_overrides
 from simbridge.trainer.data.datasets import dataset_id
-from simbridge.trainer.run.launch import Proc, python_module
+from simbridge.trainer.run.launch import Proc, free_port, python_module
 
 from simbridge.trainer.run.checkpoint import load_checkpoint
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
@@ -195,6 +195,8 @@ def test_dataset_config_errors_name_the_fix(text, expected):
 
 def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
     """Before serving: a missing dataset, PPO (on-policy), a frozen policy, other spaces."""
+    # Not the default 50051: a trainer the developer runs beside the suite holds it.
+    address = ["--address", f"127.0.0.1:{free_port()}"]
     tiny_dataset(tmp_path / "ds")
     cases = [
         ('algorithm = "dqn"', str(tmp_path / "missing"), ["no Minari dataset", "missing"]),
@@ -205,16 +207,16 @@ def test_warm_start_refusals_name_the_fix(tmp_path, capsys):
     for i, (policy, source, expected) in enumerate(cases):
         cfg = tmp_path / f"c{i}.toml"
         cfg.write_text(f'[run]\nlogdir = "{tmp_path / f"run{i}"}"\n[policies.p]\n{policy}\n')
-        assert cli.main(["run", "--config", str(cfg), "--warm-start", f"p={source}"]) == 2
+        assert cli.main(["run", "--config", str(cfg), "--warm-start", f"p={source}", *address]) == 2
         err = capsys.readouterr().err
         for piece in expected:
             assert piece in err, (piece, err)
         assert "Traceback" not in err
     cfg = tmp_path / "frozen.toml"
     cfg.write_text(f'policies_to_train = []\n[run]\nlogdir = "{tmp_path / "runf"}"\n[policies.p]\nalgorithm = "dqn"\n')
-    assert cli.main(["run", "--config", str(cfg), "--warm-start", f"p={tmp_path / 'ds'}"]) == 2
+    assert cli.main(["run", "--config", str(cfg), "--warm-start", f"p={tmp_path / 'ds'}", *address]) == 2
     assert "frozen" in capsys.readouterr().err
-    assert cli.main(["run", "--config", str(cfg), "--warm-start", "p"]) == 2
+    assert cli.main(["run", "--config", str(cfg), "--warm-start", "p", *address]) == 2
     assert "POLICY=PATH" in capsys.readouterr().err
 
 

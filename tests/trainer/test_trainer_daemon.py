@@ -18,6 +18,7 @@ from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.config.trainer_config import (ALGORITHMS, DEFAULT_CONFIG, ConfigError, load_config, parse_config,
                                       resolve_algorithm)
 from simbridge.trainer.daemon import TrainerDaemon
+from simbridge.trainer.run.launch import free_port
 from simbridge.trainer.run.reporting import read_metrics
 from simbridge.wire import spaces as sb_spaces
 from simbridge.wire import tensors
@@ -179,7 +180,9 @@ def test_daemon_builds_declared_policies_and_refuses_unmapped_agents(tmp_path):
 
 def test_run_refuses_a_used_logdir_and_a_missing_checkpoint(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[run]\nlogdir = "{tmp_path / "run"}"\n[policies.p]\nalgorithm = "random"\n')
+    # a free port, not the default 50051: a trainer the developer runs beside the suite holds it
+    cfg.write_text(f'[server]\naddress = "127.0.0.1:{free_port()}"\n[run]\nlogdir = "{tmp_path / "run"}"\n'
+                   '[policies.p]\nalgorithm = "random"\n')
     assert cli.main(["run", "--config", str(cfg), "--resume"]) == 2
     assert "no checkpoint.pt" in capsys.readouterr().err
     (tmp_path / "run").mkdir()
