@@ -31,6 +31,15 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> params;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << "usage: simbridge_gz_check_config key=value ...\n"
+                   "  the simbridge plugin's <plugin> parameters, one key=value each (docs/gazebo.md): prints the\n"
+                   "  address the plugin dials ($SIMBRIDGE_ADDRESS included) and the spaces it declares; exit 2\n"
+                   "  naming a bad parameter. Keys:";
+      for (const auto& key : simbridge_gz::config_keys()) std::cout << " " << key;
+      std::cout << "\n";
+      return 0;
+    }
     const auto eq = arg.find('=');
     if (eq == std::string::npos) {
       std::cerr << "expected key=value, got '" << arg << "'\n";

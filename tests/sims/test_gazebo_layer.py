@@ -174,7 +174,12 @@ def test_the_camera_world_names_its_sensor_as_the_plugin_reads_it(build):
     assert world.find("plugin[@name='gz::sim::systems::Sensors']/render_engine").text == "ogre2"
     out = run(BUILD / "simbridge_gz_check_config", *(f"{k}={v}" for k, v in params.items()))
     assert out.returncode == 0, out.stderr
-    assert "observation: Dict(camera: Image(64x64x1 uint8), joints: Box(2) high" in out.stdout
+    assert "observation: Dict(camera: Image(32x32x1 uint8), joints: Box(2) high" in out.stdout
+
+
+def test_the_config_check_says_how_to_use_it(build):
+    out = run(BUILD / "simbridge_gz_check_config", "--help")
+    assert out.returncode == 0 and "key=value" in out.stdout and "camera_topic" in out.stdout, out.stdout
 
 
 def test_the_layer_refuses_a_misspelt_parameter_by_name(build):

@@ -34,8 +34,9 @@ struct Space {
 
   static Space Box(Floats low, Floats high);  // 1-D float32 box, shape (low.size(),)
   static Space Box(Floats low, Floats high, std::vector<int64_t> shape);
-  // A uint8 Box of bounds 0 and 255: a camera's image, rank 3, HWC (e.g. {84, 84, 3}) or CHW. Its
-  // values must be integers in [0, 255] (Error INVALID_VALUE naming the leaf and the value).
+  // A uint8 Box of bounds 0 and 255, of any shape: a camera's image is rank 3, HWC (e.g. {84, 84, 3})
+  // or CHW (the trainer's encoders take rank 3 only). Its values must be integers in [0, 255] (Error
+  // INVALID_VALUE naming the leaf and the value).
   static Space Image(std::vector<int64_t> shape);
   static Space Discrete(int64_t n, int64_t start = 0);
   static Space MultiDiscrete(std::vector<int64_t> nvec, std::vector<int64_t> start = {});
