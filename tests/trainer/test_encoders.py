@@ -309,3 +309,32 @@ def test_the_export_command_writes_a_cnn_policys_onnx_and_checks_it(tmp_path, ca
     report = capsys.readouterr().out
     assert '"ok": true' in report and '"greedy_actions_equal": 1.0' in report, report
     assert out.read_bytes() == learner.portable().onnx_model
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_byte_rows_of_a_camera_beside_vectors_update_on_the_cuda_graph_path_as_eagerly(kind):
+    """The float32 parts read back from byte rows (a dtype view) inside a captured CUDA graph."""
+    from simbridge.trainer.learners import capture
+    from support.learners import weights
+
+    def make(path):
+        cfg = {**OFF, "update_path": path, "batch_size": 64, "updates_per_step": 4.0}
+        if kind == "dqn":
+            learner = DQNLearner(ROBOT, gym.spaces.Discrete(3), cfg, device="cuda")
+        else:
+            learner = SACLearner(ROBOT, gym.spaces.Box(-1, 1, (2,), np.float32), {**cfg, "random_warmup": False},
+                                 device="cuda")
+        batch = _rows(ROBOT, 256, np.random.default_rng(0))
+        if kind == "sac":
+            batch["actions"] = np.random.default_rng(1).uniform(-1, 1, (256, 2)).astype(np.float32)
+        learner.add(batch)
+        assert learner.replay._data[OBS].dtype == torch.uint8
+        return learner
+
+    graph, eager = make("graph"), make("eager")
+    for learner in (graph, eager):
+        learner.train(max_updates=capture.WARMUP + 10)
+    assert graph.updater.path == "graph" and graph.updates == eager.updates == capture.WARMUP + 10
+    for a, b in zip(weights(graph), weights(eager)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
