@@ -37,7 +37,7 @@ from simbridge.sims.unity import compat
 compat.install()
 
 from mlagents_envs.exception import (UnityCommunicatorStoppedException, UnityEnvironmentException,  # noqa: E402
-                                     UnityTimeOutException, UnityWorkerInUseException)
+                                     UnityObservationException, UnityTimeOutException, UnityWorkerInUseException)
 from mlagents_envs import logging_util  # noqa: E402
 from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel  # noqa: E402
 from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel  # noqa: E402
@@ -49,7 +49,7 @@ from simbridge.wire.errors import BridgeError  # noqa: E402
 from simbridge.sims.common import Stats, StopFlag, add_common_args, client_security, run_cli  # noqa: E402
 from simbridge.sims.unity.behavior import BehaviorBridge  # noqa: E402
 from simbridge.sims.unity.environment import BridgeUnityEnvironment, UnityPackageRefused  # noqa: E402
-from simbridge.sims.unity.spaces import behavior_spaces  # noqa: E402
+from simbridge.sims.unity.spaces import CAMERA_DTYPES, behavior_spaces  # noqa: E402
 
 PROG = "simbridge-unity"
 EDITOR_PORT = 5004
@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--action-masks", choices=["auto", "on", "off"], default="auto",
                    help="give discrete behaviors an 'action_mask' observation key: auto = if the first "
                         "decisions carry masks (default: %(default)s)")
+    u.add_argument("--camera-dtype", choices=CAMERA_DTYPES, default="uint8",
+                   help="how cameras (rank-3 observations) are sent: uint8, their 8-bit pixels (a quarter of "
+                        "the floats' size, also in the trainer's replay), or float32 in [0, 1] (default: "
+                        "%(default)s; a camera of floats needs float32)")
     u.add_argument("--group-reward-weight", type=float, default=1.0, metavar="W",
                    help="reward sent = reward + W * group reward (default: %(default)s)")
     u.add_argument("--env-args", nargs=argparse.REMAINDER, default=[],
@@ -203,7 +207,7 @@ class Instance:
     def _bridge(self, name: str, spec, decision) -> BehaviorBridge:
         masks = self.args.action_masks
         with_mask = masks == "on" or (masks == "auto" and decision.action_mask is not None)
-        spaces = behavior_spaces(spec, with_mask)
+        spaces = behavior_spaces(spec, with_mask, self.args.camera_dtype)
         client = MultiAgentPolicyClient(self.args.address, spaces.observation_space, spaces.action_space,
                                         transport=self.args.transport, connect_timeout_s=self.args.connect_timeout,
                                         client_name=f"{PROG}[{name}]#{self.worker_id}",
@@ -272,6 +276,8 @@ class Instance:
             problem = f"{e}: the Unity environment stopped answering; its open episodes end truncated"
         except UnityEnvironmentException as e:  # the player process exited
             problem = f"the Unity environment stopped: {e}; its open episodes end truncated"
+        except UnityObservationException as e:  # a sensor the connector cannot carry: named, no traceback
+            problem = f"{e}; its open episodes end truncated"
         finally:
             if self._pool is not None:
                 self._pool.shutdown()

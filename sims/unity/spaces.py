@@ -2,8 +2,11 @@
 
 Observations:
   * one observation, no action masks: Box(-inf, inf, shape, float32). Unity
-    declares no bounds; cameras deliver values in [0, 1]. Rank-3 (visual)
-    observations keep the layout the build declares (CHW from package 3.x).
+    declares no bounds. Rank-3 (visual) observations keep the layout the build
+    declares (CHW from package 3.x); a camera's values, k/255 in [0, 1] (8-bit
+    pixels, PNG on the wire), are sent as its bytes: Box(0, 255, shape, uint8),
+    a quarter of the floats' size in messages and in the trainer's replay
+    (camera_dtype "float32": as floats in [0, 1]).
   * otherwise a Dict: "obs_0", "obs_1", ... in the build's sensor order, plus
     "action_mask" when the behavior uses masks.
   * "action_mask" is MultiBinary(sum(branches)), all branches side by side,
@@ -22,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from mlagents_envs.base_env import ActionTuple, BehaviorSpec
+from mlagents_envs.exception import UnityObservationException
 
 MASK_KEY = "action_mask"
 CONTINUOUS_KEY = "continuous"
@@ -46,6 +50,7 @@ class BehaviorSpaces:
     continuous_size: int
     branches: tuple
     with_mask: bool
+    byte_sensors: tuple = ()   # the sensors sent as bytes (cameras, camera_dtype "uint8")
 
     @property
     def as_dict(self) -> bool:
@@ -56,6 +61,8 @@ class BehaviorSpaces:
     def observations(self, obs_list: List[np.ndarray], masked: Optional[np.ndarray]) -> Any:
         """Batched observation value: obs_list as DecisionSteps/TerminalSteps hold it (one float32
         (n, *shape) array per sensor); masked is bool (n, sum(branches)), True = masked, or None."""
+        if self.byte_sensors:
+            obs_list = [camera_bytes(o, k) if k in self.byte_sensors else o for k, o in enumerate(obs_list)]
         if not self.as_dict:
             return obs_list[0]
         value = {obs_key(k): o for k, o in enumerate(obs_list)}
@@ -86,11 +93,30 @@ class BehaviorSpaces:
         return out
 
 
-def behavior_spaces(spec: BehaviorSpec, with_mask: bool = False) -> BehaviorSpaces:
-    """The spaces of one behavior; with_mask adds "action_mask" (only for discrete branches)."""
+CAMERA_DTYPES = ("uint8", "float32")
+
+
+def camera_bytes(values: np.ndarray, k: int) -> np.ndarray:
+    """A camera's values, k/255 in [0, 1] as Unity's PNG decodes to, as its uint8 pixels; a
+    UnityObservationException for values that are not 8-bit (a sensor of floats)."""
+    scaled = np.asarray(values, np.float32) * np.float32(255.0)
+    pixels = np.rint(scaled)
+    if pixels.size and (np.abs(scaled - pixels).max() > 1e-3 or pixels.min() < 0 or pixels.max() > 255):
+        raise UnityObservationException(
+            f"observation {k} is rank 3 but its values are not 8-bit pixels (k/255 in [0, 1]): a sensor "
+            f"of floats; run the connector with --camera-dtype float32")
+    return pixels.astype(np.uint8)
+
+
+def behavior_spaces(spec: BehaviorSpec, with_mask: bool = False, camera_dtype: str = "uint8") -> BehaviorSpaces:
+    """The spaces of one behavior; with_mask adds "action_mask" (only for discrete branches);
+    camera_dtype "uint8" declares rank-3 observations as their bytes."""
     branches = tuple(int(b) for b in spec.action_spec.discrete_branches)
     with_mask = bool(with_mask and branches)
-    sensors = [gym.spaces.Box(-np.inf, np.inf, tuple(o.shape), np.float32) for o in spec.observation_specs]
+    shapes = [tuple(o.shape) for o in spec.observation_specs]
+    byte_sensors = tuple(k for k, shape in enumerate(shapes) if len(shape) == 3 and camera_dtype == "uint8")
+    sensors = [gym.spaces.Box(0, 255, shape, np.uint8) if k in byte_sensors
+               else gym.spaces.Box(-np.inf, np.inf, shape, np.float32) for k, shape in enumerate(shapes)]
     if len(sensors) == 1 and not with_mask:
         obs_space: gym.Space = sensors[0]
     else:
@@ -106,4 +132,4 @@ def behavior_spaces(spec: BehaviorSpec, with_mask: bool = False) -> BehaviorSpac
         act_space = _discrete_space(branches)
     else:
         act_space = cont_space  # also a behavior without actions: Box of shape (0,)
-    return BehaviorSpaces(obs_space, act_space, len(sensors), c, branches, with_mask)
+    return BehaviorSpaces(obs_space, act_space, len(sensors), c, branches, with_mask, byte_sensors)

@@ -1,5 +1,5 @@
 """A Unity camera trains through the connector: the test peer's Camera scene (a 3x5x5 CHW camera, sent
-as PNG, decoded by the connector to float32 in [0, 1]; actions move a marker column towards the
+as PNG, sent by the connector as its uint8 pixels; actions move a marker column towards the
 middle: -0.1 a step, +1 there) learned by DQN through the convolutional encoder "auto" picks at 5x5
 (match3). The daemon and the connector (driving the peer, 8 agents) are processes on loopback.
 

@@ -11,6 +11,7 @@ import pytest
 
 import simbridge.sims.unity  # noqa: F401  (installs the hook)
 from mlagents_envs.base_env import ActionSpec, BehaviorSpec, DimensionProperty, ObservationSpec, ObservationType
+from mlagents_envs.exception import UnityObservationException
 from simbridge.trainer.run.launch import child_env
 from simbridge.sims.unity.compat import serialized_descriptor
 from simbridge.sims.unity.spaces import behavior_spaces
@@ -100,6 +101,22 @@ def test_discrete_branches_several_sensors_and_masks():
     np.testing.assert_array_equal(no_mask_yet["action_mask"], np.ones((2, 5)))
     act = sp.action_tuple(np.array([[2, 1], [0, 0]]), 2)
     assert act.discrete.dtype == np.int32 and act.discrete.tolist() == [[2, 1], [0, 0]]
+
+
+def test_a_camera_is_sent_as_its_bytes_and_one_of_floats_is_named():
+    camera = spec([(3, 8, 8), (6,)], branches=(3,))
+    sp = behavior_spaces(camera)
+    assert sp.observation_space["obs_0"] == gym.spaces.Box(0, 255, (3, 8, 8), np.uint8)
+    assert sp.observation_space["obs_1"] == gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 3, 8, 8)).astype(np.uint8)
+    value = sp.observations([pixels.astype(np.float32) / np.float32(255.0), np.ones((2, 6), np.float32)], None)
+    assert value["obs_0"].dtype == np.uint8 and np.array_equal(value["obs_0"], pixels)   # exactly the bytes
+    with pytest.raises(UnityObservationException, match="not 8-bit pixels.*--camera-dtype float32"):
+        sp.observations([np.full((1, 3, 8, 8), 0.3, np.float32), np.ones((1, 6), np.float32)], None)
+    floats = behavior_spaces(camera, camera_dtype="float32")
+    assert floats.observation_space["obs_0"] == gym.spaces.Box(-np.inf, np.inf, (3, 8, 8), np.float32)
+    kept = floats.observations([np.full((1, 3, 8, 8), 0.3, np.float32), np.ones((1, 6), np.float32)], None)
+    assert kept["obs_0"].dtype == np.float32 and np.all(kept["obs_0"] == np.float32(0.3))
 
 
 def test_hybrid_actions_are_a_dict_of_both_parts():

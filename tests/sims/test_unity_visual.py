@@ -123,4 +123,29 @@ def test_camera_observations_reach_the_policy_exactly(tmp_path, case):
     assert check_replay(bridge, run.trace, "Camera?team=0", "camera") >= 30
     seen = np.concatenate(bridge.policies["camera"].seen)
     marker = seen.max(axis=(1, 2)) if layout == "hwc" else seen.max(axis=(2, 3))
-    assert seen.dtype == np.float32 and np.all(marker == 1.0)   # the marker column, value 255/255
+    assert seen.dtype == np.uint8 and np.all(marker == 255)   # the marker column, as its byte
+
+
+def test_camera_dtype_float32_keeps_floats_and_a_camera_of_floats_is_named_with_it(tmp_path):
+    """--camera-dtype float32 sends a camera as floats in [0, 1], as before bytes were the default; a
+    camera whose values are not 8-bit stops the connector (no traceback) naming that flag."""
+    peer = ["--scene", "camera", "--agents", 2, "--visual-layout", "hwc"]
+    bridge = Bridge(["Camera*=camera"])
+    try:
+        floats = run_connector(bridge.address, tmp_path, args=["--max-steps", 30, "--quiet", "--camera-dtype", "float32"],
+                               peer_args=peer)
+        seen = np.concatenate(bridge.policies["camera"].seen)
+        (tmp_path / "odd").mkdir()
+        odd = run_connector(bridge.address, tmp_path / "odd", args=["--max-steps", 30, "--quiet"],
+                            peer_args=[*peer, "--compression", "floats"])
+        (tmp_path / "odd-floats").mkdir()
+        odd_as_floats = run_connector(bridge.address, tmp_path / "odd-floats",
+                                      args=["--max-steps", 30, "--quiet", "--camera-dtype", "float32"],
+                                      peer_args=[*peer, "--compression", "floats"])
+    finally:
+        bridge.stop()
+    assert floats.code == 0, floats.explain()
+    assert seen.dtype == np.float32 and np.all(seen.max(axis=(1, 2)) == 1.0)   # the marker column, 255/255
+    assert odd.code == 3 and "Traceback" not in odd.stderr, odd.explain()
+    assert "not 8-bit pixels" in odd.stderr and "--camera-dtype float32" in odd.stderr, odd.explain()
+    assert odd_as_floats.code == 0, odd_as_floats.explain()

@@ -210,7 +210,10 @@ def server_episodes(bridge: Bridge, pid: str) -> Dict[int, List[List[dict]]]:
 
 
 def _first_sensor(value):
-    return np.asarray(value["obs_0"] if isinstance(value, dict) else value)
+    """The first sensor's values as Unity sent them: a camera sent as bytes (the connector's default
+    --camera-dtype uint8) back in [0, 1], as the peer's trace holds it."""
+    v = np.asarray(value["obs_0"] if isinstance(value, dict) else value)
+    return v.astype(np.float32) / np.float32(255.0) if v.dtype == np.uint8 else v
 
 
 def check_replay(bridge: Bridge, trace: List[dict], behavior: str, pid: str, group_weight: float = 1.0) -> int:

@@ -180,6 +180,8 @@ class Peer:
                 p.compressed_channel_mapping.extend(mapping)
             else:
                 p.compression_type = RAW
+                if spec.visual and self.opts.compression == "floats":   # a camera of floats: not 8-bit pixels
+                    value = np.asarray(value, np.float32) + np.float32(0.5 / 255)
                 p.float_data.data.extend(np.asarray(value, np.float32).ravel().tolist())
             out.append(p)
         return out
@@ -398,7 +400,8 @@ def parse_args(argv):
     p.add_argument("--decision-period", type=int, default=1,
                    help="agent i decides every 1 + i %% K steps (K=1: every agent every step)")
     p.add_argument("--visual-layout", choices=["chw", "hwc"], default="chw")
-    p.add_argument("--compression", choices=["png", "none"], default="png")
+    p.add_argument("--compression", choices=["png", "none", "floats"], default="png",
+                   help="cameras as PNG, raw 8-bit values (k/255), or raw floats between those levels")
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--channel-mapping", type=int, default=1, help="send a channel mapping for 2 or >3 channels")
     p.add_argument("--dimension-properties", type=int, default=1, help="0: send none (as old builds)")
