@@ -45,7 +45,7 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel  # no
 
 from simbridge.client.policy_client import MultiAgentPolicyClient, open_channel  # noqa: E402
 from simbridge.console import Console, on_hangup  # noqa: E402
-from simbridge.wire.errors import BridgeError  # noqa: E402
+from simbridge.wire.errors import BridgeError, Reason  # noqa: E402
 from simbridge.sims.common import Stats, StopFlag, add_common_args, client_security, run_cli  # noqa: E402
 from simbridge.sims.unity.behavior import BehaviorBridge  # noqa: E402
 from simbridge.sims.unity.environment import BridgeUnityEnvironment, UnityPackageRefused  # noqa: E402
@@ -322,6 +322,12 @@ def run_instance(args, worker_id: int) -> Tuple[int, dict]:
         except UnityProblem as e:
             extra["error"] = str(e)
             print(f"{PROG}#{worker_id}: error: {e}", file=sys.stderr, flush=True)
+        except BridgeError as e:
+            if e.reason == Reason.SPACE_MISMATCH and args.camera_dtype == "uint8" and "uint8" in e.message:
+                raise BridgeError(e.code, f"{e.message}. A policy that learned its cameras as floats (the "
+                                  f"connector's --camera-dtype float32, the only form before bytes) takes them so: "
+                                  f"run the connector with --camera-dtype float32", e.reason) from None
+            raise
         return extra
 
     code = run_cli(PROG, body, stats)

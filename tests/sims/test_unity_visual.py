@@ -142,6 +142,8 @@ def test_camera_dtype_float32_keeps_floats_and_a_camera_of_floats_is_named_with_
         odd_as_floats = run_connector(bridge.address, tmp_path / "odd-floats",
                                       args=["--max-steps", 30, "--quiet", "--camera-dtype", "float32"],
                                       peer_args=[*peer, "--compression", "floats"])
+        (tmp_path / "bytes").mkdir()   # the policy learned floats: bytes are another space
+        as_bytes = run_connector(bridge.address, tmp_path / "bytes", args=["--max-steps", 30, "--quiet"], peer_args=peer)
     finally:
         bridge.stop()
     assert floats.code == 0, floats.explain()
@@ -149,3 +151,4 @@ def test_camera_dtype_float32_keeps_floats_and_a_camera_of_floats_is_named_with_
     assert odd.code == 3 and "Traceback" not in odd.stderr, odd.explain()
     assert "not 8-bit pixels" in odd.stderr and "--camera-dtype float32" in odd.stderr, odd.explain()
     assert odd_as_floats.code == 0, odd_as_floats.explain()
+    assert as_bytes.code == 2 and "run the connector with --camera-dtype float32" in as_bytes.stderr, as_bytes.explain()
