@@ -1,6 +1,7 @@
 """Speed of Gazebo worlds through simbridge: one world with and without the plugin, and N worlds on one trainer.
 
     python bench/gazebo_farm.py [--worlds 1,2,3,4] [--seconds 30] [--policy random|dqn] [--out FILE]
+    python bench/gazebo_farm.py --cameras 0,32x32,84x84,320x240 [--seconds 15]
 
 Needs a gz-sim 8 (Harmonic) prefix (GZ_PREFIX, ~/.cache/simbridge/gz-harmonic, or gz on PATH; docs/gazebo.md)
 and builds the plugin into build/gazebo-gz as tests/sims/test_gazebo_sim.py does. Prints one JSON object:
@@ -11,6 +12,12 @@ and builds the plugin into build/gazebo-gz as tests/sims/test_gazebo_sim.py does
 - `bridge`: for each N in --worlds, N `gz sim -s -r` processes (each its own GZ_PARTITION) feeding one
   `simbridge-trainer run` (the random policy by default: the bridge and the plugin, not a learner), the
   aggregate env steps/s over --seconds after every world's session is up, and per world.
+- `cameras` (with --cameras, instead of the two above): the pendulum world, one at a time, without a
+  camera (0) and with the tests' stand-in camera (sims/gazebo/tests/fake_camera_system.cpp: gz-sensors'
+  timing, its "render" instant) of each WxH, R8G8B8 at the action rate, its frame beside the joints in the
+  observation; env steps/s and CPU ms per env step of the world's and the trainer's processes: what a
+  camera's frames cost the plugin, the C++ SDK and the bridge, not a render. Each size runs with the
+  trainer's journal on (the default: every transition's obs and new_obs written ahead) and off.
 """
 import argparse
 import platform
@@ -25,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sims"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import emit  # noqa: E402
-from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix,  # noqa: E402
-                            gz_env, wait_until)
+from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, camera_world, configure_and_build,  # noqa: E402
+                            find_prefix, gz_env, wait_until)
 
 RANDOM = """
 [server]
@@ -104,12 +111,69 @@ def farm(prefix, plugin_dir, sdf, n: int, seconds: float, policy: str, tmp: Path
         trainer.stop()
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the process `pid` and its descendants, from /proc."""
+    ticks = __import__("os").sysconf("SC_CLK_TCK")
+    stats = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:   # gone meanwhile
+            continue
+        stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree, total = {pid}, 0.0
+    for _ in range(8):   # a few generations: stdbuf -> gz (ruby) -> the server
+        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
+    for p in tree:
+        total += stats.get(p, (0, 0.0))[1]
+    return total
+
+
+def camera_cost(prefix, plugin_dir, sizes, seconds: float, tmp: Path) -> list:
+    rows = []
+    for size, journal in ((size, journal) for size in sizes for journal in (True, False)):
+        out = tmp / f"camera-{size}-{'journal' if journal else 'nojournal'}"
+        out.mkdir()
+        if size == "0":
+            sdf = WORLDS / "pendulum.sdf"
+        else:
+            w, h = (int(x) for x in size.split("x"))
+            sdf = camera_world(out, w, h, update_rate=50, image_format="R8G8B8", render_ms=0)
+        config = out / "random.toml"
+        config.write_text(RANDOM)
+        trainer = Trainer(out / "logs", config=config, overrides=(f"run.journal={str(journal).lower()}",))
+        world = None
+        try:
+            trainer.wait_serving()
+            world = World(prefix, plugin_dir, sdf, trainer.address, out / "gz.log")
+            wait_until(lambda: trainer.last().get("sessions") == 1, 180, "the world's session",
+                       [("gz sim", world.proc, world.log)])
+            time.sleep(3.0)
+            first, cpu0 = trainer.last(), (tree_cpu_s(world.proc.pid), tree_cpu_s(trainer.proc.pid))
+            time.sleep(seconds)
+            last, cpu1 = trainer.last(), (tree_cpu_s(world.proc.pid), tree_cpu_s(trainer.proc.pid))
+            steps = last["env_steps"] - first["env_steps"]
+            dt = last["wall_s"] - first["wall_s"]
+            rows.append({"camera": size, "journal": journal, "env_steps": steps, "seconds": round(dt, 1),
+                         "steps_per_s": round(steps / dt, 1),
+                         "world_cpu_ms_per_step": round(1000 * (cpu1[0] - cpu0[0]) / max(steps, 1), 3),
+                         "trainer_cpu_ms_per_step": round(1000 * (cpu1[1] - cpu0[1]) / max(steps, 1), 3),
+                         "inactive": "the plugin is inactive" in world.text()})
+        finally:
+            if world is not None:
+                world.stop()
+            trainer.stop()
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="1,2,3,4", help="comma-separated N: worlds feeding one trainer")
     ap.add_argument("--seconds", type=float, default=30.0, help="measured window per N")
     ap.add_argument("--policy", choices=("random", "dqn"), default="random")
     ap.add_argument("--world", default=str(WORLDS / "cartpole.sdf"))
+    ap.add_argument("--cameras", help="comma-separated camera sizes WxH (0: none) on the pendulum world, "
+                                      "instead of --worlds")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
     prefix = find_prefix()
@@ -124,10 +188,13 @@ def main(argv=None):
         tmp = Path(tmp)
         result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                   "cpus": __import__("os").cpu_count(), "load_avg": __import__("os").getloadavg(),
-                  "prefix": str(prefix), "world": sdf.name,
-                  "no_plugin": no_plugin(prefix, plugin_dir, sdf, tmp),
-                  "bridge": [farm(prefix, plugin_dir, sdf, int(n), args.seconds, args.policy, tmp)
-                             for n in args.worlds.split(",")]}
+                  "prefix": str(prefix)}
+        if args.cameras:
+            result["cameras"] = camera_cost(prefix, plugin_dir, args.cameras.split(","), args.seconds, tmp)
+        else:
+            result.update(world=sdf.name, no_plugin=no_plugin(prefix, plugin_dir, sdf, tmp),
+                          bridge=[farm(prefix, plugin_dir, sdf, int(n), args.seconds, args.policy, tmp)
+                                  for n in args.worlds.split(",")])
     emit(result, args.out, indent=2)
 
 

@@ -118,6 +118,34 @@ def trainer_executable() -> str:
     return str(here) if here.exists() else (shutil.which("simbridge-trainer") or "simbridge-trainer")
 
 
+def with_plugin_params(sdf: Path, out_dir: Path, **params) -> Path:
+    """A copy of the world (in out_dir) whose simbridge <plugin> block has these parameters too."""
+    text = sdf.read_text()
+    block = text.index('<plugin filename="simbridge-gz-system"')
+    end = text.index("</plugin>", block)
+    extra = "".join(f"<{k}>{v}</{k}>" for k, v in params.items())
+    path = Path(out_dir) / sdf.name
+    path.write_text(text[:end] + extra + text[end:])
+    return path
+
+
+def camera_world(out_dir: Path, width: int, height: int, update_rate: float = 0, sensor_width: Optional[int] = None,
+                 image_format: str = "L8", render_ms: float = 1.0, **params) -> Path:
+    """The pendulum world with sims/gazebo/tests/fake_camera_system.cpp's stand-in camera on its model
+    (width x height, image_format, update_rate Hz: 0 every iteration; sensor_width: another width than
+    the plugin is told; render_ms: the wall time a frame takes it) and the plugin reading it as <camera_topic>."""
+    path = with_plugin_params(WORLDS / "pendulum.sdf", out_dir, camera_topic="/pendulum/camera", camera_width=width,
+                              camera_height=height, camera_format=image_format, **params)
+    text = path.read_text()
+    camera = ('<plugin filename="simbridge-gz-test-camera" name="simbridge::gazebo::FakeCamera">'
+              f'<topic>/pendulum/camera</topic><joint>hinge</joint><width>{sensor_width or width}</width>'
+              f'<height>{height}</height><format>{image_format}</format><update_rate>{update_rate}</update_rate>'
+              f'<render_ms>{render_ms}</render_ms></plugin>')
+    end = text.rindex("</model>")
+    path.write_text(text[:end] + camera + text[end:])
+    return path
+
+
 class Trainer:
     """`simbridge-trainer run` as its own process, on loopback, with its output in LOGDIR/../NAME.log."""
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, configure_and_build, find_prefix, free_port,
-                            gz_env, wait_until)
+from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, camera_world, configure_and_build, find_prefix,
+                            free_port, gz_env, wait_until, with_plugin_params)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -118,17 +118,6 @@ def test_a_world_runs_its_episodes_counted_exactly_on_both_sides(prefix, plugin,
         if gz is not None:
             gz.stop()
         trainer.stop()
-
-
-def with_plugin_params(sdf, tmp_path, **params):
-    """A copy of the world whose simbridge <plugin> block has these parameters too."""
-    text = sdf.read_text()
-    block = text.index('<plugin filename="simbridge-gz-system"')
-    end = text.index("</plugin>", block)
-    extra = "".join(f"<{k}>{v}</{k}>" for k, v in params.items())
-    path = tmp_path / sdf.name
-    path.write_text(text[:end] + extra + text[end:])
-    return path
 
 
 def test_a_world_started_before_its_trainer_waits_connect_timeout_s_for_it(prefix, plugin, random_config, tmp_path):
@@ -304,17 +293,9 @@ def test_sac_learns_the_pendulum_world_through_box_efforts(prefix, plugin, tmp_p
 CAMERA_W, CAMERA_H = 24, 20
 
 
-def camera_world(tmp_path, update_rate=0, width=CAMERA_W, **params):
-    """The pendulum world with the stand-in camera on its model and the plugin reading it."""
-    path = with_plugin_params(PENDULUM, tmp_path, camera_topic="/pendulum/camera", camera_width=width,
-                              camera_height=CAMERA_H, camera_format="L8", **params)
-    text = path.read_text()
-    camera = ('<plugin filename="simbridge-gz-test-camera" name="simbridge::gazebo::FakeCamera">'
-              f'<topic>/pendulum/camera</topic><joint>hinge</joint><width>{CAMERA_W}</width>'
-              f'<height>{CAMERA_H}</height><update_rate>{update_rate}</update_rate></plugin>')
-    end = text.rindex("</model>")
-    path.write_text(text[:end] + camera + text[end:])
-    return path
+def pendulum_camera(tmp_path, update_rate=0, width=CAMERA_W, **params):
+    """The pendulum world with the stand-in camera, CAMERA_W x CAMERA_H (the plugin told `width`)."""
+    return camera_world(tmp_path, width, CAMERA_H, update_rate, sensor_width=CAMERA_W, **params)
 
 
 def run_to_its_end(prefix, plugin, sdf, trainer, log, iterations):
@@ -346,7 +327,7 @@ def test_a_camera_frame_reaches_replay_as_bytes_showing_the_state_of_its_observa
     float32 the camera wrote into its first 4 bytes is the observation's hinge angle, bit for bit."""
     import numpy as np
     trainer = Trainer(tmp_path / "run", config=random_config(), overrides=("dataset.record=true",))
-    gz, summary = run_to_its_end(prefix, plugin, camera_world(tmp_path, camera_max_age=0), trainer,
+    gz, summary = run_to_its_end(prefix, plugin, pendulum_camera(tmp_path, camera_max_age=0), trainer,
                                  tmp_path / "gz.log", 1500)
     assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
     episodes = recorded_episodes(tmp_path / "run")
@@ -369,7 +350,7 @@ def test_a_camera_at_the_action_rate_serves_every_action(prefix, plugin, random_
     """The default freshness (a frame taken after the previous observation) with a camera at 50 Hz, the
     pendulum's action rate (2 iterations of 10 ms): the world runs its episodes without a stall."""
     trainer = Trainer(tmp_path / "run", config=random_config())
-    gz, summary = run_to_its_end(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer,
+    gz, summary = run_to_its_end(prefix, plugin, pendulum_camera(tmp_path, update_rate=50), trainer,
                                  tmp_path / "gz.log", 1500)
     assert summary is not None and summary["episodes"] >= 5, gz.text()[-3000:]
     assert summary["actions"] + summary["open_actions"] >= 600
@@ -381,10 +362,10 @@ def test_a_camera_unlike_its_parameters_stops_the_plugin_with_the_fix(prefix, pl
     """A camera slower than the actions, or sending another size than the plugin's parameters, is named
     with what to change; the plugin stops, the world runs on."""
     if case == "too_slow":
-        sdf = camera_world(tmp_path, update_rate=10, camera_timeout_s=1)
+        sdf = pendulum_camera(tmp_path, update_rate=10, camera_timeout_s=1)
         said = "the camera's <update_rate> must give a frame for every action, at least 50 Hz here"
     else:
-        sdf = camera_world(tmp_path, width=32)
+        sdf = pendulum_camera(tmp_path, width=32)
         said = ("the camera on /pendulum/camera sends 24x20 L8 images, the plugin expects 32x20 L8: make "
                 "<camera_width>, <camera_height> and <camera_format> those of the sensor's <image>")
     gz, _ = run_to_its_end(prefix, plugin, sdf, Trainer(tmp_path / "run", config=random_config()), tmp_path / "gz.log",
@@ -397,7 +378,7 @@ def test_sac_learns_the_pendulum_world_with_a_camera_in_its_observation(prefix, 
     """The pendulum seen as Dict {camera, joints}: the frame through the convolutional encoder the trainer
     picks, kept as bytes in replay beside the joints' floats, and SAC still holds the rod up."""
     trainer = Trainer(tmp_path / "run", config=PENDULUM_SAC, overrides=["run.print_every_s=1.0"])
-    learns(prefix, plugin, camera_world(tmp_path, update_rate=50), trainer, tmp_path / "gz.log", PENDULUM_TARGET,
+    learns(prefix, plugin, pendulum_camera(tmp_path, update_rate=50), trainer, tmp_path / "gz.log", PENDULUM_TARGET,
            PENDULUM_BUDGET_S, PENDULUM_MAX_STEPS, "SAC on the pendulum world with a camera")
     said = trainer.log.read_text()
     assert f"{CAMERA_H}x{CAMERA_W}x1 uint8 image through simple" in said, said[-3000:]

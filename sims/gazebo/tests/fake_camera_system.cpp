@@ -5,13 +5,16 @@
 // stamped with that sim time; it waits for the previous frame before taking the next, as gz-sim's
 // Sensors system waits for its render thread.
 //
-// The picture: an L8 image whose first 4 bytes are the observed joint's position as float32 and
-// whose other bytes count up, in rows padded to a step of width + 3 bytes. A test compares the
-// 4 bytes with the joint position in the same observation: a stale frame shows another angle.
+// The picture: an L8 (or R8G8B8) image whose first 4 bytes are the observed joint's position as
+// float32 and whose other bytes count up, in rows padded to a step of width x channels + 3 bytes. A
+// test compares the 4 bytes with the joint position in the same observation: a stale frame shows
+// another angle.
 //
 //   <plugin filename="simbridge-gz-test-camera" name="simbridge::gazebo::FakeCamera">
 //     <topic>/pendulum/camera</topic> <joint>hinge</joint> <width>24</width> <height>20</height>
 //     <update_rate>50</update_rate>   <!-- Hz of sim time; 0: every iteration -->
+//     <format>L8</format>             <!-- or R8G8B8 -->
+//     <render_ms>1</render_ms>        <!-- how long a "render" takes, wall ms -->
 //   </plugin>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +45,8 @@ class FakeCamera : public gz::sim::System,
                  gz::sim::EntityComponentManager& ecm, gz::sim::EventManager&) override {
     width_ = sdf->Get<int>("width", 24).first;
     height_ = sdf->Get<int>("height", 20).first;
+    rgb_ = sdf->Get<std::string>("format", "L8").first == "R8G8B8";
+    render_ = std::chrono::microseconds(static_cast<int64_t>(1000 * sdf->Get<double>("render_ms", 1.0).first));
     const double rate = sdf->Get<double>("update_rate", 0.0).first;
     period_ = rate > 0 ? std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(1.0 / rate))
@@ -49,6 +54,12 @@ class FakeCamera : public gz::sim::System,
     joint_ = gz::sim::Joint(gz::sim::Model(entity).JointByName(ecm, sdf->Get<std::string>("joint", "hinge").first));
     joint_.EnablePositionCheck(ecm, true);
     publisher_ = node_.Advertise<gz::msgs::Image>(sdf->Get<std::string>("topic", "/camera").first);
+    // The picture but its first 4 bytes is the same every frame: drawn once, so the world's CPU in
+    // bench/gazebo_farm.py's camera rows is the frames' way to the trainer, not this stand-in's drawing.
+    const int row = width_ * (rgb_ ? 3 : 1), step = row + 3;
+    picture_.assign(static_cast<size_t>(step * height_), '\xff');   // padding: never part of a frame
+    for (int y = 0; y < height_; ++y)
+      for (int x = 0; x < row; ++x) picture_[y * step + x] = static_cast<char>((y * row + x) % 251);
     renderer_ = std::thread([this] { render_loop(); });
   }
 
@@ -82,7 +93,7 @@ class FakeCamera : public gz::sim::System,
 
  private:
   void render_loop() {
-    const int step = width_ + 3;
+    const int step = width_ * (rgb_ ? 3 : 1) + 3;
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       wake_.wait(lock, [this] { return pending_ || stopping_; });
@@ -94,14 +105,12 @@ class FakeCamera : public gz::sim::System,
       image.set_width(width_);
       image.set_height(height_);
       image.set_step(step);
-      image.set_pixel_format_type(gz::msgs::PixelFormatType::L_INT8);
-      std::string data(static_cast<size_t>(step * height_), '\xff');   // padding: never part of a frame
-      for (int y = 0; y < height_; ++y)
-        for (int x = 0; x < width_; ++x) data[y * step + x] = static_cast<char>((y * width_ + x) % 251);
-      std::memcpy(&data[0], &angle_, sizeof angle_);
-      image.set_data(data);
+      image.set_pixel_format_type(rgb_ ? gz::msgs::PixelFormatType::RGB_INT8 : gz::msgs::PixelFormatType::L_INT8);
+      std::string* data = image.mutable_data();
+      *data = picture_;
+      std::memcpy(&(*data)[0], &angle_, sizeof angle_);
       lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));   // rendering takes a while
+      std::this_thread::sleep_for(render_);   // rendering takes a while
       publisher_.Publish(image);
       lock.lock();
       pending_ = false;
@@ -110,6 +119,9 @@ class FakeCamera : public gz::sim::System,
   }
 
   int width_ = 24, height_ = 20;
+  bool rgb_ = false;
+  std::chrono::microseconds render_{1000};
+  std::string picture_;
   std::chrono::steady_clock::duration period_{}, next_{}, stamp_{};
   gz::sim::Joint joint_{gz::sim::kNullEntity};
   gz::transport::Node node_;
