@@ -71,10 +71,12 @@ bool to_bool(const std::string& key, const std::string& text) {
 
 const float kUnbounded = std::numeric_limits<float>::max();   // as gymnasium's CartPole: finite, huge
 
+// Seconds a wait or an age may take: bounded (a million seconds, 11 days), so that a huge value
+// neither overflows sim-time nanoseconds nor turns a wait into none (wait_for's clock overflows too).
 double to_seconds(const std::string& key, const std::string& text, bool zero_allowed) {
   const double value = to_double(key, trimmed(text));
-  if (std::isinf(value) || value < 0 || (!zero_allowed && value == 0))
-    bad(key, zero_allowed ? "must be finite and >= 0" : "must be finite and > 0");
+  if (!(value <= 1e6) || value < 0 || (!zero_allowed && value == 0))
+    bad(key, zero_allowed ? "must be >= 0 and at most 1e6" : "must be > 0 and at most 1e6");
   return value;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -96,8 +97,15 @@ class SimbridgeSystem : public gz::sim::System,
       const auto world_name = gz::sim::World(gz::sim::worldEntity(ecm)).Name(ecm);
       control_service_ = "/world/" + world_name.value_or("default") + "/control";
       if (config.observe_camera) {
-        frames_ = std::make_unique<simbridge_gz::FrameBuffer>(config.camera);
-        if (!node_.Subscribe(config.camera.topic, &SimbridgeSystem::on_image, this))
+        frames_ = std::make_shared<simbridge_gz::FrameBuffer>(config.camera);
+        // The callback owns the buffer with the plugin: gz-transport delivers queued images on its own
+        // thread and does not wait for them when the node goes, so one may arrive after this object.
+        std::function<void(const gz::msgs::Image&)> on_image = [frames = frames_](const gz::msgs::Image& image) {
+          const auto& stamp = image.header().stamp();
+          frames->offer(image.width(), image.height(), image.step(), image.pixel_format_type(), image.data(),
+                        stamp.sec() * 1'000'000'000LL + stamp.nsec());
+        };
+        if (!node_.Subscribe(config.camera.topic, on_image))
           throw std::invalid_argument("could not subscribe to <camera_topic> " + config.camera.topic);
       }
 
@@ -215,13 +223,6 @@ class SimbridgeSystem : public gz::sim::System,
     }
   }
 
-  // On gz-transport's thread: a camera sensor's image, as it published it.
-  void on_image(const gz::msgs::Image& image) {
-    const auto& stamp = image.header().stamp();
-    frames_->offer(image.width(), image.height(), image.step(), image.pixel_format_type(), image.data(),
-                   stamp.sec() * 1'000'000'000LL + stamp.nsec());
-  }
-
   // The plugin's own count, logged at gzmsg level (gz sim -v 3): what the trainer's metrics must match.
   void count_ended_episodes(const char* by) {
     if (driver_->episodes_ended() == counted_) return;
@@ -264,8 +265,8 @@ class SimbridgeSystem : public gz::sim::System,
   int64_t counted_ = 0;    // the current driver's episodes_ended() already counted
   int64_t episodes_ = 0, actions_ = 0, sessions_lost_ = 0;
   std::string control_service_;
-  std::unique_ptr<simbridge_gz::FrameBuffer> frames_;
-  gz::transport::Node node_;   // after frames_: destroyed first, so no image arrives into a freed buffer
+  std::shared_ptr<simbridge_gz::FrameBuffer> frames_;   // shared with the camera's callback
+  gz::transport::Node node_;
   std::unique_ptr<simbridge::PolicyClient> client_;
   std::unique_ptr<PolicyClientAgent> agent_;
   std::unique_ptr<simbridge_gz::EpisodeDriver> driver_;

@@ -97,15 +97,17 @@ CAMERA_DTYPES = ("uint8", "float32")
 
 
 def camera_bytes(values: np.ndarray, k: int) -> np.ndarray:
-    """A camera's values, k/255 in [0, 1] as Unity's PNG decodes to, as its uint8 pixels; a
-    UnityObservationException for values that are not 8-bit (a sensor of floats)."""
-    scaled = np.asarray(values, np.float32) * np.float32(255.0)
-    pixels = np.rint(scaled)
-    if pixels.size and (np.abs(scaled - pixels).max() > 1e-3 or pixels.min() < 0 or pixels.max() > 255):
+    """A camera's values as its uint8 pixels: k/255 in [0, 1] as Unity's PNG decodes to, or a
+    grayscale camera's mean of three 8-bit channels, (r + g + b)/765 (ML-Agents' grayscale,
+    compressed or not), rounded to the nearest level. A UnityObservationException for anything else
+    (a sensor of floats, NaN)."""
+    v = np.asarray(values, np.float32)
+    thirds = v * np.float32(765.0)
+    if v.size and not (np.abs(thirds - np.rint(thirds)).max() <= 1e-2 and v.min() >= 0 and v.max() <= 1):
         raise UnityObservationException(
-            f"observation {k} is rank 3 but its values are not 8-bit pixels (k/255 in [0, 1]): a sensor "
-            f"of floats; run the connector with --camera-dtype float32")
-    return pixels.astype(np.uint8)
+            f"observation {k} is rank 3 but its values are not 8-bit pixels (k/255 in [0, 1], or a "
+            f"grayscale mean of three): a sensor of floats; run the connector with --camera-dtype float32")
+    return np.rint(v * np.float32(255.0)).astype(np.uint8)
 
 
 def behavior_spaces(spec: BehaviorSpec, with_mask: bool = False, camera_dtype: str = "uint8") -> BehaviorSpaces:

@@ -111,8 +111,12 @@ def test_a_camera_is_sent_as_its_bytes_and_one_of_floats_is_named():
     pixels = np.random.default_rng(0).integers(0, 256, (2, 3, 8, 8)).astype(np.uint8)
     value = sp.observations([pixels.astype(np.float32) / np.float32(255.0), np.ones((2, 6), np.float32)], None)
     assert value["obs_0"].dtype == np.uint8 and np.array_equal(value["obs_0"], pixels)   # exactly the bytes
-    with pytest.raises(UnityObservationException, match="not 8-bit pixels.*--camera-dtype float32"):
-        sp.observations([np.full((1, 3, 8, 8), 0.3, np.float32), np.ones((1, 6), np.float32)], None)
+    for odd in (0.3, np.nan, 1.5):
+        with pytest.raises(UnityObservationException, match="not 8-bit pixels.*--camera-dtype float32"):
+            sp.observations([np.full((1, 3, 8, 8), odd, np.float32), np.ones((1, 6), np.float32)], None)
+    # a grayscale camera is the mean of three 8-bit channels: (10 + 20 + 31) / 3 is level 20.33
+    gray = np.full((1, 3, 8, 8), np.mean([10, 20, 31]) / 255, np.float32)
+    assert np.all(sp.observations([gray, np.ones((1, 6), np.float32)], None)["obs_0"] == 20)
     floats = behavior_spaces(camera, camera_dtype="float32")
     assert floats.observation_space["obs_0"] == gym.spaces.Box(-np.inf, np.inf, (3, 8, 8), np.float32)
     kept = floats.observations([np.full((1, 3, 8, 8), 0.3, np.float32), np.ones((1, 6), np.float32)], None)

@@ -112,6 +112,16 @@ def test_a_camera_beside_vectors_keeps_its_bytes_and_reads_as_the_flat_rows_do()
     assert encoders.replay_in_layout(ROBOT, {"data": converted})["data"][OBS] is converted[OBS]   # bytes stay
 
 
+def test_one_observation_of_a_camera_beside_vectors_is_acted_on():
+    """A single row's float parts sit at a byte offset that is no multiple of 4 (ROBOT's 2 bumper
+    bytes sort first): acting on one observation reads them as float32 all the same."""
+    one = sb_spaces.sample_batch_of(ROBOT, 1, np.random.default_rng(5))
+    dqn = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
+    assert dqn.compute_actions(one, explore=False).actions.shape == (1,)
+    sac = SACLearner(ROBOT, gym.spaces.Box(-1, 1, (2,), np.float32), {**OFF, "random_warmup": False})
+    assert sac.compute_actions(one, explore=False).actions.shape == (1, 2)
+
+
 def test_a_replay_checkpointed_with_flat_rows_loads_as_bytes_and_trains():
     learner = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
     batch = _rows(ROBOT, 32, np.random.default_rng(0))

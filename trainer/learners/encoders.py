@@ -213,7 +213,9 @@ def _float32(rows: torch.Tensor, start: int, stop: int, width: int) -> torch.Ten
     """Columns [start, stop) of byte rows as floats: bytes as they are (width 1), or the float32
     values whose bytes they are (width 4)."""
     part = rows[:, start:stop]
-    return part.float() if width == 1 else part.contiguous().view(torch.float32)
+    # clone, not contiguous(): one row's slice is "contiguous" already, and a dtype view needs its
+    # storage offset and row stride in whole float32s, which only a copy of its own has
+    return part.float() if width == 1 else part.clone(memory_format=torch.contiguous_format).view(torch.float32)
 
 
 class ImagePart(nn.Module):

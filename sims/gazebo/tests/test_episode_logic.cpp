@@ -406,6 +406,7 @@ void parse_camera_params() {
       {"camera_width", "0", "must be >= 1"},        {"camera_height", "tall", "not an integer"},
       {"camera_format", "L16", "R8G8B8, B8G8R8, L8"}, {"camera_format", "R_FLOAT32", "8-bit"},
       {"camera_timeout_s", "0", "> 0"},            {"camera_max_age", "-1", ">= 0"},
+      {"camera_timeout_s", "1e300", "at most 1e6"}, {"camera_max_age", "inf", "at most 1e6"},
       {"observation", "pixels", "'pixels'"},       {"observation", " ", "name 'joints'"},
       {"camera_topic", "/a /b", "one word"},
   };
