@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sims"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import proc_cpu_s  # noqa: E402
 from bench.report import emit  # noqa: E402
 from gazebo_harness import (NO_PREFIX, ROOT, WORLDS, Trainer, World, camera_world, configure_and_build,  # noqa: E402
                             find_prefix, gz_env, wait_until)
@@ -113,20 +114,16 @@ def farm(prefix, plugin_dir, sdf, n: int, seconds: float, policy: str, tmp: Path
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of the process `pid` and its descendants, from /proc."""
-    ticks = __import__("os").sysconf("SC_CLK_TCK")
-    stats = {}
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:   # gone meanwhile
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):   # gone meanwhile
             continue
-        stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    tree, total = {pid}, 0.0
+    tree = {pid}
     for _ in range(8):   # a few generations: stdbuf -> gz (ruby) -> the server
-        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
-    for p in tree:
-        total += stats.get(p, (0, 0.0))[1]
-    return total
+        tree |= {p for p, ppid in parents.items() if ppid in tree}
+    return sum(proc_cpu_s(p) or 0.0 for p in tree)
 
 
 def camera_cost(prefix, plugin_dir, sizes, seconds: float, tmp: Path) -> list:

@@ -87,11 +87,15 @@ def _is_bytes(leaf: gym.Space) -> bool:
     return isinstance(leaf, gym.spaces.Box) and leaf.dtype == np.uint8
 
 
+def _width(leaf: gym.Space, in_bytes: bool) -> int:
+    """Bytes a value of `leaf` takes in a row: 1 for a uint8 part of a byte row, else 4 (float32)."""
+    return 1 if in_bytes and _is_bytes(leaf) else 4
+
+
 def row_bytes(space: gym.Space) -> int:
     """Bytes one observation row takes (in a batch, in the replay buffer)."""
-    if not byte_rows(space):
-        return 4 * flat_dim(space)
-    return sum(flat_dim(leaf) * (1 if _is_bytes(leaf) else 4) for leaf in leaves(space))
+    in_bytes = byte_rows(space)
+    return sum(flat_dim(leaf) * _width(leaf, in_bytes) for leaf in leaves(space))
 
 
 def obs_rows(space: gym.Space, value: Any) -> np.ndarray:
@@ -258,7 +262,7 @@ class ObsEncoder(nn.Module):
         start, byte_start, self.out_dim = 0, 0, 0
         for i, leaf in enumerate(parts):
             n = flat_dim(leaf)
-            width = 1 if in_bytes and _is_bytes(leaf) else 4
+            width = _width(leaf, in_bytes)
             if is_image(leaf):
                 kind = choose(vis_encode_type, leaf.shape, f"observation part {i}" if len(parts) > 1
                               else "the observation")
