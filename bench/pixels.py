@@ -16,7 +16,8 @@ the game's score either way).
 The learner takes CleanRL's hyperparameters (learning rate 1e-4, batch 32, gamma 0.99, one update
 per 4 env steps, hard target copy every 1000 env steps = 250 updates, MSE loss, epsilon 1 -> 0.01
 over the first 10% of steps; not its unclipped gradients: DQN's grad_clip 10 stays, TOML has no None), scaled to the budget: `--env-steps` N gives a replay of
-min(N, 100k) transitions (one uint8 transition is 56 KiB: obs and new_obs), learning_starts N/10
+min(N, 100k) transitions (56 KiB a transition as rows, obs and new_obs; the replay keeps each frame
+once, about 9 KiB: trainer/learners/frame_replay.py), learning_starts N/10
 and epsilon over N/10. `--set KEY=VALUE` (a TOML value) overrides any learner key.
 
 Prints one JSON object: the game, the command's settings, `curve` (env_steps, episodes, the mean

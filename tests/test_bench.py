@@ -96,6 +96,20 @@ def test_learner_speed_runs_on_the_cpu_and_reports_rates_and_profiles(tmp_path):
     assert report["targets"] == {}   # the issue's bars are cuda's
 
 
+def test_replay_frames_sets_each_store_beside_the_other_per_camera(tmp_path):
+    """bench/replay_frames.py: both replay stores take the same transitions; kept as frames, a
+    stack of 4 takes a fifth of its rows' bytes and holds as many rows."""
+    out = tmp_path / "frames.json"
+    run("bench/replay_frames.py", "--capacity", "300", "--agents", "3", "--episode", "30", "--repeats", "1",
+        "--cases", "atari,robot", "--out", str(out))
+    report = json.loads(out.read_text())
+    rows = {(r["case"], r["store"]): r for r in report["results"]}
+    assert set(rows) == {(c, s) for c in ("atari", "robot") for s in ("rows", "frames")}
+    assert all(r["rows_held"] == 300 and r["add_us_per_transition"] > 0 and r["sample_ms"] > 0 for r in rows.values())
+    assert report["ratios"]["atari"]["bytes_frames_vs_rows"] < 0.2
+    assert report["ratios"]["robot"]["bytes_frames_vs_rows"] < 0.7
+
+
 def test_layer_products_times_every_formulation_of_each_layer(tmp_path):
     """bench/layer_products.py (the twin critics' and DQN's layer ops, one by one: the GPU check's
     evidence for "auto" grad_row_chunks and for the bias gradients' form): on the CPU it runs too, a

@@ -39,5 +39,6 @@ def test_camera_frames_stay_uint8_in_a_recorded_dataset_and_in_the_replay_it_war
     assert np.asarray(batch[OBS]).dtype == np.uint8
     learner = DQNLearner(CAMERA, gym.spaces.Discrete(3), {"hidden": [8], "seed": 0, "learning_starts": 0, "batch_size": 2})
     learner.add(batch)
-    assert learner.replay._data[OBS].dtype == torch.uint8
-    assert torch.equal(learner.replay._data[OBS][0], torch.as_tensor(frames[0].reshape(-1)))
+    stored = learner.replay.gather(torch.arange(len(learner.replay)))[OBS]
+    assert stored.dtype == torch.uint8
+    assert torch.equal(stored[0], torch.as_tensor(frames[0].reshape(-1)))

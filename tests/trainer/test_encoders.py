@@ -8,7 +8,7 @@ import torch
 from simbridge.client import PolicyClient
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.trainer.config.values import ConfigError
-from simbridge.trainer.learners import encoders
+from simbridge.trainer.learners import encoders, frame_replay
 from simbridge.trainer.learners.dqn import DQNLearner, QNetwork
 from simbridge.trainer.learners.ppo import PPOLearner
 from simbridge.trainer.learners.sac import SACLearner
@@ -126,13 +126,14 @@ def test_a_replay_checkpointed_with_flat_rows_loads_as_bytes_and_trains():
     learner = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
     batch = _rows(ROBOT, 32, np.random.default_rng(0))
     learner.add(batch)
-    bytes_before = learner.replay._data[OBS][:32].clone()
+    bytes_before = learner.replay.gather(torch.arange(32))[OBS]
     state = learner.state_dict(include_replay=True)
+    state["replay"] = frame_replay.as_rows(state["replay"])   # camera frames were rows then
     for k in (OBS, NEW_OBS):   # as a checkpoint of the version that kept such rows as float32
         state["replay"]["data"][k] = torch.as_tensor(flatten(ROBOT, batch[k]))
     again = DQNLearner(ROBOT, gym.spaces.Discrete(3), OFF)
     again.load_state_dict(state)
-    assert again.replay._data[OBS].dtype == torch.uint8 and torch.equal(again.replay._data[OBS][:32], bytes_before)
+    assert torch.equal(again.replay.gather(torch.arange(32))[OBS], bytes_before)
     assert np.isfinite(again.train()["loss"])
 
 
@@ -163,7 +164,8 @@ def _rows(space, n, rng):
 def test_dqn_keeps_uint8_in_replay_and_trains_a_cnn(space):
     learner = DQNLearner(space, gym.spaces.Discrete(3), OFF)
     learner.add(_rows(space, 32, np.random.default_rng(0)))
-    assert learner.replay._data[OBS].dtype == torch.uint8 and learner.replay._data[NEW_OBS].dtype == torch.uint8
+    rows = learner.replay.gather(torch.arange(32))
+    assert rows[OBS].dtype == torch.uint8 and rows[NEW_OBS].dtype == torch.uint8
     before = [p.detach().clone() for p in learner.q.encoder.parameters()]
     metrics = learner.train()
     assert learner.updates > 0 and np.isfinite(metrics["loss"])
@@ -175,7 +177,7 @@ def test_sac_and_ppo_train_through_their_encoders():
     batch = _rows(CAMERA, 32, np.random.default_rng(0))
     batch["actions"] = np.random.default_rng(1).uniform(-1, 1, (32, 2)).astype(np.float32)
     sac.add(batch)
-    assert sac.replay._data[OBS].dtype == torch.uint8
+    assert sac.replay.gather(torch.arange(32))[OBS].dtype == torch.uint8
     m = sac.train()
     assert np.isfinite(m["critic_loss"]) and sac.critic.encoder is not sac.critic_target.encoder
     ppo = PPOLearner(CAMERA, gym.spaces.Discrete(3), ON)
@@ -187,8 +189,11 @@ def test_sac_and_ppo_train_through_their_encoders():
 
 def test_the_memory_estimate_counts_a_camera_in_bytes_and_the_cnn_not_an_mlp_on_pixels():
     atari = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    est = DQNLearner.memory_estimate(atari, gym.spaces.Discrete(6), {"buffer_size": 1000})
+    est = DQNLearner.memory_estimate(atari, gym.spaces.Discrete(6), {"buffer_size": 1000, "replay_store": "rows"})
     assert est["transition"] == 2 * 84 * 84 * 4 + 4 * 6 + 64          # one byte a pixel, twice
+    # kept as frames (the default): a stack of 4 shares 3 with the next, obs its frames with new_obs
+    frames = DQNLearner.memory_estimate(atari, gym.spaces.Discrete(6), {"buffer_size": 1000, "frame_stack": 4})
+    assert frames["transition"] == int((1000 * 1.25 + 16) / 1000 * 84 * 84) + 2 * 4 * 8 + 4 * 6 + 64   # ~1.27 frames
     as_floats = DQNLearner.memory_estimate(gym.spaces.Box(0, 1, (84, 84, 4), np.float32), gym.spaces.Discrete(6),
                                            {"buffer_size": 1000})
     assert as_floats["transition"] == 2 * 4 * 84 * 84 * 4 + 4 * 6 + 64
@@ -234,7 +239,8 @@ def test_uint8_pixels_cross_the_wire_as_bytes_and_reach_the_replay_as_uint8(make
     assert np.asarray(rows[OBS]).dtype == np.uint8 and np.asarray(rows[OBS]).shape[1:] == (20, 20, 1)
     learner = made["default_policy"]
     learner.add(rows)
-    assert learner.replay._data[OBS].dtype == torch.uint8 and learner.replay._data[OBS].shape[1] == 400
+    stored = learner.replay.gather(torch.arange(len(learner.replay)))[OBS]
+    assert stored.dtype == torch.uint8 and stored.shape[1] == 400
 
 
 # ---------------------------------------------------------------- export
@@ -339,7 +345,7 @@ def test_byte_rows_of_a_camera_beside_vectors_update_on_the_cuda_graph_path_as_e
         if kind == "sac":
             batch["actions"] = np.random.default_rng(1).uniform(-1, 1, (256, 2)).astype(np.float32)
         learner.add(batch)
-        assert learner.replay._data[OBS].dtype == torch.uint8
+        assert learner.replay.gather(torch.arange(256, device="cuda"))[OBS].dtype == torch.uint8
         return learner
 
     graph, eager = make("graph"), make("eager")

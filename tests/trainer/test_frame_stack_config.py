@@ -32,6 +32,12 @@ def test_a_bad_frame_stack_is_refused_naming_the_fix(value):
     assert "[policies.cam] frame_stack" in str(e.value) and "from 1 (no stacking) to 64" in str(e.value)
 
 
+def test_frame_stack_inside_a_learners_config_is_refused_naming_the_table():
+    with pytest.raises(ConfigError) as e:
+        parse_config('[policies.cam]\nalgorithm = "dqn"\nconfig = { frame_stack = 4 }\n', "t.toml")
+    assert "frame_stack belongs to [policies.cam] itself" in str(e.value)
+
+
 def test_a_declared_space_that_cannot_be_stacked_is_refused_at_parse():
     with pytest.raises(ConfigError) as e:
         parse_config('[policies.p]\nalgorithm = "random"\nframe_stack = 2\n'
@@ -56,8 +62,11 @@ def test_the_daemon_builds_declared_policies_stacked_and_serves_single_frames(tm
     rt = d.runtime
     frame = gym.spaces.Box(0, 255, (1, 12, 12), np.uint8)
     assert rt.policies["cam"].observation_space == Stacker(frame, 3).space
-    # the replay's cost at start-up counts the stacked observation: 3 x 144 bytes, twice a transition
-    assert "one observation is 432 bytes (uint8 rows)" in caplog.text
+    # the replay's cost at start-up counts the stacked observation: 3 x 144 bytes, its frames once
+    assert "one observation is 432 bytes (uint8 rows)" in caplog.text and "each frame kept once" in caplog.text
+    learner = rt.policies["cam"]   # told how many frames a stack holds: its replay keeps each once
+    assert learner.config["frame_stack"] == 3 and learner.replay.layout.stack == 3
+    assert learner.memory_estimate(learner.observation_space, learner.action_space, learner.config)["transition"] < 432
     # a simulator declaring its single frames is served by the stacked policy
     s = rt.session(rt.create_session(pb.CreateSessionRequest(
         client_name="t", observation_space=sb_spaces.space_to_proto(frame),

@@ -31,9 +31,8 @@ import torch
 from simbridge.server.policies import ActionBatch, Policy
 from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import capture, export, optim, placement, splitk
-from simbridge.trainer.learners import encoders, nstep
+from simbridge.trainer.learners import encoders, frame_replay, nstep
 from simbridge.trainer.learners.nstep import NStepAccumulator
-from simbridge.trainer.learners.replay import ReplayBuffer
 from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS
 from simbridge.wire.preprocess import flat_dim
 from simbridge.wire.v1 import simbridge_pb2 as pb
@@ -53,6 +52,8 @@ COMMON_DEFAULTS = {
     "update_path": "auto",     # "auto" | "eager" | "graph" | "compile": trainer/learners/capture.py
     "tf32": True,              # on cuda, the updates' float32 products on TF32 tensor cores (capture.py)
     "grad_row_chunks": "auto",  # weight gradients of batches >= 1,024 rows summed in chunks (splitk.py)
+    "replay_store": "auto",    # "auto" | "rows" | "frames": a camera's frames kept once (frame_replay.py)
+    "frame_stack": 1,          # frames an observation stacks: the trainer sets the policy's frame_stack
 }
 
 
@@ -67,7 +68,8 @@ class Learner(Policy):
     # The type of each config key whose default (None) does not say it; the others take their
     # default's type (the trainer config checks `policies.<id>.config` against these at start-up).
     CONFIG_TYPES: Dict[str, Any] = {"seed": int, "vis_encode_type": encoders.VIS_ENCODE_TYPE,
-                                    "grad_row_chunks": Union[Literal["auto"], int]}
+                                    "grad_row_chunks": Union[Literal["auto"], int],
+                                    "replay_store": Literal[frame_replay.STORES]}
 
     @classmethod
     def config_defaults(cls) -> Dict[str, Any]:
@@ -81,6 +83,9 @@ class Learner(Policy):
         splitk.check(cfg["grad_row_chunks"], cls.__name__)
         capture.check(cfg["update_path"])
         nstep.check(cfg["n_step"])
+        frame_replay.check(cfg["replay_store"])
+        if cfg["frame_stack"] < 1:
+            raise ValueError(f"frame_stack = {cfg['frame_stack']}: frames an observation stacks, 1 or more")
 
     @classmethod
     def config_types(cls) -> Dict[str, Any]:
@@ -102,7 +107,7 @@ class Learner(Policy):
         memory cannot hold instead of failing to allocate it mid-run."""
         cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
         obs, act = encoders.feature_count(observation_space, cfg), flat_dim(action_space)
-        transition = 2 * encoders.row_bytes(observation_space) + 4 * act + 64   # obs, new_obs, the action, its scalars
+        transition = frame_replay.obs_bytes(observation_space, cfg) + 4 * act + 64   # + the action, its scalars
         sizes = [obs + act, *cfg["hidden"], act + 1]
         params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:])) + encoders.encoder_params(observation_space, cfg)
         return {"replay": int(cfg["buffer_size"]) * transition, "transition": transition,
@@ -136,7 +141,7 @@ class Learner(Policy):
         if cfg["seed"] is not None:
             torch.manual_seed(cfg["seed"])
             self.generator.manual_seed(cfg["seed"])
-        self.replay = ReplayBuffer(cfg["buffer_size"], self.device)
+        self.replay = self.new_replay()
         self.nstep = NStepAccumulator(cfg["n_step"], cfg["gamma"])
         self.agent_steps = 0          # transitions added
         self.updates = 0              # gradient updates done
@@ -148,7 +153,7 @@ class Learner(Policy):
             if isinstance(m, torch.nn.Module):
                 splitk.set_chunks(m, cfg["grad_row_chunks"], self.device.type)
         if trainable:
-            encoders.say_cost(type(self), observation_space, action_space, cfg)
+            encoders.say_cost(type(self), observation_space, action_space, cfg, frame_replay.says(self.replay))
         self.acting_device, self.acting_reason = placement.acting_device(
             acting_device, self.device, self.modules_for_acting(), flat_dim(observation_space))
         self.acting = copy.deepcopy(self.modules_for_acting()).to(self.acting_device)
@@ -287,6 +292,10 @@ class Learner(Policy):
 
     # ------------------------------------------------------------ learning
 
+    def new_replay(self):
+        """An empty replay buffer: a camera's frames kept once (frame_replay.py), else rows."""
+        return frame_replay.make(self.observation_space, self.config, self.device)
+
     def count_rows(self, batch: SampleBatch) -> None:
         """Counts a learner keeps of the rows added (none by default). Called for every batch
         added, here and on a learner process's parent side, whose acting copy may depend on them."""
@@ -387,7 +396,8 @@ class Learner(Policy):
         self.rng.bit_generator.state = state["rng"]
         self.updates_forgiven = state.get("updates_forgiven", 0)
         if "replay" in state:
-            self.replay.load_state_dict(encoders.replay_in_layout(self.observation_space, state["replay"]))
+            replay = encoders.replay_in_layout(self.observation_space, state["replay"])
+            self.replay.load_state_dict(frame_replay.for_store(self.replay, replay))
         else:
             # An empty buffer must not pay off the updates that were due at the
             # checkpoint: that burst would overfit its first few transitions.

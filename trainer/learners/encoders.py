@@ -98,6 +98,16 @@ def row_bytes(space: gym.Space) -> int:
     return sum(flat_dim(leaf) * _width(leaf, in_bytes) for leaf in leaves(space))
 
 
+def byte_spans(space: gym.Space) -> List[Tuple[gym.Space, int, int]]:
+    """Each part of a byte row's space with the bytes [first, end) it takes in a row, in order."""
+    spans, first = [], 0
+    for leaf in leaves(space):
+        end = first + flat_dim(leaf) * _width(leaf, True)
+        spans.append((leaf, first, end))
+        first = end
+    return spans
+
+
 def obs_rows(space: gym.Space, value: Any) -> np.ndarray:
     """Batched observations -> rows (N, row width): bytes where byte_rows(space), else float32 (N, flat_dim)."""
     return _byte_rows(space, value) if byte_rows(space) else flatten(space, value)
@@ -359,13 +369,14 @@ def encoder_params(space: gym.Space, config: dict) -> int:
     return 0 if enc is None else sum(p.numel() for p in enc.parameters())
 
 
-def say_cost(learner: type, space: gym.Space, action_space: gym.Space, config: dict) -> None:
-    """Logs, for a space with images, the encoders chosen and the memory the learner's rows take."""
+def say_cost(learner: type, space: gym.Space, action_space: gym.Space, config: dict, store: str = "") -> None:
+    """Logs, for a space with images, the encoders chosen and the memory the learner's rows take
+    (store: how its replay keeps them, said after the bytes per transition)."""
     enc = _meta_encoder(space, config)
     if enc is None:
         return
     est = learner.memory_estimate(space, action_space, config)
-    log.info("%s: %s; one observation is %s bytes (%s rows), %s per transition: replay %.1f MiB, "
+    log.info("%s: %s; one observation is %s bytes (%s rows), %s per transition%s: replay %.1f MiB, "
              "networks %.1f MiB", learner.__name__, enc.describe(), f"{row_bytes(space):,}",
              "uint8" if byte_rows(space) else "float32", f"{est['transition']:,} bytes",
-             est["replay"] / 2**20, est["networks"] / 2**20)
+             store, est["replay"] / 2**20, est["networks"] / 2**20)

@@ -105,7 +105,7 @@ PPO_DEFAULTS = {
 # (the exported greedy head); the ratio error it makes is 1e-7.
 MAX_CATEGORICAL_LOGP = -1e-7
 MINIBATCH_KEYS = ("obs", "idx", "a", "logp", "adv", "targets")   # an update_step's inputs
-REPLAY_KEYS = ("n_step", "buffer_size", "batch_size", "learning_starts", "updates_per_step")
+REPLAY_KEYS = ("n_step", "buffer_size", "batch_size", "learning_starts", "updates_per_step", "replay_store")
 
 
 class PPOLearner(Learner):
@@ -136,10 +136,12 @@ class PPOLearner(Learner):
         if cfg["train_batch_size"] < 1 or cfg["minibatch_size"] < 1 or cfg["num_epochs"] < 1:
             raise ValueError("PPO needs train_batch_size, minibatch_size and num_epochs >= 1")
 
+    def new_replay(self) -> ReplayBuffer:
+        # The daemon sizes journal replays by replay.capacity: PPO keeps no old rows to refill.
+        return ReplayBuffer(0, self.device)
+
     def build(self) -> None:
         cfg = self.config
-        # The daemon sizes journal replays by replay.capacity: PPO keeps no old rows to refill.
-        self.replay = ReplayBuffer(0, self.device)
         self.layout = ActionLayout(self.action_space)
         # images: a CNN before each network (separate, as ML-Agents' PPO without shared_critic)
         space = self.observation_space

@@ -67,6 +67,14 @@ class ReplayBuffer:
         """Uniform row indices (on the device, no host sync)."""
         return torch.randint(0, self._size, (batch_size,), device=self.device, generator=generator)
 
+    def oldest(self, n: int) -> np.ndarray:
+        """Positions of the n oldest rows, oldest first: those the next n rows past capacity replace."""
+        return (self._pos - self._size + np.arange(n)) % self.capacity
+
+    def next_positions(self, n: int) -> np.ndarray:
+        """Where the next n rows added go."""
+        return (self._pos + np.arange(n)) % self.capacity
+
     def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
         out = {}
         for store, spans in self._stores:

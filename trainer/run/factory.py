@@ -66,11 +66,17 @@ class PolicyFactory:
             if cls is None:
                 return RandomPolicy(obs_space, act_space, seed=spec.config.get("seed", seed))
             if issubclass(cls, Learner):
-                config = dict(spec.config)
+                config = self.learner_config(pid)
                 if seed is not None:
                     config.setdefault("seed", seed)
                 return self._learner(pid, cls, obs_space, act_space, config)
             return cls(obs_space, act_space, **spec.config)
+
+    def learner_config(self, pid: str) -> dict:
+        """The policy's learner config, with the frames its observations stack (the replay keeps
+        a camera's frames once: trainer/learners/frame_replay.py)."""
+        spec = self.cfg.policies[pid]
+        return {**spec.config, "frame_stack": spec.frame_stack} if spec.frame_stack > 1 else dict(spec.config)
 
     def build_at_start(self, pid: str, obs_space, act_space, source: str) -> Policy:
         """build() for a policy made before any simulator connects (the config's own spaces, a
@@ -106,7 +112,7 @@ class PolicyFactory:
         cls = self.classes[pid]
         if cls is None or not issubclass(cls, Learner):
             return
-        est = cls.memory_estimate(obs_space, act_space, self.cfg.policies[pid].config)
+        est = cls.memory_estimate(obs_space, act_space, self.learner_config(pid))
         budget_mb = self.cfg.server.max_policy_memory_mb
         need = est["replay"] + est["networks"]
         if need <= budget_mb * 2**20:

@@ -40,7 +40,6 @@ import torch
 
 from simbridge.trainer.run import gcquiet, journal, mailbox
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
-from simbridge.trainer.learners.replay import ReplayBuffer
 
 log = logging.getLogger("simbridge.trainer")
 STATE_WAIT_SAID_S = 2.0   # a wait for a child's state this long is said (a checkpoint, the stop)
@@ -95,7 +94,7 @@ class LearnerProcess:
                 "state": learner.state_dict(include_replay=True)}
         self._send(_INIT + state_bytes(init))
         # The child holds the buffer now; the parent's copy only wasted memory.
-        learner.replay = ReplayBuffer(learner.replay.capacity, learner.device)
+        learner.replay = learner.new_replay()
         learner.trained_by = self
 
     # ---------------------------------------------------------------- parent side

@@ -1,0 +1,201 @@
+"""The replay that keeps a camera's frames once (trainer/learners/frame_replay.py): every sample
+equals the rows replay.py keeps, in a fraction of the memory, and the two load each other's state."""
+import logging
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from simbridge.server.frame_stack import Stacker
+from simbridge.trainer.learners import encoders, frame_replay
+from simbridge.trainer.learners.dqn import DQNLearner
+from simbridge.trainer.learners.frame_replay import FrameReplay
+from simbridge.trainer.learners.replay import ReplayBuffer
+from simbridge.wire.columns import ACTIONS, NEW_OBS, OBS, REWARDS
+
+HWC = gym.spaces.Box(0, 255, (16, 14, 3), np.uint8)     # an RGB frame, channels last
+CHW = gym.spaces.Box(0, 255, (2, 12, 10), np.uint8)     # two channels first
+ROBOT = gym.spaces.Dict({"bumper": gym.spaces.Box(0, 255, (2,), np.uint8), "cam": HWC,
+                         "joints": gym.spaces.Box(-1, 1, (3,), np.float32)})
+
+
+def stream(space: gym.Space, k: int, agents: int, length: int, steps: int, seed: int = 0):
+    """Transitions of `agents` interleaved agents whose episodes last `length` steps, their
+    observations stacked k deep as the bridge stacks them: columns of encoded rows."""
+    rng = np.random.default_rng(seed)
+    frame_space = space if not isinstance(space, gym.spaces.Dict) else space["cam"]
+    stacker = Stacker(frame_space, k) if k > 1 else None
+
+    def observe(frames):
+        if isinstance(space, gym.spaces.Dict):
+            return {"bumper": rng.integers(0, 2, (agents, 2)).astype(np.uint8), "cam": frames,
+                    "joints": rng.uniform(-1, 1, (agents, 3)).astype(np.float32)}
+        return frames
+
+    def frames():
+        return rng.integers(0, 256, (agents,) + frame_space.shape).astype(np.uint8)
+
+    def stack(prev, new, fresh):
+        return new if stacker is None else stacker.next(prev, new, fresh)
+
+    t = np.zeros(agents, np.int64)
+    cur = stack(None, frames(), None)
+    out = []
+    for step in range(steps):
+        nxt = stack(cur, frames(), None)
+        ob, new_ob = observe(cur), observe(nxt)
+        out.append({OBS: encoders.obs_rows(space_of(space, k), ob), NEW_OBS: encoders.obs_rows(space_of(space, k), new_ob),
+                    ACTIONS: rng.integers(0, 3, agents), REWARDS: rng.normal(size=agents).astype(np.float32)})
+        t += 1
+        ended = t % length == 0
+        cur = nxt
+        if ended.any():   # those agents start again: their stacks filled with a fresh first frame
+            first = frames()
+            cur = np.where(ended.reshape((-1,) + (1,) * (cur.ndim - 1)), stack(None, first, None), cur)
+    return out
+
+
+def space_of(space: gym.Space, k: int) -> gym.Space:
+    if k == 1:
+        return space
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({**space.spaces, "cam": Stacker(space["cam"], k).space})
+    return Stacker(space, k).space
+
+
+def both(space: gym.Space, k: int, capacity: int, batches):
+    lay = frame_replay.layout(space_of(space, k), k)
+    rows, frames = ReplayBuffer(capacity), FrameReplay(capacity, "cpu", lay)
+    for cols in batches:
+        rows.add(cols)
+        frames.add(cols)
+    return rows, frames
+
+
+def assert_same(a, b, n):
+    idx = torch.arange(n)
+    ga, gb = a.gather(idx), b.gather(idx)
+    assert set(ga) == set(gb)
+    for key in ga:
+        assert torch.equal(ga[key], gb[key]), key
+
+
+@pytest.mark.parametrize("space,k,agents", [(HWC, 1, 3), (HWC, 4, 3), (HWC, 4, 1), (CHW, 3, 3), (ROBOT, 1, 3)])
+def test_every_row_comes_back_as_its_bytes_in_less_memory(space, k, agents):
+    # agents 1: each row's obs is the row before's new_obs (found without a digest)
+    batches = stream(space, k, agents=agents, length=9, steps=180 // agents)   # 180 rows in a ring of 100
+    rows, frames = both(space, k, 100, batches)
+    assert len(frames) == len(rows) == 100
+    assert_same(rows, frames, 100)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(rows.draw(64, g1), frames.draw(64, g2))   # the same draws, so the same learning
+    # distinct frames: one a step, and each episode's first (3 agents' open stacks besides)
+    assert frames.frames_held() <= 100 * 10 / 9 + agents * 2 * k
+    assert frames.frames_held() < 2 * k * 100 / (1.5 if k == 1 else 5)   # rows: 2 k frames a row
+
+
+def test_a_stack_the_simulator_made_is_kept_a_frame_a_step_when_channels_come_first():
+    gray = gym.spaces.Box(0, 255, (1, 12, 10), np.uint8)
+    batches = stream(gray, 4, agents=2, length=20, steps=90)   # (4, 12, 10) stacks, frame_stack 1 here
+    lay = frame_replay.layout(space_of(gray, 4))
+    assert (lay.stack, lay.channels) == (4, 1)   # each channel a frame
+    rows, frames = ReplayBuffer(100), FrameReplay(100, "cpu", lay)
+    for cols in batches:
+        rows.add(cols)
+        frames.add(cols)
+    assert_same(rows, frames, 100)
+    assert frames.frames_held() <= 100 * 21 / 20 + 2 * 2 * 4   # a frame a step, not 8 a row
+    rgb_last = frame_replay.layout(space_of(HWC, 1))
+    assert (rgb_last.stack, rgb_last.channels) == (1, 3)   # channels last: the image is one frame
+
+
+def test_short_episodes_grow_the_store_and_lose_no_row(caplog):
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
+    batches = stream(HWC, 4, agents=2, length=1, steps=100)   # every obs a new episode's: 2 frames a row
+    rows, frames = both(HWC, 4, 120, batches)
+    assert len(frames) == 120 and frames.frames_held() > frame_replay.initial_slots(120, frames.layout)
+    assert "the store grows" in caplog.text
+    assert_same(rows, frames, 120)
+
+
+def in_order(replay) -> dict:
+    """Every row, oldest first."""
+    store = replay.rows if isinstance(replay, FrameReplay) else replay
+    return replay.gather(torch.as_tensor(store.oldest(len(replay))))
+
+
+def assert_rows_equal(a: dict, b: dict):
+    assert set(a) == set(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_checkpoints_load_into_either_store(short):
+    batches = stream(HWC, 4, agents=2, length=1 if short else 7, steps=90)
+    rows, frames = both(HWC, 4, 100, batches)
+    state = frames.state_dict()
+    assert len(state["frames"]) == frames.frames_held()   # each live frame once
+    again = FrameReplay(1, "cpu", frames.layout)
+    again.load_state_dict(state)
+    assert len(again) == len(frames) and again.added == frames.added == 180
+    assert_rows_equal(in_order(again), in_order(frames))
+    as_rows = ReplayBuffer(1)
+    as_rows.load_state_dict(frame_replay.as_rows(state))
+    assert_rows_equal(in_order(as_rows), in_order(frames))
+    from_rows = FrameReplay(1, "cpu", frames.layout)   # a rows checkpoint, now kept as frames
+    from_rows.load_state_dict(rows.state_dict())
+    assert_rows_equal(in_order(from_rows), in_order(rows))
+    again.add(batches[0])   # and goes on
+    assert again.added == 182
+
+
+def test_a_learner_trains_the_same_on_frames_as_on_rows():
+    space = space_of(HWC, 4)
+    cfg = {"hidden": [16], "seed": 3, "learning_starts": 0, "batch_size": 32, "buffer_size": 200,
+           "vis_encode_type": "fully_connected", "frame_stack": 4}
+    learners = [DQNLearner(space, gym.spaces.Discrete(3), {**cfg, "replay_store": store}) for store in ("rows", "frames")]
+    assert isinstance(learners[0].replay, ReplayBuffer) and isinstance(learners[1].replay, FrameReplay)
+    from simbridge.server.sample_batch import SampleBatch
+    for cols in stream(HWC, 4, agents=4, length=11, steps=30):
+        n = len(cols[OBS])
+        batch = SampleBatch(obs=cols[OBS].reshape((n,) + space.shape), new_obs=cols[NEW_OBS].reshape((n,) + space.shape),
+                            actions=cols[ACTIONS], rewards=cols[REWARDS], terminateds=np.zeros(n, bool),
+                            truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64), agent_index=np.arange(n),
+                            t=np.zeros(n, np.int64))
+        for learner in learners:
+            learner.add(batch)
+            learner.train()
+    assert learners[0].updates == learners[1].updates > 0
+    for a, b in zip(learners[0].q.parameters(), learners[1].q.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_learners_checkpoint_keeps_its_frames_once_and_loads_on_either_store():
+    from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
+    space = space_of(HWC, 4)
+    cfg = {"hidden": [8], "seed": 0, "learning_starts": 0, "batch_size": 8, "buffer_size": 300,
+           "vis_encode_type": "fully_connected", "frame_stack": 4}
+    learner = DQNLearner(space, gym.spaces.Discrete(3), cfg)
+    for cols in stream(HWC, 4, agents=2, length=20, steps=60):
+        learner.replay.add(cols)
+    saved = state_from_bytes(state_bytes(learner.state_dict(include_replay=True)))   # no pickle
+    as_rows = 2 * 4 * HWC.shape[0] * HWC.shape[1] * HWC.shape[2] * 120
+    assert saved["replay"]["frames"].numel() < as_rows / 5
+    for store in ("frames", "rows"):
+        again = DQNLearner(space, gym.spaces.Discrete(3), {**cfg, "replay_store": store})
+        again.load_state_dict(saved)
+        assert_rows_equal(in_order(again.replay), in_order(learner.replay))
+
+
+def test_frames_where_they_apply_and_a_named_fix_where_not():
+    assert frame_replay.uses_frames("auto", HWC) and frame_replay.uses_frames("auto", ROBOT)
+    assert not frame_replay.uses_frames("rows", HWC)
+    vector = gym.spaces.Box(-1, 1, (4,), np.float32)
+    two = gym.spaces.Dict({"a": HWC, "b": HWC})
+    assert not frame_replay.uses_frames("auto", vector) and not frame_replay.uses_frames("auto", two)
+    with pytest.raises(ValueError, match='set replay_store = "rows"'):
+        DQNLearner(vector, gym.spaces.Discrete(2), {"replay_store": "frames"})
+    with pytest.raises(ValueError, match="use one of"):
+        DQNLearner(HWC, gym.spaces.Discrete(2), {"replay_store": "planes"})

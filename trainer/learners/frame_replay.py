@@ -1,0 +1,409 @@
+"""A replay buffer that keeps each camera frame once: replay.py's rows, the image as shared frames.
+
+Stored as rows, a transition holds its observation twice (obs and new_obs), and with
+`frame_stack = k` each of them holds k frames: Atari's 84x84x4 takes 56 KB a transition, 53 GiB
+for CleanRL's million. Yet the next transition's obs is this one's new_obs, and a stack shares
+k - 1 frames with the next: an episode of L steps shows L + 1 distinct frames. Dopamine's circular
+replay keeps one frame a step and Stable-Baselines3's `optimize_memory_usage` one observation a
+step, both read from the order of one environment's steps. Experience here comes from many
+simulators, agents and n-step windows interleaved, so what is shared is found by content instead:
+
+* The image's frames (a stack's k frames, each with all its channels; an unstacked image is one
+  frame) go into one store of frames, and a frame whose bytes are stored already (its SHA-256) is
+  not stored again. A row keeps the ids of its obs's and new_obs's frames beside its other columns
+  (and the bytes of the observation's other parts, joint values beside a camera) in a ReplayBuffer.
+* What a frame is: the learner config's `frame_stack` (the trainer sets it from the policy's) says
+  how many a stack holds; with none declared, each channel of a channels-first image is one (a
+  stack the simulator made is then found too), and a channels-last image is one frame.
+* A frame lives while a row refers to it (counted). The store is made for 1.25 frames a row and
+  grows by half where rows share fewer (episodes of a step or two, a colour camera split by
+  channel), up to what rows would take: it never drops a row.
+* A sample gathers its rows' frame ids, then their frames, and lays them back into rows on the
+  device (inside a captured update's graph too): a sample equals the rows replay.py would give.
+
+The learner config's `replay_store` picks it: "frames" for an observation with one uint8 image (a
+Box, or a Dict / Tuple with one beside other parts), "rows", or "auto" (the default: frames where
+they apply). Checkpoints hold each live frame once; either store loads the other's.
+"""
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from simbridge.trainer.learners import encoders
+from simbridge.trainer.learners.replay import ReplayBuffer
+from simbridge.wire.columns import NEW_OBS, OBS
+from simbridge.wire.preprocess import image_layout
+
+log = logging.getLogger("simbridge.trainer")
+
+IDS, OBS_REST, NEW_REST = "frame_ids", "obs_rest", "new_obs_rest"   # the row buffer's own columns
+FRAMES_PER_ROW = 1.25   # episodes of 4 steps and more fit the capacity
+STORES = ("auto", "rows", "frames")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the image lies in an observation row, and the frames it stacks."""
+    first: int     # the image's bytes in a row: [first, end)
+    end: int
+    width: int     # a row's bytes
+    stack: int     # frames the image stacks (frame_stack; 1 unstacked)
+    pixels: int    # H * W
+    channels: int  # a frame's channels
+    hwc: bool      # channels last: a stacked frame's bytes are strided in the row
+    guessed: bool = False   # each channel a frame, no stack declared: 1 to `stack` new a step
+
+    @property
+    def frame(self) -> int:
+        """Bytes a frame: all its channels."""
+        return self.pixels * self.channels
+
+    def image(self, rows: np.ndarray) -> np.ndarray:
+        """(n, width) rows -> their image's bytes (n, stack * frame), a view."""
+        return np.asarray(rows)[:, self.first:self.end]
+
+    def split(self, rows: np.ndarray) -> np.ndarray:
+        """(n, width) rows -> their image's frames (n, stack, frame), contiguous."""
+        img = self.image(rows)
+        if self.hwc and self.stack > 1:   # (H * W, k, c) -> (k, H * W, c)
+            img = img.reshape(len(img), self.pixels, self.stack, self.channels).transpose(0, 2, 1, 3)
+        return np.ascontiguousarray(img).reshape(len(img), self.stack, self.frame)
+
+    def rest(self, rows: np.ndarray) -> Optional[np.ndarray]:
+        """The bytes of the rows' other parts, or None when the image is the whole row."""
+        if self.first == 0 and self.end == self.width:
+            return None
+        rows = np.asarray(rows)
+        return np.concatenate([rows[:, :self.first], rows[:, self.end:]], axis=1)
+
+    def join(self, frames: torch.Tensor, rest: Optional[torch.Tensor]) -> torch.Tensor:
+        """split and rest undone: (n, frames, frame) and the rest -> (n, width) rows."""
+        n = frames.shape[0]
+        if self.hwc and self.stack > 1:
+            frames = frames.reshape(n, self.stack, self.pixels, self.channels).transpose(1, 2)
+        img = frames.reshape(n, self.stack * self.frame)
+        if rest is None:
+            return img
+        return torch.cat([rest[:, :self.first], img, rest[:, self.first:]], dim=1)
+
+
+def layout(space: gym.Space, frame_stack: int = 1) -> Optional[Layout]:
+    """The Layout of rows of `space` whose image stacks `frame_stack` frames (none stacked where its
+    channels are no multiple of it); None where frames do not apply (no uint8 image, or several).
+    Channels first and no stack declared: each channel is a frame, free to split (a simulator's own
+    stack, Atari's (4, 84, 84), is then kept a frame a step); channels last, the image is one."""
+    if not encoders.byte_rows(space):
+        return None
+    spans = encoders.byte_spans(space)
+    images = [(leaf, a, b) for leaf, a, b in spans if encoders.is_image(leaf) and leaf.dtype == np.uint8]
+    if len(images) != 1:
+        return None
+    leaf, first, end = images[0]
+    c, h, w = encoders.chw(leaf.shape)
+    hwc = image_layout(leaf.shape) == "hwc"
+    k = frame_stack if frame_stack >= 1 and c % frame_stack == 0 else 1
+    if k == 1 and not hwc and c > 1:   # each channel a frame: a stack made by the simulator is found too
+        return Layout(first, end, spans[-1][2], c, h * w, 1, hwc, guessed=True)
+    return Layout(first, end, spans[-1][2], k, h * w, c // k, hwc)
+
+
+def check(store: str) -> None:
+    if store not in STORES:
+        raise ValueError(f"replay_store = {store!r}: use one of {list(STORES)}")
+
+
+def uses_frames(store: str, space: gym.Space) -> bool:
+    """Whether `replay_store` puts rows of `space` in a FrameReplay; a ValueError naming the fix
+    for "frames" where they do not apply."""
+    check(store)
+    if store == "rows":
+        return False
+    applies = layout(space) is not None
+    if store == "frames" and not applies:
+        raise ValueError(f"replay_store = \"frames\" keeps the frames of one uint8 image, and the "
+                         f"observation {space} holds {'several' if encoders.byte_rows(space) else 'none'}: "
+                         f"set replay_store = \"rows\" (or \"auto\")")
+    return applies
+
+
+def initial_slots(capacity: int, lay: Layout) -> int:
+    """Frames the store holds at first: 1.25 a row (never more than rows would take)."""
+    return min(max_slots(capacity, lay), int(capacity * FRAMES_PER_ROW) + 4 * lay.stack)
+
+
+def max_slots(capacity: int, lay: Layout) -> int:
+    """Frames `capacity` rows can refer to: what rows would take (every frame of every row distinct)."""
+    return 2 * lay.stack * capacity
+
+
+def row_bytes(capacity: int, lay: Layout) -> float:
+    """Bytes a row takes at capacity: its share of the frames, its frame ids, its other parts. Where
+    channels were split unasked, each may be new every step (a colour camera): counted so."""
+    frames = initial_slots(capacity, lay) / max(1, capacity)
+    if lay.guessed:
+        frames = min(2 * lay.stack, FRAMES_PER_ROW * lay.stack)
+    return frames * lay.frame + 2 * lay.stack * 8 + 2 * (lay.width - (lay.end - lay.first))
+
+
+def make(space: gym.Space, config: dict, device):
+    """The replay buffer a learner's config asks for rows of `space` (replay_store, buffer_size, frame_stack)."""
+    if uses_frames(config["replay_store"], space):
+        return FrameReplay(config["buffer_size"], device, layout(space, config["frame_stack"]))
+    return ReplayBuffer(config["buffer_size"], device)
+
+
+def obs_bytes(space: gym.Space, config: dict) -> int:
+    """Bytes a transition's obs and new_obs take in the replay `make` builds, at capacity."""
+    lay = layout(space, config["frame_stack"]) if config["replay_store"] != "rows" else None
+    if lay is None:
+        return 2 * encoders.row_bytes(space)
+    return int(row_bytes(int(config["buffer_size"]), lay))
+
+
+def for_store(replay, state: dict) -> dict:
+    """A saved replay state as `replay` loads it: a FrameReplay's laid out as rows for a ReplayBuffer
+    (the other way, FrameReplay.load_state_dict adds the rows)."""
+    return as_rows(state) if "frames" in state and not isinstance(replay, FrameReplay) else state
+
+
+def says(replay) -> str:
+    """What the start-up memory line says of a replay's store."""
+    if not isinstance(replay, FrameReplay):
+        return ""
+    if replay.layout.guessed:
+        return (f" at most (each of the {replay.layout.stack} channels kept once, whether new each step "
+                f"or a stack's: replay_store)")
+    return " (each frame kept once: replay_store)"
+
+
+class FrameReplay:
+    """ReplayBuffer's interface (add, draw, gather, sample, state) over rows whose image frames
+    are kept once each."""
+
+    def __init__(self, capacity: int, device, lay: Layout):
+        self.layout = lay
+        self.rows = ReplayBuffer(capacity, device)
+        self.device = self.rows.device
+        self.slots = 0                               # the store's frames, made on the first add
+        self._store = torch.zeros((0, lay.frame), dtype=torch.uint8, device=self.device)
+        self._ids = np.zeros((capacity, 2 * lay.stack), np.int64)   # the rows' frame ids, host side
+        self._refs = np.zeros(0, np.int64)
+        self._free = np.zeros(0, np.int64)           # a stack of free slots: pops from its end
+        self._n_free = 0
+        self._key: list = []                         # a slot's digest
+        self._by_key: Dict[bytes, int] = {}
+        self._version = 0
+        self.added = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.rows.capacity
+
+    @property
+    def storage_version(self) -> int:
+        return self.rows.storage_version + self._version
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frames_held(self) -> int:
+        return self.slots - self._n_free
+
+    # ------------------------------------------------------------ writing
+
+    def add(self, columns: Dict[str, np.ndarray]) -> None:
+        if not columns or len(columns[OBS]) == 0:
+            return
+        n = len(columns[OBS])
+        self.added += n
+        if n > self.capacity:   # keep the newest
+            columns = {k: np.asarray(v)[-self.capacity:] for k, v in columns.items()}
+            n = self.capacity
+        if self.slots == 0:
+            self._grow(initial_slots(self.capacity, self.layout))
+        self._release(len(self.rows) + n - self.capacity)   # the rows the ring writes over
+        lay = self.layout
+        ids, fresh = self._refer(np.asarray(columns[OBS]), np.asarray(columns[NEW_OBS]))
+        if fresh:
+            where = torch.as_tensor(np.fromiter(fresh, np.int64, len(fresh)), device=self.device)
+            self._store[where] = torch.as_tensor(np.stack(list(fresh.values())), device=self.device)
+        cols = {k: v for k, v in columns.items() if k not in (OBS, NEW_OBS)}
+        cols[IDS] = ids
+        for name, key in ((OBS_REST, OBS), (NEW_REST, NEW_OBS)):
+            rest = lay.rest(columns[key])
+            if rest is not None:
+                cols[name] = rest
+        self._ids[self.rows.next_positions(n)] = ids
+        self.rows.add(cols)
+
+    def _refer(self, obs: np.ndarray, new: np.ndarray):
+        """Each frame's id, stored frames found by their digest: (ids (n, 2 * stack): obs's frames,
+        then new_obs's; {new id: its frame's bytes})."""
+        lay, n, k = self.layout, len(obs), self.layout.stack
+        # Equal bytes need no digest. A row's obs is mostly the new_obs of an earlier row of the
+        # batch, the agent's step before (`source`: found by a few sampled bytes, compared whole);
+        # a new_obs stack's older frames are its obs's newer ones (`shifted`).
+        new_f, source = lay.split(new), self._sources(lay.image(obs), lay.image(new))
+        obs_f = np.empty_like(new_f)
+        found = source >= 0
+        obs_f[found] = new_f[source[found]]
+        obs_f[~found] = lay.split(obs[~found])
+        shifted = np.all(new_f[:, :k - 1] == obs_f[:, 1:], axis=2)   # (n, k - 1)
+        ids = np.empty((n, 2 * k), np.int64)
+        fresh: Dict[int, np.ndarray] = {}
+        by_key, refs = self._by_key, self._refs
+        for i in range(n):
+            r = source[i]
+            for j in range(2 * k):
+                if j < k and r >= 0:
+                    pid = ids[r, k + j]
+                elif k <= j < 2 * k - 1 and shifted[i, j - k]:
+                    pid = ids[i, j - k + 1]
+                else:
+                    frame = obs_f[i, j] if j < k else new_f[i, j - k]
+                    key = hashlib.sha256(frame).digest()
+                    pid = by_key.get(key)
+                    if pid is None:
+                        if self._n_free == 0:
+                            self._grow(self.slots + self.slots // 2 + 2 * k)
+                            refs = self._refs
+                        self._n_free -= 1
+                        pid = int(self._free[self._n_free])
+                        by_key[key], self._key[pid], fresh[pid] = pid, key, frame
+                refs[pid] += 1
+                ids[i, j] = pid
+        return ids, fresh
+
+    @staticmethod
+    def _sources(obs: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """For each row, the last earlier row whose new_obs image equals its obs image (-1: none)."""
+        at = np.linspace(0, obs.shape[1] - 1, 16).astype(np.int64)
+        obs_keys, new_keys = obs[:, at], new[:, at]
+        source = np.full(len(obs), -1, np.int64)
+        earlier: Dict[bytes, int] = {}   # sampled bytes of a row's new_obs -> the last such row
+        for i in range(len(obs)):
+            source[i] = earlier.get(obs_keys[i].tobytes(), -1)
+            earlier[new_keys[i].tobytes()] = i
+        found = np.flatnonzero(source >= 0)
+        whole = np.all(obs[found] == new[source[found]], axis=1)
+        source[found[~whole]] = -1
+        return source
+
+    def _grow(self, slots: int) -> None:
+        """A store of `slots` frames (at most what rows would take), the frames held kept: rows whose
+        frames are fewer in common than 1.25 a row (short episodes) take more, never a row less."""
+        slots = min(max(slots, self.slots + 1), max_slots(self.capacity, self.layout) + 2 * self.layout.stack)
+        if slots <= self.slots:   # rows never refer to more: a bug, not a state to carry on from
+            raise RuntimeError(f"replay: {self.frames_held()} frames held for {len(self.rows)} rows")
+        if self.slots:
+            log.info("replay: %d frames held for %d rows, the store grows to %d (short episodes share "
+                     "fewer frames)", self.frames_held(), len(self.rows), slots)
+        store = torch.zeros((slots, self.layout.frame), dtype=torch.uint8, device=self.device)
+        store[:self.slots] = self._store
+        added = np.arange(slots - 1, self.slots - 1, -1, dtype=np.int64)   # popped lowest first
+        free = np.empty(slots, np.int64)
+        free[:len(added)] = added
+        free[len(added):len(added) + self._n_free] = self._free[:self._n_free]
+        self._free, self._n_free = free, len(added) + self._n_free
+        self._refs = np.concatenate([self._refs, np.zeros(slots - self.slots, np.int64)])
+        self._key += [None] * (slots - self.slots)
+        self._store, self.slots = store, slots
+        self._version += 1
+
+    def _release(self, m: int) -> None:
+        """Frees the frames of the m oldest rows, which the next rows added replace, that no other
+        row refers to."""
+        if m > 0:
+            self._unref(self._ids[self.rows.oldest(m)])
+
+    def _unref(self, ids: np.ndarray) -> None:
+        flat = ids.ravel()
+        np.subtract.at(self._refs, flat, 1)
+        dead = np.unique(flat[self._refs[flat] == 0])
+        for pid in dead.tolist():
+            del self._by_key[self._key[pid]]
+            self._key[pid] = None
+        self._free[self._n_free:self._n_free + len(dead)] = dead
+        self._n_free += len(dead)
+
+    # ------------------------------------------------------------ reading
+
+    def draw(self, batch_size: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        return self.rows.draw(batch_size, generator)
+
+    def sample(self, batch_size: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+        return self.gather(self.draw(batch_size, generator))
+
+    def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
+        cols = self.rows.gather(idx)
+        frames = self._store[cols.pop(IDS)]   # (batch, 2 * frames, frame)
+        c = self.layout.stack
+        cols[OBS] = self.layout.join(frames[:, :c], cols.pop(OBS_REST, None))
+        cols[NEW_OBS] = self.layout.join(frames[:, c:], cols.pop(NEW_REST, None))
+        return cols
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        state = self.rows.state_dict()   # oldest first where rows were dropped past a wrap
+        data = dict(state["data"])
+        frames = torch.zeros((0, self.layout.frame), dtype=torch.uint8)
+        if IDS in data:   # nothing added yet: no columns at all
+            ids = data[IDS].numpy()
+            live, inverse = np.unique(ids, return_inverse=True)   # each live frame once, renumbered
+            data[IDS] = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64))
+            frames = self._store[torch.as_tensor(live, device=self.device)].cpu()
+        return {**state, "data": data, "added": self.added, "frames": frames,
+                "layout": dataclasses.asdict(self.layout)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__(state["capacity"], self.device, self.layout)
+        if "frames" in state and Layout(**state["layout"]) != self.layout:
+            raise ValueError(f"the checkpoint's replay holds images laid out as {state['layout']}, this "
+                             f"learner's observation as {dataclasses.asdict(self.layout)}")
+        if not state["data"]:   # saved before anything was added
+            self.added = state["added"]
+            return
+        if "frames" not in state:
+            return self._add_rows(state)
+        frames, data = state["frames"], state["data"]
+        m, ids = len(frames), data[IDS].numpy()
+        self._grow(max(m, initial_slots(self.capacity, self.layout)))
+        self._store[:m] = frames.to(self.device)
+        for pid, frame in enumerate(frames.numpy()):
+            key = hashlib.sha256(frame).digest()
+            self._key[pid], self._by_key[key] = key, pid
+        self._refs[:] = np.bincount(ids.ravel(), minlength=self.slots)
+        self._n_free = self.slots - m   # slots 0 .. m - 1 hold the frames
+        self._free[:self._n_free] = np.arange(self.slots - 1, m - 1, -1)
+        self.rows.load_state_dict({k: v for k, v in state.items() if k not in ("frames", "layout")})
+        self._ids[:len(ids)] = ids
+        self.added = state["added"]
+
+    def _add_rows(self, state: dict) -> None:
+        """A rows replay's state added row by row, oldest first (replay_store was "rows")."""
+        data, size, pos = state["data"], state["size"], state["pos"]
+        first = pos % size if size == state["capacity"] and size else 0
+        order = (first + np.arange(size)) % max(1, size)
+        for a in range(0, size, 4096):
+            at = torch.as_tensor(order[a:a + 4096])
+            self.add({k: v[at].numpy() for k, v in data.items()})
+        self.added = state["added"]
+
+
+def as_rows(state: dict) -> dict:
+    """A FrameReplay's state as a ReplayBuffer's: each row's obs and new_obs laid out again."""
+    lay = Layout(**state["layout"])
+    data = dict(state["data"])
+    if not data:
+        return {k: v for k, v in state.items() if k not in ("frames", "layout")}
+    frames = state["frames"][data.pop(IDS)]
+    data[OBS] = lay.join(frames[:, :lay.stack], data.pop(OBS_REST, None))
+    data[NEW_OBS] = lay.join(frames[:, lay.stack:], data.pop(NEW_REST, None))
+    return {k: v for k, v in state.items() if k not in ("frames", "layout")} | {"data": data}
