@@ -23,7 +23,8 @@
 #                        test_replay_nstep.py and test_encoders.py: the CUDA graph path against eager,
 #                        row-chunked gradients against one product, Adam and the target update in
 #                        slices against whole tensors, a packed replay against a store per column,
-#                        byte rows of a camera beside vectors
+#                        byte rows of a camera beside vectors, a camera's frames kept once
+#                        (test_frame_replay.py) on the device and on the graph path
 #   layer_products.json  bench/layer_products.py: the twin critics' and DQN's layer ops one by one at
 #                        256 and 4,096 rows (which form of a bias gradient, weight gradient and action
 #                        pick is cheapest: DQN's batch-4,096 gap to its bar is about 11 us an update)
@@ -82,10 +83,11 @@ cd /tmp/run || { step "no /tmp/run: setup failed"; exit 1; }
 python3 -c "import torch, simbridge.trainer.learners.capture as c; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
   >> "$out/summary.txt" 2>&1 || { step "simbridge.trainer does not import: see setup.log"; exit 1; }
 
-step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py, test_replay_nstep.py, test_encoders.py's CUDA test)"
+step "pytest: the CUDA graph path (tests/trainer/test_update_paths.py, test_splitk.py, test_optim.py, test_replay_nstep.py, test_encoders.py's CUDA test, test_frame_replay.py)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/trainer/test_update_paths.py tests/trainer/test_splitk.py \
   tests/trainer/test_optim.py tests/trainer/test_replay_nstep.py \
   tests/trainer/test_encoders.py::test_byte_rows_of_a_camera_beside_vectors_update_on_the_cuda_graph_path_as_eagerly \
+  tests/trainer/test_frame_replay.py \
   > "$out/pytest_gpu.txt" 2>&1
 tail -3 "$out/pytest_gpu.txt" >> "$out/summary.txt"
 

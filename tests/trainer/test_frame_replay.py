@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from simbridge.server.frame_stack import Stacker
+from simbridge.server.sample_batch import SampleBatch
 from simbridge.trainer.learners import encoders, frame_replay
 from simbridge.trainer.learners.dqn import DQNLearner
 from simbridge.trainer.learners.frame_replay import FrameReplay
@@ -151,21 +152,24 @@ def test_checkpoints_load_into_either_store(short):
     assert again.added == 182
 
 
+def as_batch(cols: dict, space: gym.Space) -> SampleBatch:
+    """A stream's columns as the SampleBatch the bridge hands a learner."""
+    n = len(cols[OBS])
+    return SampleBatch(obs=cols[OBS].reshape((n,) + space.shape), new_obs=cols[NEW_OBS].reshape((n,) + space.shape),
+                       actions=cols[ACTIONS], rewards=cols[REWARDS], terminateds=np.zeros(n, bool),
+                       truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64), agent_index=np.arange(n),
+                       t=np.zeros(n, np.int64))
+
+
 def test_a_learner_trains_the_same_on_frames_as_on_rows():
     space = space_of(HWC, 4)
     cfg = {"hidden": [16], "seed": 3, "learning_starts": 0, "batch_size": 32, "buffer_size": 200,
            "vis_encode_type": "fully_connected", "frame_stack": 4}
     learners = [DQNLearner(space, gym.spaces.Discrete(3), {**cfg, "replay_store": store}) for store in ("rows", "frames")]
     assert isinstance(learners[0].replay, ReplayBuffer) and isinstance(learners[1].replay, FrameReplay)
-    from simbridge.server.sample_batch import SampleBatch
     for cols in stream(HWC, 4, agents=4, length=11, steps=30):
-        n = len(cols[OBS])
-        batch = SampleBatch(obs=cols[OBS].reshape((n,) + space.shape), new_obs=cols[NEW_OBS].reshape((n,) + space.shape),
-                            actions=cols[ACTIONS], rewards=cols[REWARDS], terminateds=np.zeros(n, bool),
-                            truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64), agent_index=np.arange(n),
-                            t=np.zeros(n, np.int64))
         for learner in learners:
-            learner.add(batch)
+            learner.add(as_batch(cols, space))
             learner.train()
     assert learners[0].updates == learners[1].updates > 0
     for a, b in zip(learners[0].q.parameters(), learners[1].q.parameters()):
@@ -199,3 +203,30 @@ def test_frames_where_they_apply_and_a_named_fix_where_not():
         DQNLearner(vector, gym.spaces.Discrete(2), {"replay_store": "frames"})
     with pytest.raises(ValueError, match="use one of"):
         DQNLearner(HWC, gym.spaces.Discrete(2), {"replay_store": "planes"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_frames_on_the_gpu_sample_as_rows_do_and_a_captured_update_reads_them():
+    """On cuda: the store and the ids live on the device, a sample equals a rows replay's, and a
+    learner on the CUDA graph path trains as eagerly on the same frames (bench/gpu_check.sh)."""
+    space = space_of(HWC, 4)
+    batches = stream(HWC, 4, agents=3, length=9, steps=60)
+    rows, frames = ReplayBuffer(100, "cuda"), FrameReplay(100, "cuda", frame_replay.layout(space, 4))
+    for cols in batches:
+        rows.add(cols)
+        frames.add(cols)
+    idx = torch.randint(0, 100, (64,), device="cuda")
+    assert_rows_equal(rows.gather(idx), frames.gather(idx))
+    cfg = {"hidden": [16], "seed": 3, "learning_starts": 0, "batch_size": 32, "buffer_size": 200,
+           "frame_stack": 4, "vis_encode_type": "match3", "tf32": False}
+    learners = [DQNLearner(space, gym.spaces.Discrete(3), {**cfg, "update_path": path}, device="cuda")
+                for path in ("eager", "graph")]
+    assert all(isinstance(lrn.replay, FrameReplay) for lrn in learners)
+    for cols in batches[:20]:
+        for lrn in learners:
+            lrn.add(as_batch(cols, space))
+    for lrn in learners:
+        lrn.train()
+    assert learners[0].updates == learners[1].updates > 0
+    for a, b in zip(learners[0].q.parameters(), learners[1].q.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
