@@ -282,6 +282,15 @@ print(f'  {r["env_steps"]} env steps, {r["updates"]} updates in {r["wall_s"]} s:
 EOF
   cp "$(ls -td /tmp/lrn_auto/simbridge-pixels-* 2>/dev/null | head -1)/processes.log" "$out/processes_pixels.log" 2>/dev/null
 fi
+# A camera's frames kept once, on the device: a sample's gather and transpose against a rows
+# replay's, at the 4,096-row batch of the issue's bar (docs/benchmarks.md, bench/replay_frames.py).
+if [ "$(left)" -ge 40 ]; then
+  step "bench/replay_frames.py --device cuda --sample-batch 4096: frames against rows on the GPU"
+  timeout 40 python3 bench/replay_frames.py --device cuda --sample-batch 4096 --repeats 1 --capacity 5000 \
+    --cases atari,atari_sim,camera --out "$out/replay_frames_cuda.json" > /dev/null 2> "$out/replay_frames_cuda.log"
+  python3 -c "import json, sys; r = json.load(open(sys.argv[1])); [print(f'  {x[\"case\"]} {x[\"store\"]}: {x[\"sample_ms\"]} ms a sample of 4,096') for x in r['results']]; print('  ratios', r['ratios'])" \
+    "$out/replay_frames_cuda.json" >> "$out/summary.txt" 2>&1
+fi
 nvidia-smi >> "$out/nvidia-smi.txt" 2>&1 || true
 step "done"
 cat "$out/summary.txt"

@@ -1,7 +1,8 @@
 """What a camera's transitions cost in the replay: kept as rows, or each frame once (frame_replay.py).
 
     python bench/replay_frames.py [--capacity 5000] [--agents 8] [--episode 100] [--repeats 3]
-                                  [--cases atari,atari_sim,camera,robot] [--out FILE]
+                                  [--cases atari,atari_sim,camera,robot] [--device cpu|cuda]
+                                  [--sample-batch 256] [--out FILE]
 
 Cases (uint8 images as the trainer's rows hold them):
   atari      84x84x1 frames stacked 4 deep by the bridge (frame_stack = 4): (84, 84, 4) observations
@@ -13,8 +14,9 @@ so nothing repeats that the bridge would not repeat: a stack's shared frames, ob
 handed over in fragments of 32 rows, 2 x capacity transitions in all (the ring wraps); each store
 ("rows": replay.py, "frames": frame_replay.py) takes the same batches. Per case and store: bytes
 a transition takes at capacity (the storage over the rows held), the rows held, CPU microseconds
-to add a transition (process CPU time; the frames store hashes each new plane) and milliseconds
-to sample a batch of 256 rows (CPU), medians over `--repeats` runs with their spread. `ratios`:
+to add a transition (process CPU time; the frames store hashes each new frame) and milliseconds
+to sample a batch of `--sample-batch` rows (CPU time; with --device cuda, wall time between device
+synchronisations), medians over `--repeats` runs with their spread. `ratios`:
 frames over rows. Runs on the CPU in well under a minute.
 """
 import argparse
@@ -94,17 +96,25 @@ def storage_bytes(replay) -> int:
     return sum(store.numel() * store.element_size() for store, _ in replay._stores)
 
 
-def measure(replay, cols_list) -> dict:
+def measure(replay, cols_list, batch: int) -> dict:
+    """Adds every batch (process CPU time), then samples `batch` rows 20 times: CPU time on the CPU,
+    wall time between device synchronisations on a GPU (where the gather runs)."""
     t0 = time.process_time()
     for cols in cols_list:
         replay.add(cols)
     add_s = time.process_time() - t0
-    g = torch.Generator().manual_seed(0)
-    replay.sample(SAMPLE, g)
-    t0 = time.process_time()
+    g = torch.Generator(device=replay.device).manual_seed(0)
+    cuda = replay.device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    replay.sample(batch, g)
+    if cuda:
+        torch.cuda.synchronize(replay.device)
+    t0 = clock()
     for _ in range(20):
-        replay.sample(SAMPLE, g)
-    sample_s = (time.process_time() - t0) / 20
+        replay.sample(batch, g)
+    if cuda:
+        torch.cuda.synchronize(replay.device)
+    sample_s = (clock() - t0) / 20
     n = sum(len(c[OBS]) for c in cols_list)
     held = len(replay)
     return {"bytes_per_transition": storage_bytes(replay) / held if isinstance(replay, FrameReplay)
@@ -129,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--episode", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--device", default="cpu", help="where the stores live: cpu or cuda (sampling timed in wall time there)")
+    p.add_argument("--sample-batch", type=int, default=SAMPLE, help="rows a sample draws (default 256)")
     p.add_argument("--out")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -140,7 +152,8 @@ def main(argv=None) -> int:
         lay = frame_replay.layout(space, CASES[case][3])
         got = {}
         for store in ("rows", "frames"):
-            runs = [measure(ReplayBuffer(a.capacity) if store == "rows" else FrameReplay(a.capacity, "cpu", lay), cols)
+            runs = [measure(ReplayBuffer(a.capacity, a.device) if store == "rows"
+                            else FrameReplay(a.capacity, a.device, lay), cols, a.sample_batch)
                     for _ in range(a.repeats)]
             got[store] = summarise(runs)
             results.append({"case": case, "store": store, "observation_bytes": encoders.row_bytes(space),
@@ -149,9 +162,9 @@ def main(argv=None) -> int:
                                                       / got["rows"]["bytes_per_transition"], 3),
                         "add_cpu_frames_vs_rows": round(got["frames"]["add_us_per_transition"]
                                                         / got["rows"]["add_us_per_transition"], 2),
-                        "sample_cpu_frames_vs_rows": round(got["frames"]["sample_ms"] / got["rows"]["sample_ms"], 2)}
+                        "sample_frames_vs_rows": round(got["frames"]["sample_ms"] / got["rows"]["sample_ms"], 2)}
     return emit({"bench": "replay_frames", "machine": platform.machine(), "python": platform.python_version(),
-                 "torch": torch.__version__, "capacity": a.capacity, "agents": a.agents, "episode": a.episode,
+                 "torch": torch.__version__, "device": a.device, "sample_batch": a.sample_batch, "capacity": a.capacity, "agents": a.agents, "episode": a.episode,
                  "repeats": a.repeats, "results": results, "ratios": ratios}, a.out, indent=1)
 
 

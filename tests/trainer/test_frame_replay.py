@@ -96,19 +96,31 @@ def test_every_row_comes_back_as_its_bytes_in_less_memory(space, k, agents):
     assert frames.frames_held() < 2 * k * 100 / (1.5 if k == 1 else 5)   # rows: 2 k frames a row
 
 
-def test_a_stack_the_simulator_made_is_kept_a_frame_a_step_when_channels_come_first():
-    gray = gym.spaces.Box(0, 255, (1, 12, 10), np.uint8)
-    batches = stream(gray, 4, agents=2, length=20, steps=90)   # (4, 12, 10) stacks, frame_stack 1 here
-    lay = frame_replay.layout(space_of(gray, 4))
-    assert (lay.stack, lay.channels) == (4, 1)   # each channel a frame
+@pytest.mark.parametrize("frame,stacked", [((1, 12, 10), True), ((3, 12, 10), False)])
+def test_channels_first_with_no_stack_declared_the_first_rows_decide(frame, stacked, caplog):
+    """Atari's (4, 84, 84), stacked by the simulator: each channel a frame, a frame a step. A colour
+    camera's (3, 84, 84): the image one frame (split by channel it would need 3 a step)."""
+    caplog.set_level(logging.INFO, logger="simbridge.trainer")
+    space = gym.spaces.Box(0, 255, frame, np.uint8)
+    k = 4 if stacked else 1
+    lay = frame_replay.layout(space_of(space, k))
+    assert lay.guessed and (lay.stack, lay.channels) == (1, frame[0] * k)
     rows, frames = ReplayBuffer(100), FrameReplay(100, "cpu", lay)
-    for cols in batches:
+    for cols in stream(space, k, agents=2, length=20, steps=90):
         rows.add(cols)
         frames.add(cols)
     assert_same(rows, frames, 100)
-    assert frames.frames_held() <= 100 * 21 / 20 + 2 * 2 * 4   # a frame a step, not 8 a row
-    rgb_last = frame_replay.layout(space_of(HWC, 1))
-    assert (rgb_last.stack, rgb_last.channels) == (1, 3)   # channels last: the image is one frame
+    assert not frames.layout.guessed
+    if stacked:
+        assert (frames.layout.stack, frames.layout.channels) == (4, 1) and "are a stack of frames" in caplog.text
+    else:
+        assert (frames.layout.stack, frames.layout.channels) == (1, 3) and "stack of frames" not in caplog.text
+    assert frames.frames_held() <= 100 * 21 / 20 + 2 * 2 * k   # a frame a step, not 2 k a row
+    assert "grows" not in caplog.text
+    again = FrameReplay(1, "cpu", lay)   # a checkpoint keeps the decision
+    again.load_state_dict(frames.state_dict())
+    assert again.layout == frames.layout
+    assert_rows_equal(in_order(again), in_order(frames))
 
 
 def test_short_episodes_grow_the_store_and_lose_no_row(caplog):
@@ -191,6 +203,29 @@ def test_a_learners_checkpoint_keeps_its_frames_once_and_loads_on_either_store()
         again = DQNLearner(space, gym.spaces.Discrete(3), {**cfg, "replay_store": store})
         again.load_state_dict(saved)
         assert_rows_equal(in_order(again.replay), in_order(learner.replay))
+
+
+def test_a_checkpoint_of_another_stack_loads_as_rows_and_captured_updates_see_new_storage():
+    space = space_of(HWC, 4)
+    batches = stream(HWC, 4, agents=2, length=9, steps=40)
+    four = FrameReplay(100, "cpu", frame_replay.layout(space, 4))
+    for cols in batches:
+        four.add(cols)
+    one = FrameReplay(100, "cpu", frame_replay.layout(space, 1))   # frame_stack no longer said
+    version = one.storage_version
+    one.load_state_dict(four.state_dict())
+    assert one.layout.stack == 1 and one.storage_version > version
+    assert_rows_equal(in_order(one), in_order(four))
+
+
+def test_on_policy_learners_estimate_rows_and_small_images_stay_rows():
+    from simbridge.trainer.learners.ppo import PPOLearner
+    atari = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    ppo = PPOLearner.memory_estimate(atari, gym.spaces.Discrete(6), {"frame_stack": 4})
+    assert ppo["transition"] == 2 * 84 * 84 * 4 + 4 * 6 + 64   # its rollouts are rows
+    tiny = gym.spaces.Box(0, 255, (8, 8, 4), np.uint8)   # frames of 64 bytes: digests would cost more
+    assert not frame_replay.uses_frames("auto", tiny, 4) and frame_replay.uses_frames("frames", tiny, 4)
+    assert frame_replay.uses_frames("auto", gym.spaces.Box(0, 255, (16, 16, 4), np.uint8), 4)
 
 
 def test_frames_where_they_apply_and_a_named_fix_where_not():

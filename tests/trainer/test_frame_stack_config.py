@@ -53,7 +53,7 @@ def test_the_daemon_builds_declared_policies_stacked_and_serves_single_frames(tm
         [policies.cam]
         algorithm = "dqn"
         frame_stack = 3
-        config = {{ buffer_size = 1000 }}
+        config = {{ buffer_size = 1000, replay_store = "frames" }}
         observation_space = {CAMERA}
         action_space = {{ type = "Discrete", n = 2 }}
     """)
@@ -63,6 +63,7 @@ def test_the_daemon_builds_declared_policies_stacked_and_serves_single_frames(tm
     frame = gym.spaces.Box(0, 255, (1, 12, 12), np.uint8)
     assert rt.policies["cam"].observation_space == Stacker(frame, 3).space
     # the replay's cost at start-up counts the stacked observation: 3 x 144 bytes, its frames once
+    # (frames this small are kept as rows unless asked: replay_store = "frames")
     assert "one observation is 432 bytes (uint8 rows)" in caplog.text and "each frame kept once" in caplog.text
     learner = rt.policies["cam"]   # told how many frames a stack holds: its replay keeps each once
     assert learner.config["frame_stack"] == 3 and learner.replay.layout.stack == 3

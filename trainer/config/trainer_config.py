@@ -225,7 +225,7 @@ def _policy(pid: str, raw, where: str) -> PolicySpec:
         raise ConfigError(f"{what}: unknown algorithm {algo!r}: use one of {known_algorithms()} or an "
                           f"import path \"package.module:Class\"")
     cfg = dict(require_type(raw.get("config", {}), dict, f"{what} config"))
-    if "frame_stack" in cfg:   # the learner's is set from the policy's (trainer/run/factory.py)
+    if "frame_stack" in cfg and algo in ALGORITHMS:   # the learner's is set from the policy's (factory.py)
         raise ConfigError(f"{what} config: frame_stack belongs to [policies.{pid}] itself "
                           f"(frame_stack = {cfg['frame_stack']!r} beside algorithm), not to its config")
     if algo == RANDOM:

@@ -107,7 +107,8 @@ class Learner(Policy):
         memory cannot hold instead of failing to allocate it mid-run."""
         cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
         obs, act = encoders.feature_count(observation_space, cfg), flat_dim(action_space)
-        transition = frame_replay.obs_bytes(observation_space, cfg) + 4 * act + 64   # + the action, its scalars
+        kept = {**cfg, "replay_store": "rows"} if cls.ON_POLICY else cfg   # PPO's rollouts are rows
+        transition = frame_replay.obs_bytes(observation_space, kept) + 4 * act + 64   # + the action, its scalars
         sizes = [obs + act, *cfg["hidden"], act + 1]
         params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:])) + encoders.encoder_params(observation_space, cfg)
         return {"replay": int(cfg["buffer_size"]) * transition, "transition": transition,
@@ -142,6 +143,7 @@ class Learner(Policy):
             torch.manual_seed(cfg["seed"])
             self.generator.manual_seed(cfg["seed"])
         self.replay = self.new_replay()
+        self._replay_version = 0   # the replay storage the captured updates read
         self.nstep = NStepAccumulator(cfg["n_step"], cfg["gamma"])
         self.agent_steps = 0          # transitions added
         self.updates = 0              # gradient updates done
@@ -367,6 +369,10 @@ class Learner(Policy):
     def run_update_steps(self, n: int) -> None:
         """n updates from the replay on the update path: no host sync, no hand-over to acting."""
         batch_size = self.config["batch_size"]
+        if self.replay.storage_version != self._replay_version:   # graphs of replaced storage: dropped
+            if self._updater is not None:
+                self._updater.reset()
+            self._replay_version = self.replay.storage_version
         for _ in range(n):
             key = self.prepare_update()
             self.updater.run(self.draw_inputs(batch_size), (key, self.replay.storage_version))

@@ -45,6 +45,7 @@ log = logging.getLogger("simbridge.trainer")
 IDS, OBS_REST, NEW_REST = "frame_ids", "obs_rest", "new_obs_rest"   # the row buffer's own columns
 FRAMES_PER_ROW = 1.25   # episodes of 4 steps and more fit the capacity
 STORES = ("auto", "rows", "frames")
+AUTO_MIN_BYTES = 256    # "auto" keeps images of smaller frames as rows (a frame costs ~280 host bytes)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Layout:
     pixels: int    # H * W
     channels: int  # a frame's channels
     hwc: bool      # channels last: a stacked frame's bytes are strided in the row
-    guessed: bool = False   # each channel a frame, no stack declared: 1 to `stack` new a step
+    guessed: bool = False   # channels first, no stack declared: the first rows added decide (`decided`)
 
     @property
     def frame(self) -> int:
@@ -96,8 +97,7 @@ class Layout:
 def layout(space: gym.Space, frame_stack: int = 1) -> Optional[Layout]:
     """The Layout of rows of `space` whose image stacks `frame_stack` frames (none stacked where its
     channels are no multiple of it); None where frames do not apply (no uint8 image, or several).
-    Channels first and no stack declared: each channel is a frame, free to split (a simulator's own
-    stack, Atari's (4, 84, 84), is then kept a frame a step); channels last, the image is one."""
+    Channels first and no stack declared, the first rows added decide (`decided`)."""
     if not encoders.byte_rows(space):
         return None
     spans = encoders.byte_spans(space)
@@ -108,9 +108,30 @@ def layout(space: gym.Space, frame_stack: int = 1) -> Optional[Layout]:
     c, h, w = encoders.chw(leaf.shape)
     hwc = image_layout(leaf.shape) == "hwc"
     k = frame_stack if frame_stack >= 1 and c % frame_stack == 0 else 1
-    if k == 1 and not hwc and c > 1:   # each channel a frame: a stack made by the simulator is found too
-        return Layout(first, end, spans[-1][2], c, h * w, 1, hwc, guessed=True)
-    return Layout(first, end, spans[-1][2], k, h * w, c // k, hwc)
+    return Layout(first, end, spans[-1][2], k, h * w, c // k, hwc, guessed=k == 1 and not hwc and c > 1)
+
+
+def decided(lay: Layout, obs: np.ndarray, new: np.ndarray) -> Layout:
+    """A channels-first image with no stack declared, once rows show what it is: a stack the
+    simulator made (Atari's (4, 84, 84): every row's new_obs is its obs shifted by a channel), each
+    channel a frame; else (a colour camera's (3, 84, 84)) the image one frame."""
+    if not lay.guessed:
+        return lay
+    c = lay.channels
+    planes = (lay.image(obs).reshape(len(obs), c, -1), lay.image(new).reshape(len(new), c, -1))
+    if np.array_equal(planes[1][:, :c - 1], planes[0][:, 1:]):
+        log.info("replay: the %d channels of each observation are a stack of frames (each new_obs is "
+                 "its obs shifted by one): each kept once", c)
+        return outcomes(lay)[1]
+    return outcomes(lay)[0]
+
+
+def outcomes(lay: Layout) -> tuple:
+    """The layouts `lay` is or may become once decided."""
+    if not lay.guessed:
+        return (lay,)
+    return (dataclasses.replace(lay, guessed=False),
+            dataclasses.replace(lay, stack=lay.channels, channels=1, guessed=False))
 
 
 def check(store: str) -> None:
@@ -118,18 +139,19 @@ def check(store: str) -> None:
         raise ValueError(f"replay_store = {store!r}: use one of {list(STORES)}")
 
 
-def uses_frames(store: str, space: gym.Space) -> bool:
+def uses_frames(store: str, space: gym.Space, frame_stack: int = 1) -> bool:
     """Whether `replay_store` puts rows of `space` in a FrameReplay; a ValueError naming the fix
     for "frames" where they do not apply."""
     check(store)
     if store == "rows":
         return False
-    applies = layout(space) is not None
-    if store == "frames" and not applies:
+    lay = layout(space, frame_stack)
+    if store == "frames" and lay is None:
         raise ValueError(f"replay_store = \"frames\" keeps the frames of one uint8 image, and the "
                          f"observation {space} holds {'several' if encoders.byte_rows(space) else 'none'}: "
                          f"set replay_store = \"rows\" (or \"auto\")")
-    return applies
+    # "auto": frames of under 256 bytes save less than their digests and ids cost on the host
+    return lay is not None and (store == "frames" or lay.frame >= AUTO_MIN_BYTES)
 
 
 def initial_slots(capacity: int, lay: Layout) -> int:
@@ -143,27 +165,24 @@ def max_slots(capacity: int, lay: Layout) -> int:
 
 
 def row_bytes(capacity: int, lay: Layout) -> float:
-    """Bytes a row takes at capacity: its share of the frames, its frame ids, its other parts. Where
-    channels were split unasked, each may be new every step (a colour camera): counted so."""
+    """Bytes a row takes at capacity: its share of the frames, its frame ids, its other parts (an
+    undecided layout counted as one frame an image: a stack the simulator made takes less)."""
     frames = initial_slots(capacity, lay) / max(1, capacity)
-    if lay.guessed:
-        frames = min(2 * lay.stack, FRAMES_PER_ROW * lay.stack)
     return frames * lay.frame + 2 * lay.stack * 8 + 2 * (lay.width - (lay.end - lay.first))
 
 
 def make(space: gym.Space, config: dict, device):
     """The replay buffer a learner's config asks for rows of `space` (replay_store, buffer_size, frame_stack)."""
-    if uses_frames(config["replay_store"], space):
+    if uses_frames(config["replay_store"], space, config["frame_stack"]):
         return FrameReplay(config["buffer_size"], device, layout(space, config["frame_stack"]))
     return ReplayBuffer(config["buffer_size"], device)
 
 
 def obs_bytes(space: gym.Space, config: dict) -> int:
     """Bytes a transition's obs and new_obs take in the replay `make` builds, at capacity."""
-    lay = layout(space, config["frame_stack"]) if config["replay_store"] != "rows" else None
-    if lay is None:
+    if not uses_frames(config["replay_store"], space, config["frame_stack"]):
         return 2 * encoders.row_bytes(space)
-    return int(row_bytes(int(config["buffer_size"]), lay))
+    return int(row_bytes(int(config["buffer_size"]), layout(space, config["frame_stack"])))
 
 
 def for_store(replay, state: dict) -> dict:
@@ -174,12 +193,7 @@ def for_store(replay, state: dict) -> dict:
 
 def says(replay) -> str:
     """What the start-up memory line says of a replay's store."""
-    if not isinstance(replay, FrameReplay):
-        return ""
-    if replay.layout.guessed:
-        return (f" at most (each of the {replay.layout.stack} channels kept once, whether new each step "
-                f"or a stack's: replay_store)")
-    return " (each frame kept once: replay_store)"
+    return " (each frame kept once: replay_store)" if isinstance(replay, FrameReplay) else ""
 
 
 class FrameReplay:
@@ -221,11 +235,14 @@ class FrameReplay:
         if not columns or len(columns[OBS]) == 0:
             return
         n = len(columns[OBS])
-        self.added += n
         if n > self.capacity:   # keep the newest
             columns = {k: np.asarray(v)[-self.capacity:] for k, v in columns.items()}
             n = self.capacity
+        self.added += n
         if self.slots == 0:
+            self.layout = decided(self.layout, np.asarray(columns[OBS]), np.asarray(columns[NEW_OBS]))
+            self._ids = np.zeros((self.capacity, 2 * self.layout.stack), np.int64)
+            self._store = torch.zeros((0, self.layout.frame), dtype=torch.uint8, device=self.device)
             self._grow(initial_slots(self.capacity, self.layout))
         self._release(len(self.rows) + n - self.capacity)   # the rows the ring writes over
         lay = self.layout
@@ -358,20 +375,27 @@ class FrameReplay:
             ids = data[IDS].numpy()
             live, inverse = np.unique(ids, return_inverse=True)   # each live frame once, renumbered
             data[IDS] = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64))
-            frames = self._store[torch.as_tensor(live, device=self.device)].cpu()
+            # to the host a chunk at a time: a copy of every live frame on the device could not fit
+            frames = torch.cat([self._store[torch.as_tensor(live[a:a + 4096], device=self.device)].cpu()
+                                for a in range(0, len(live), 4096)])
         return {**state, "data": data, "added": self.added, "frames": frames,
                 "layout": dataclasses.asdict(self.layout)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.__init__(state["capacity"], self.device, self.layout)
-        if "frames" in state and Layout(**state["layout"]) != self.layout:
-            raise ValueError(f"the checkpoint's replay holds images laid out as {state['layout']}, this "
-                             f"learner's observation as {dataclasses.asdict(self.layout)}")
+        version, lay = self._version, self.layout
+        self.__init__(state["capacity"], self.device, lay)
+        self._version = version + 1   # never an old value: captured updates key their graphs by it
+        saved = Layout(**state["layout"]) if "frames" in state else None
+        if saved is not None and saved not in outcomes(lay):
+            return self._add_rows(as_rows(state))   # laid out otherwise (frame_stack changed): as rows
         if not state["data"]:   # saved before anything was added
             self.added = state["added"]
             return
-        if "frames" not in state:
+        if saved is None:
             return self._add_rows(state)
+        self.layout = saved
+        self._ids = np.zeros((self.capacity, 2 * saved.stack), np.int64)
+        self._store = torch.zeros((0, saved.frame), dtype=torch.uint8, device=self.device)
         frames, data = state["frames"], state["data"]
         m, ids = len(frames), data[IDS].numpy()
         self._grow(max(m, initial_slots(self.capacity, self.layout)))
