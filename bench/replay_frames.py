@@ -17,7 +17,8 @@ a transition takes at capacity (the storage over the rows held), the rows held, 
 to add a transition (process CPU time; the frames store hashes each new frame) and milliseconds
 to sample a batch of `--sample-batch` rows (CPU time; with --device cuda, wall time between device
 synchronisations), medians over `--repeats` runs with their spread. `ratios`:
-frames over rows. Runs on the CPU in well under a minute.
+frames over rows. Runs on the CPU in well under a minute, in about 1.6 GB of memory at its defaults
+(the transitions are made before anything is timed).
 """
 import argparse
 import platform

@@ -103,8 +103,9 @@ class Learner(Policy):
                         config: Optional[dict] = None) -> Dict[str, int]:
         """Bytes the learner would take for these spaces, before building it: {"replay": the
         buffer at capacity, "transition": one transition of it, "networks": parameters and their
-        copies}. An estimate (float32 observations, twice per transition), to refuse a space the
-        memory cannot hold instead of failing to allocate it mid-run."""
+        copies}. An estimate (an observation's row twice per transition, or a camera's frames as
+        frame_replay.py first makes its store), to refuse a space the memory cannot hold instead of
+        failing to allocate it mid-run."""
         cfg = {**COMMON_DEFAULTS, **cls.DEFAULTS, **(config or {})}
         obs, act = encoders.feature_count(observation_space, cfg), flat_dim(action_space)
         kept = {**cfg, "replay_store": "rows"} if cls.ON_POLICY else cfg   # PPO's rollouts are rows

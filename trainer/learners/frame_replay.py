@@ -17,7 +17,7 @@ simulators, agents and n-step windows interleaved, so what is shared is found by
   image show whether its channels are a stack the simulator made (each then a frame) or a colour
   camera's (the image one frame); a channels-last image is one frame.
 * A frame lives while a row refers to it (counted). The store is made for 1.25 frames a row and
-  grows by half where rows share fewer (episodes of a step or two), up to what rows would take: it
+  grows by half where rows share fewer (episodes of a few steps), up to what rows would take: it
   never drops a row.
 * A sample gathers its rows' frame ids, then their frames, and lays them back into rows on the
   device (inside a captured update's graph too): a sample equals the rows replay.py would give.
@@ -38,7 +38,7 @@ import torch
 
 from simbridge.trainer.learners import encoders
 from simbridge.trainer.learners.frame_layout import Layout, decided, layout, outcomes
-from simbridge.trainer.learners.replay import ReplayBuffer
+from simbridge.trainer.learners.replay import ReplayBuffer, take
 from simbridge.wire.columns import NEW_OBS, OBS
 
 log = logging.getLogger("simbridge.trainer")
@@ -46,7 +46,7 @@ log = logging.getLogger("simbridge.trainer")
 IDS, OBS_REST, NEW_REST = "frame_ids", "obs_rest", "new_obs_rest"   # the row buffer's own columns
 FRAMES_PER_ROW = 1.25   # episodes of 4 steps and more fit the capacity
 STORES = ("auto", "rows", "frames")
-AUTO_MIN_BYTES = 256    # "auto" keeps images of smaller frames as rows (a frame costs ~280 host bytes)
+AUTO_MIN_BYTES = 256    # "auto" keeps images of smaller frames as rows (a frame costs ~280 host bytes in all)
 
 
 def check(store: str) -> None:
@@ -163,8 +163,11 @@ class FrameReplay:
         lay = self.layout
         ids, fresh = self._refer(np.asarray(columns[OBS]), np.asarray(columns[NEW_OBS]))
         if fresh:
-            where = torch.as_tensor(np.fromiter(fresh, np.int64, len(fresh)), device=self.device)
-            self._store[where] = torch.as_tensor(np.stack(list(fresh.values())), device=self.device)
+            where, src = np.fromiter(fresh, np.int64, len(fresh)), np.stack(list(fresh.values()))
+            if self.device.type == "cpu":   # numpy's row copies: torch's index_put copies byte by byte
+                self._store.numpy()[where] = src
+            else:
+                self._store[torch.as_tensor(where, device=self.device)] = torch.as_tensor(src, device=self.device)
         cols = {k: v for k, v in columns.items() if k not in (OBS, NEW_OBS)}
         cols[IDS] = ids
         for name, key in ((OBS_REST, OBS), (NEW_REST, NEW_OBS)):
@@ -187,29 +190,27 @@ class FrameReplay:
         obs_f[found] = new_f[source[found]]
         obs_f[~found] = lay.split(obs[~found])
         shifted = np.all(new_f[:, :k - 1] == obs_f[:, 1:], axis=2)   # (n, k - 1)
+        # Digests for the frames nothing else gives: obs without a source, new_obs frames not shifted.
+        digest = np.concatenate([np.repeat(~found[:, None], k, axis=1), ~shifted, np.ones((n, 1), bool)], axis=1)
         ids = np.empty((n, 2 * k), np.int64)
         fresh: Dict[int, np.ndarray] = {}
-        by_key, refs = self._by_key, self._refs
-        for i in range(n):
-            r = source[i]
-            for j in range(2 * k):
-                if j < k and r >= 0:
-                    pid = ids[r, k + j]
-                elif k <= j < 2 * k - 1 and shifted[i, j - k]:
-                    pid = ids[i, j - k + 1]
-                else:
-                    frame = obs_f[i, j] if j < k else new_f[i, j - k]
-                    key = hashlib.sha256(frame).digest()
-                    pid = by_key.get(key)
-                    if pid is None:
-                        if self._n_free == 0:
-                            self._grow(self.slots + self.slots // 2 + 2 * k)
-                            refs = self._refs
-                        self._n_free -= 1
-                        pid = int(self._free[self._n_free])
-                        by_key[key], self._key[pid], fresh[pid] = pid, key, frame
-                refs[pid] += 1
-                ids[i, j] = pid
+        by_key = self._by_key
+        for i, j in zip(*np.nonzero(digest)):   # row by row, in order: ids as the rows meet them
+            frame = obs_f[i, j] if j < k else new_f[i, j - k]
+            key = hashlib.sha256(frame).digest()
+            pid = by_key.get(key)
+            if pid is None:
+                if self._n_free == 0:
+                    self._grow(self.slots + self.slots // 2 + 2 * k)
+                self._n_free -= 1
+                pid = int(self._free[self._n_free])
+                by_key[key], self._key[pid], fresh[pid] = pid, key, frame
+            ids[i, j] = pid
+        for i in np.flatnonzero(found | shifted.any(axis=1)).tolist():   # the others, from earlier rows
+            if found[i]:
+                ids[i, :k] = ids[source[i], k:]
+            ids[i, k:2 * k - 1] = np.where(shifted[i], ids[i, 1:k], ids[i, k:2 * k - 1])
+        np.add.at(self._refs, ids.ravel(), 1)
         return ids, fresh
 
     @staticmethod
@@ -274,7 +275,7 @@ class FrameReplay:
 
     def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
         cols = self.rows.gather(idx)
-        frames = self._store[cols.pop(IDS)]   # (batch, 2 * frames, frame)
+        frames = take(self._store, cols.pop(IDS))   # (batch, 2 * stack, frame)
         c = self.layout.stack
         cols[OBS] = self.layout.join(frames[:, :c], cols.pop(OBS_REST, None))
         cols[NEW_OBS] = self.layout.join(frames[:, c:], cols.pop(NEW_REST, None))
@@ -342,7 +343,7 @@ def as_rows(state: dict) -> dict:
     data = dict(state["data"])
     if not data:
         return {k: v for k, v in state.items() if k not in ("frames", "layout")}
-    frames = state["frames"][data.pop(IDS)]
+    frames = take(state["frames"], data.pop(IDS))
     data[OBS] = lay.join(frames[:, :lay.stack], data.pop(OBS_REST, None))
     data[NEW_OBS] = lay.join(frames[:, lay.stack:], data.pop(NEW_REST, None))
     return {k: v for k, v in state.items() if k not in ("frames", "layout")} | {"data": data}

@@ -21,6 +21,16 @@ import torch
 PACK = True   # read when the storage is allocated
 
 
+def take(store: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """store[idx] (rows of a 2-D store; idx of any shape). On the CPU as index_select: advanced
+    indexing there copies element by element, index_select a row at a time (256 rows of 10 float32:
+    29 -> 4 us; of a 21 KB camera frame: 3.9 -> 0.4 ms). On a GPU both are one kernel: kept as
+    measured there."""
+    if store.device.type != "cpu":
+        return store[idx]
+    return store.index_select(0, idx.reshape(-1)).view(*idx.shape, *store.shape[1:])
+
+
 class ReplayBuffer:
     def __init__(self, capacity: int, device: torch.device | str = "cpu"):
         self.capacity = int(capacity)
@@ -78,7 +88,7 @@ class ReplayBuffer:
     def gather(self, idx: torch.Tensor) -> Dict[str, torch.Tensor]:
         out = {}
         for store, spans in self._stores:
-            rows = store[idx]
+            rows = take(store, idx)
             for k, first, end, shape in spans:
                 out[k] = rows[:, first:end].view((len(idx),) + shape)
         return out
