@@ -26,14 +26,14 @@ PPO = {"hidden": [64], "lr": 1e-3, "train_batch_size": 256, "minibatch_size": 64
 SIM = ["simbridge.sims.pixel_sim", "--seed", "0"]
 
 
-def learn(tmp_path, algorithm: str, config: dict, budget: int, sim=SIM, frame_stack: int = 1):
+def learn(tmp_path, algorithm: str, config: dict, budget: int, sim=SIM, frame_stack: int = 1, lines=None):
     tables = f"""[policies.default_policy]
 algorithm = "{algorithm}"
 frame_stack = {frame_stack}
 config = {toml_value(config)}"""
     t0 = time.monotonic()
     recs = run(tmp_path, "", tables, [sim], budget=budget, done=lambda rec: r10(rec, "default_policy") >= 0.8,
-               timeout=150, fragment=16, learner_process=False)
+               timeout=150, fragment=16, learner_process=False, lines=lines)
     assert recs, "no metrics were written"
     last = recs[-1]
     print(f"{algorithm}: mean(10) {r10(last, 'default_policy'):.2f} at {last['env_steps']} env steps, "
@@ -45,8 +45,11 @@ config = {toml_value(config)}"""
 
 def test_dqn_learns_catch_from_pixels_through_the_bridge_stacking_frames(tmp_path):
     """The trainer stacks the simulator's single frames two deep (frame_stack = 2): the CNN reads
-    20x20x2 images, and the replay holds them."""
-    learn(tmp_path, "dqn", DQN, 6_000, frame_stack=2)
+    20x20x2 images, and the replay holds them, each frame once (trainer/learners/frame_replay.py)."""
+    lines = []
+    learn(tmp_path, "dqn", DQN, 6_000, frame_stack=2, lines=lines)
+    said = "\n".join(lines)
+    assert "20x20x2 uint8 image" in said and "each frame kept once" in said, said[-3000:]
     state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")   # written when the daemon stopped
     assert space_from_bytes(state["policies"]["default_policy"]["observation_space"]).shape == (20, 20, 2)
 
