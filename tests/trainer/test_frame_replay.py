@@ -186,6 +186,10 @@ def test_a_learner_trains_the_same_on_frames_as_on_rows():
     assert learners[0].updates == learners[1].updates > 0
     for a, b in zip(learners[0].q.parameters(), learners[1].q.parameters()):
         assert torch.equal(a, b)
+    # the frame store's size goes out with the learner's metrics (metrics.jsonl, TensorBoard)
+    held = learners[1].last_metrics
+    assert held["replay_frames"] == learners[1].replay.frames_held() > 0 and held["replay_store_mib"] > 0
+    assert "replay_frames" not in learners[0].last_metrics
 
 
 def test_a_learners_checkpoint_keeps_its_frames_once_and_loads_on_either_store():

@@ -363,7 +363,7 @@ class Learner(Policy):
         self.sync_acting()
         read_at = self._metrics_read_at
         if read_at is None or self.updates - read_at >= self.config.get("metrics_every", 1):
-            self.last_metrics = {**self.updater.read(), **self.host_metrics()}
+            self.last_metrics = {**self.updater.read(), **self.host_metrics(), **frame_replay.metrics(self.replay)}
             self._metrics_read_at = self.updates
         return self.last_metrics
 

@@ -106,6 +106,14 @@ def for_store(replay, state: dict) -> dict:
     return as_rows(state) if "frames" in state and not isinstance(replay, FrameReplay) else state
 
 
+def metrics(replay) -> dict:
+    """What a frame store holds, for the learner's metrics (TensorBoard's learner/<policy>/...):
+    its frames, and the MiB they take on the device (the store grows where rows share fewer)."""
+    if not isinstance(replay, FrameReplay):
+        return {}
+    return {"replay_frames": replay.frames_held(), "replay_store_mib": replay.slots * replay.layout.frame / 2**20}
+
+
 def says(replay) -> str:
     """What the start-up memory line says of a replay's store."""
     return " (each frame kept once: replay_store)" if isinstance(replay, FrameReplay) else ""
