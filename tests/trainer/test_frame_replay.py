@@ -232,6 +232,23 @@ def test_on_policy_learners_estimate_rows_and_small_images_stay_rows():
     assert frame_replay.uses_frames("auto", gym.spaces.Box(0, 255, (16, 16, 4), np.uint8), 4)
 
 
+def test_a_batch_the_buffer_cannot_take_is_refused_before_anything_changes():
+    batches = stream(HWC, 4, agents=2, length=9, steps=70)   # 140 rows into 100: the ring is full
+    rows, frames = both(HWC, 4, 100, batches[:-1])
+    before = in_order(frames), frames.frames_held(), frames.added
+    bad = {**batches[-1]}
+    del bad[REWARDS]
+    short = {**batches[-1], OBS: batches[-1][OBS][:, :-1]}
+    for cols in (bad, short):
+        with pytest.raises(ValueError, match="replay: column"):
+            frames.add(cols)
+    assert_rows_equal(in_order(frames), before[0])
+    assert (frames.frames_held(), frames.added) == before[1:]
+    frames.add(batches[-1])
+    rows.add(batches[-1])
+    assert_rows_equal(in_order(frames), in_order(rows))
+
+
 def test_frames_where_they_apply_and_a_named_fix_where_not():
     assert frame_replay.uses_frames("auto", HWC) and frame_replay.uses_frames("auto", ROBOT)
     assert not frame_replay.uses_frames("rows", HWC)

@@ -158,6 +158,7 @@ class FrameReplay:
         if not columns or len(columns[OBS]) == 0:
             return
         n = len(columns[OBS])
+        self._check(columns, n)   # before anything changes: a refused batch leaves the buffer as it was
         if n > self.capacity:   # keep the newest
             columns = {k: np.asarray(v)[-self.capacity:] for k, v in columns.items()}
             n = self.capacity
@@ -184,6 +185,18 @@ class FrameReplay:
                 cols[name] = rest
         self._ids[self.rows.next_positions(n)] = ids
         self.rows.add(cols)
+
+    def _check(self, columns: Dict[str, np.ndarray], n: int) -> None:
+        """A ValueError for columns this buffer cannot take: other names than its rows', other
+        lengths, or observation rows of another width."""
+        names = {k for k in columns if k not in (OBS, NEW_OBS)}
+        held = {k for k in self.rows._data if k not in (IDS, OBS_REST, NEW_REST)}
+        if held and names != held:
+            raise ValueError(f"replay: columns {sorted(names)}, where its rows hold {sorted(held)}")
+        for k, v in columns.items():
+            if len(v) != n or (k in (OBS, NEW_OBS) and np.shape(v)[1:] != (self.layout.width,)):
+                raise ValueError(f"replay: column {k!r} of shape {np.shape(v)}: {n} rows of "
+                                 f"{self.layout.width} bytes expected for obs and new_obs")
 
     def _refer(self, obs: np.ndarray, new: np.ndarray):
         """Each frame's id, stored frames found by their digest: (ids (n, 2 * stack): obs's frames,
