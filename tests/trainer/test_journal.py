@@ -113,3 +113,20 @@ def test_a_write_error_stops_journaling_without_failing_the_call(tmp_path, caplo
     j.commit(_Metrics(2, 2, 0))   # no exception: the bridge keeps serving
     assert j.failed and "journaling stops" in caplog.text
     j.close()
+
+
+def test_records_written_a_few_bytes_at_a_time_read_back_whole(tmp_path, monkeypatch):
+    """The writer hands its records to writev without joining them: a write the kernel cuts
+    short (a signal, a pipe-like file) goes on from where it stopped, in order."""
+    real = J.os.writev
+    monkeypatch.setattr(J.os, "writev", lambda fd, bufs: real(fd, [bytes(bufs[0])[:7]]))
+    j = J.Journal(tmp_path)
+    j.add_rows("p", _cols(3), 3)
+    j.add_rows("p", _cols(2, first_t=3), 2)
+    j.commit(_Metrics(5, 5, 0))
+    j.close()
+    data = (tmp_path / J.segment_name(1)).read_bytes()
+    recs, used = J.decode_all(data)
+    assert used == len(data) == j.bytes_written
+    rows = [h for h, _ in recs if h["k"] == "rows"]
+    assert sum(h["n"] for h in rows) == 5

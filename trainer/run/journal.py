@@ -361,17 +361,23 @@ class Journal:
     def _write(self, recs: List[bytes]) -> None:
         if not recs or self.failed or self._fd < 0:
             return
-        data = b"".join(recs)
+        # writev, not a join: a camera's records are not copied once more to be written
+        bufs = [memoryview(r).cast("B") for r in recs]
+        size = sum(b.nbytes for b in bufs)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
+            while bufs:
+                n = os.writev(self._fd, bufs[:512])   # IOV_MAX is 1,024 on Linux
+                while bufs and n >= bufs[0].nbytes:   # a partial write goes on where it stopped
+                    n -= bufs[0].nbytes
+                    bufs.pop(0)
+                if bufs and n:
+                    bufs[0] = bufs[0][n:]
         except OSError as e:
             self.failed = f"{e.strerror or e} writing {self.dir / segment_name(self.segment)}"
             log.error("journal: %s: journaling stops; a kill from now on loses what came since the last "
                       "checkpoint (the run goes on)", self.failed)
             return
-        self.bytes_written += len(data)
+        self.bytes_written += size
         self._dirty = True
 
     def _sync(self, fd: int) -> None:
