@@ -44,7 +44,7 @@ from simbridge.wire.columns import NEW_OBS, OBS
 log = logging.getLogger("simbridge.trainer")
 
 IDS, OBS_REST, NEW_REST = "frame_ids", "obs_rest", "new_obs_rest"   # the row buffer's own columns
-FRAMES_PER_ROW = 1.25   # episodes of 4 steps and more fit the capacity
+FRAMES_PER_ROW = 1.25   # episodes of about 5 steps and more fit the store as first made
 STORES = ("auto", "rows", "frames")
 AUTO_MIN_BYTES = 256    # "auto" keeps images of smaller frames as rows (a frame costs ~280 host bytes in all)
 
