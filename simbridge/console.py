@@ -121,11 +121,21 @@ class StopEvent(threading.Event):
                 return False
 
 
-def exit_within(seconds: float, code: int) -> None:
+def exit_within(seconds: float, code: int, last_words: str = "") -> threading.Event:
     """From now on the process ends with `code` after `seconds` at most: a daemon thread flushes the
-    standard streams and calls os._exit if the ordinary exit has not happened by then."""
+    standard streams and calls os._exit if the ordinary exit has not happened by then. `last_words`:
+    what the way out says on stderr, said by the backstop too where it cuts the way short (on a
+    loaded machine the way out can take longer than `seconds`, and its line was lost), unless the
+    returned event is set: set it as the way out says them."""
+    said = threading.Event()
+
     def backstop():
         time.sleep(seconds)
+        if last_words and not said.is_set():
+            try:
+                print(last_words, file=sys.stderr)
+            except (OSError, ValueError):
+                pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -133,3 +143,4 @@ def exit_within(seconds: float, code: int) -> None:
                 pass
         os._exit(code)
     threading.Thread(target=backstop, name="exit-backstop", daemon=True).start()
+    return said

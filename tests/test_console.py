@@ -98,3 +98,19 @@ def test_exit_within_ends_a_process_that_a_thread_would_hold_at_exit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 7 and "said before" in out.stdout
     assert time.monotonic() - t0 < 15   # interpreter start included; 60 s without the backstop
+
+
+def test_the_backstop_says_the_last_words_the_way_out_had_no_time_to_say():
+    """A second Ctrl-C's way out (the trainer's abort) can outlast the backstop's second on a loaded
+    machine: its line ("interrupted again: ...") was lost. The backstop says it then, and only then."""
+    code = ("import sys, threading, time\n"
+            "from simbridge.console import exit_within\n"
+            "said = exit_within(0.3, 130, 'interrupted again')\n"
+            "if sys.argv[1] == 'slow':\n"
+            "    time.sleep(30)\n"   # an abort that never ends in time
+            "said.set()\n"
+            "print('interrupted again', file=sys.stderr)\n"
+            "threading.Thread(target=time.sleep, args=(30,)).start()\n")   # the exit held: the backstop ends it
+    for mode in ("slow", "quick"):
+        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 130 and out.stderr.count("interrupted again") == 1, (mode, out.stderr)

@@ -263,10 +263,12 @@ def run_daemon(daemon) -> int:
     except KeyboardInterrupt:
         for sig in (signal.SIGINT, signal.SIGTERM):   # a third must not interrupt the way out
             signal.signal(sig, signal.SIG_IGN)
-        exit_within(1.0, 130)
+        words = "simbridge-trainer: interrupted again: exiting without a final checkpoint"
+        said = exit_within(1.0, 130, words)   # says them if the abort outlasts the second
         daemon.abort()   # before the print: a print to a closed terminal would raise before it
+        said.set()
         try:
-            print("simbridge-trainer: interrupted again: exiting without a final checkpoint", file=sys.stderr)
+            print(words, file=sys.stderr)
         except OSError:
             pass
         return 130
