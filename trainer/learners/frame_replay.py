@@ -124,12 +124,10 @@ class FrameReplay:
     are kept once each."""
 
     def __init__(self, capacity: int, device, lay: Layout):
-        self.layout = lay
         self.rows = ReplayBuffer(capacity, device)
         self.device = self.rows.device
         self.slots = 0                               # the store's frames, made on the first add
-        self._store = torch.zeros((0, lay.frame), dtype=torch.uint8, device=self.device)
-        self._ids = np.zeros((capacity, 2 * lay.stack), np.int64)   # the rows' frame ids, host side
+        self._lay_out(lay)
         self._refs = np.zeros(0, np.int64)
         self._free = np.zeros(0, np.int64)           # a stack of free slots: pops from its end
         self._n_free = 0
@@ -137,6 +135,12 @@ class FrameReplay:
         self._by_key: Dict[bytes, int] = {}
         self._version = 0
         self.added = 0
+
+    def _lay_out(self, lay: Layout) -> None:
+        """Rows laid out as `lay`: an empty store of its frames, and room for its rows' frame ids."""
+        self.layout = lay
+        self._store = torch.zeros((0, lay.frame), dtype=torch.uint8, device=self.device)
+        self._ids = np.zeros((self.capacity, 2 * lay.stack), np.int64)   # the rows' frame ids, host side
 
     @property
     def capacity(self) -> int:
@@ -164,9 +168,7 @@ class FrameReplay:
             n = self.capacity
         self.added += n
         if self.slots == 0:
-            self.layout = decided(self.layout, np.asarray(columns[OBS]), np.asarray(columns[NEW_OBS]))
-            self._ids = np.zeros((self.capacity, 2 * self.layout.stack), np.int64)
-            self._store = torch.zeros((0, self.layout.frame), dtype=torch.uint8, device=self.device)
+            self._lay_out(decided(self.layout, np.asarray(columns[OBS]), np.asarray(columns[NEW_OBS])))
             self._grow(initial_slots(self.capacity, self.layout))
         self._release(len(self.rows) + n - self.capacity)   # the rows the ring writes over
         lay = self.layout
@@ -330,9 +332,7 @@ class FrameReplay:
             return
         if saved is None:
             return self._add_rows(state)
-        self.layout = saved
-        self._ids = np.zeros((self.capacity, 2 * saved.stack), np.int64)
-        self._store = torch.zeros((0, saved.frame), dtype=torch.uint8, device=self.device)
+        self._lay_out(saved)
         frames, data = state["frames"], state["data"]
         m, ids = len(frames), data[IDS].numpy()
         self._grow(max(m, initial_slots(self.capacity, self.layout)))
