@@ -49,7 +49,8 @@ from simbridge.server.service import BridgeServer  # noqa: E402
 
 # case -> (the simulator of bench/throughput.py, simulator steps recorded)
 CASES = {"stream": ("lockstep", 3000), "step_lockstep": ("step_lockstep", 3000),
-         "batched64": ("slots64", 1500), "batched256": ("slots256", 600)}
+         "batched64": ("slots64", 1500), "batched256": ("slots256", 600),
+         "camera84": ("camera84", 1000), "camera": ("camera", 600)}
 
 
 def _runtime():
@@ -180,7 +181,8 @@ def insitu(case: str, mode: str, seconds: float) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=",".join(c for c in CASES if not c.startswith("camera")),
+                   help=f"of {','.join(CASES)} (default: all but the cameras)")
     p.add_argument("--repeats", type=int, default=3, help="replays per case; the least is reported")
     p.add_argument("--insitu-seconds", type=float, default=3.0, help="per served run (0: replays only)")
     p.add_argument("--profile", metavar="CASE", help="print a cProfile of one more replay of CASE to stderr")

@@ -123,6 +123,49 @@ class LockstepSim:
         self.client.close()
 
 
+class CameraSim(LockstepSim):
+    """A robot's camera beside its joints, one episode of 200 steps at a time, in lockstep: each
+    observation a Dict {camera: HxWx3 uint8, joints: 7 floats}, each frame another (a bank of 32
+    random frames, so a fragment's frames are not one frame's bytes in the cache)."""
+
+    EPISODE = 200
+
+    def __init__(self, address, transport, seed, shape=(240, 320, 3)):
+        import gymnasium as gym
+
+        rng = np.random.default_rng(seed)
+        self.frames = rng.integers(0, 256, (32, *shape), dtype=np.uint8)
+        self.space = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, shape, np.uint8),
+                                      "joints": gym.spaces.Box(-1.0, 1.0, (7,), np.float32)})
+        self.actions = gym.spaces.Discrete(3)
+        from simbridge.client.policy_client import PolicyClient
+
+        self.client = PolicyClient(address, self.space, self.actions, transport=transport,
+                                   client_name=f"bench-camera-{seed}")
+        self.t, self.joints = 0, rng.uniform(-1, 1, (self.EPISODE + 1, 7)).astype(np.float32)
+        self.eid = self.client.start_episode(uuid.uuid4().hex)
+        self.lat_ms, self.env_s, self.episodes = [], 0.0, 0
+
+    def _obs(self):
+        return {"camera": self.frames[self.t % len(self.frames)], "joints": self.joints[self.t]}
+
+    def step(self, record):
+        c = self.client
+        t0 = time.perf_counter()
+        c.get_action(self.eid, self._obs())
+        t1 = time.perf_counter()
+        self.t += 1
+        c.log_returns(self.eid, 1.0)
+        if self.t == self.EPISODE:
+            c.end_episode(self.eid, self._obs(), truncated=True)
+            self.t = 0
+            self.eid = c.start_episode(uuid.uuid4().hex)
+            self.episodes += record
+        if record:
+            self.lat_ms.append((t1 - t0) * 1e3)
+        return 1
+
+
 class Batched64Sim:
     """64 episodes stepped together: one get_actions call per step for all of them."""
 
@@ -359,6 +402,6 @@ class LocalSim(LockstepSim):
 
 
 SIMS = {"lockstep": LockstepSim, "step_lockstep": StepLockstepSim, "rows64": Batched64Sim, "floor": FloorClient,
-        "local": LocalSim,
+        "local": LocalSim, "camera": CameraSim, "camera84": functools.partial(CameraSim, shape=(84, 84, 3)),
         "slots64": functools.partial(SlotSim, n=64), "slots256": functools.partial(SlotSim, n=256),
         **{f"bare{n}": functools.partial(RawStepSim, n=n) for n in (1, 64, 256)}}
