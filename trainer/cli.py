@@ -64,6 +64,7 @@ import simbridge
 from simbridge.console import exit_within, on_hangup
 from simbridge.extras import run_needing_extra
 from simbridge.server.cli import add_log_level, add_security_args
+from simbridge.server.heap import keep_freed_memory
 from simbridge.server.service import address_in_use, in_use_message
 from simbridge.trainer.run import rundir
 from simbridge.trainer.run.gcquiet import imports_without_gc
@@ -286,6 +287,8 @@ def cmd_plot(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None and args.command in ("run", "serve"):   # the program's process, serving
+        keep_freed_memory()
     commands = {"run": cmd_run, "serve": cmd_serve, "export": cmd_export, "plot": cmd_plot}
     return run_needing_extra("simbridge-trainer", "trainer", commands[args.command], args)
 

@@ -15,6 +15,7 @@ import threading
 import time
 
 from simbridge.console import Console, StopEvent, exit_within, on_hangup
+from simbridge.server.heap import keep_freed_memory
 from simbridge.server.mapping import parse_rules, pattern_mapping
 from simbridge.server.runtime import BridgeConfig, BridgeRuntime
 from simbridge.server.security import SecurityConfigError, ServerSecurity
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
     add_log_level(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv is None:   # the program's own process (not a caller's: tests call main(argv))
+        keep_freed_memory()
 
     try:
         mapping = pattern_mapping(parse_rules(args.policy_map))

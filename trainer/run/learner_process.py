@@ -38,6 +38,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from simbridge.server.heap import keep_freed_memory
 from simbridge.trainer.run import gcquiet, journal, mailbox
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
 
@@ -277,6 +278,7 @@ def _child_main(conn) -> None:
     # pipe closing when the parent dies).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep_freed_memory()   # each fragment's record and columns: a camera's megabytes a moment
     try:
         _serve(conn)
     except (EOFError, OSError):
