@@ -22,6 +22,9 @@ call itself (Step, GetAction) answers with the answer it gave last instead of co
 one, everything else as served (session, seq and digest, servicer, gRPC):
 `*_canned_server_cpu_us_per_step` is what a step costs the server beyond simbridge's work.
 
+The camera cases (`--cases camera84,camera`: a Dict of an 84x84x3 or 240x320x3 uint8 frame and
+7 joints, lockstep on the row calls, as the Gazebo plugin sends them) are left out by default.
+
     nice -n 5 .venv/bin/python bench/server_work.py                 # ~1 min, one JSON line
     nice -n 5 .venv/bin/python bench/server_work.py --profile lockstep   # + cProfile to stderr
 """
