@@ -14,7 +14,8 @@ reader trusts nothing but JSON, dtypes without objects, and sizes it checks. A r
 by a kill (or damaged) fails its length or CRC check; it and anything after it in its segment
 are dropped. Kinds ("k" in the header):
   rows      transitions of one policy: {"p": policy, "i": first row index (per policy, counted
-            over the whole run), "n": rows, "cols": {name: tree}}
+            over the whole run), "n": rows, "cols": {name: tree}}; a camera's obs rows that are
+            their agents' last new_obs are left out, a mask says which (trainer/run/obs_links.py)
   counters  the bridge's {"env", "agent", "episodes"} after a call was applied
   episode   one ended episode's summary (JSON)
   updates   {"u": {policy: gradient updates done}} after a chunk of updates
@@ -33,6 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from simbridge.trainer.run.obs_links import RecordLinks
 from simbridge.trainer.run.rundir import JOURNAL
 from simbridge.wire import tree
 
@@ -160,8 +162,8 @@ def decode_all(data, checked: bool = True) -> Tuple[List[Tuple[dict, List[np.nda
             header = json.loads(bytes(h))
             arrays, off = [], 0
             rows = [int(header["n"])] if header.get("k") == "rows" else []   # rows: trailing shapes
-            for dt, shape in header.pop("a"):
-                shape = rows + list(shape)
+            for dt, shape, *own in header.pop("a"):   # own: a leaf's row count, where not "n"
+                shape = [int(own[0])] + list(shape) if own and rows else rows + list(shape)
                 dtype = np.dtype(dt)
                 if dtype.hasobject:
                     raise ValueError("object dtype")
@@ -209,6 +211,7 @@ class Journal:
     def _open(self, n: int) -> None:
         self.segment = n
         self.seg_ends.setdefault(n, {})
+        self._links = RecordLinks()   # a segment is read from its start: its links too
         self._fd = os.open(self.dir / segment_name(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     # -- the bridge's side (ServerContext, ExperienceCollector, ExperienceQueue.offer)
@@ -355,8 +358,11 @@ class Journal:
         first = self.rows.get(pid, 0)
         self.rows[pid] = first + n
         self.seg_ends[self.segment][pid] = first + n
-        return _record(b'{"k":"rows","i":%d,"n":%d,' % (first, n) + self._layouts[key],
-                       [leaves[j] for j in range(len(run[0][1])) for _, leaves, _ in run])
+        head = b'{"k":"rows","i":%d,"n":%d,' % (first, n)
+        linked = self._links.record(key, self._layouts[key], pid, [leaves for _, leaves, _ in run])
+        if linked is not None:   # a camera's obs rows that are their agents' last new_obs: left out
+            return _record(head + linked[0], linked[1])
+        return _record(head + self._layouts[key], [leaves[j] for j in range(len(run[0][1])) for _, leaves, _ in run])
 
     def _write(self, recs: List[bytes]) -> None:
         if not recs or self.failed or self._fd < 0:

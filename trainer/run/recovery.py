@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from simbridge.trainer.run.journal import unflatten, decode_all
+from simbridge.trainer.run.obs_links import LINKED, RecordLinks
 from simbridge.wire.columns import AGENT_INDEX, EPS_ID, REWARDS, T
 
 
@@ -83,15 +84,21 @@ def recover(directory: Path, since_segment: int, needed_from: Dict[str, int]) ->
         rec.last_segment = max(rec.last_segment, n)
         ends = rec.seg_ends.setdefault(n, {})
         after = n >= since_segment
+        links = RecordLinks()   # every linked record of the segment, in order, skipped ones too
         for header, arrays in records:
-            rec.records += 1
             kind = header.get("k")
+            if kind == "rows" and LINKED in header["cols"]:
+                arrays = links.unlink(header, arrays)
+                if arrays is None:   # cannot happen to a segment written whole: read as torn
+                    rec.torn.append(f"{path.name}: a record's linked observations")
+                    break
+            rec.records += 1
             if kind == "rows":
                 pid, i, k = header["p"], int(header["i"]), int(header["n"])
                 ends[pid] = i + k
                 if i + k <= needed_from.get(pid, 0) and not after:
                     continue
-                cols = {c: unflatten(spec, arrays) for c, spec in header["cols"].items()}
+                cols = {c: unflatten(spec, arrays) for c, spec in header["cols"].items() if c != LINKED}
                 if EPS_ID in cols and len(cols[EPS_ID]):
                     rec.max_eps_id = max(rec.max_eps_id, int(np.max(cols[EPS_ID])))
                 rec.rows.setdefault(pid, []).append((i, cols, k, after))
