@@ -6,8 +6,9 @@ pipe's records. glibc serves allocations over its mmap threshold (128 KiB, adapt
 with fresh mappings and gives the top of its heap past its trim threshold back to the kernel, so
 each such array starts on pages the kernel must fault in and zero again: on the 2-core VM a
 quarter of the bridge's work per 320x240 step was that system time, and a Gazebo world with a
-320x240 camera stepped 361-399 -> 490 times a second with the trainer's CPU per step 1.37-1.61 ->
-0.95-0.99 ms once the process kept its freed memory (docs/benchmarks.md, "A camera through Gazebo").
+320x240 camera stepped 385-430 -> 468-503 times a second, the trainer's CPU a step 1.28-1.51 ->
+0.99-1.00 ms (journal off), once the process kept its freed memory (docs/benchmarks.md, "A camera
+through Gazebo").
 
 The cost: a process holds up to TRIM bytes of freed heap for reuse instead of returning it.
 Settings a user made (MALLOC_*_ or GLIBC_TUNABLES in the environment) are left as they are.
