@@ -148,9 +148,10 @@ def test_a_camera_is_written_once_per_transition_and_vectors_are_not_linked(tmp_
     _same_rows(recover(tmp_path / "vec", 1, {}).rows["p"], vec)
 
 
-def test_agents_never_finished_are_forgotten_at_the_limit_on_both_sides(tmp_path, monkeypatch):
-    monkeypatch.setattr(obs_links, "LIMIT", 3)
-    rows = _stream(11, steps=150, agents=9)
+@pytest.mark.parametrize("bound", [("LIMIT", 3), ("BUDGET", 70 * 4636)])   # 64 agents at least
+def test_agents_never_finished_are_forgotten_at_the_limit_on_both_sides(tmp_path, monkeypatch, bound):
+    monkeypatch.setattr(obs_links, *bound)
+    rows = _stream(11, steps=400, agents=90)
     fed = _write(tmp_path, rows, 11)
     _same_rows(recover(tmp_path, 1, {}).rows["p"], fed)
 

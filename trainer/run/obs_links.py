@@ -2,7 +2,7 @@
 
 A transition's obs is, byte for byte, the new_obs of the same agent's transition before it (the
 bridge keeps each agent's last observation and hands it on). The journal wrote both: 460 KB a
-step for a 320x240 camera, the journal's whole cost then. A rows record now leaves out each obs
+step for a 320x240 camera, most of what the journal cost. A rows record now leaves out each obs
 row that equals its agent's last new_obs in the segment (compared bytewise, not assumed) and
 says which with a mask; reading the segment back in order puts it in again.
 
@@ -10,8 +10,9 @@ Writer and reader keep the same state (each policy's last new_obs per (eps_id, a
 changed the same way by the same rows in the same order: every rows record of a segment, in
 record and row order, from the segment's start (a resume reads whole segments; a new segment
 starts with none). An agent whose transition ends (terminated or truncated) is forgotten;
-agents whose last transition never came (a simulator lost) are forgotten all at once when a
-policy has LIMIT of them.
+agents whose last transition never came (a simulator lost, a session closed) are forgotten all at
+once when a policy has LIMIT of them, or BUDGET bytes of their rows (the writer holds views of
+the rows it was given: a lost agent's row keeps its chunk alive).
 
 Only observations of at least MIN_ROW_BYTES a row are linked: for a vector the mask and the
 per-row work cost more than its bytes.
@@ -25,6 +26,7 @@ from simbridge.wire.columns import AGENT_INDEX, EPS_ID, NEW_OBS, OBS, TERMINATED
 
 MIN_ROW_BYTES = 4096
 LIMIT = 65536
+BUDGET = 256 << 20
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -53,9 +55,11 @@ class ObsLinks:
         """The writer's side: which rows' obs equal their agent's last new_obs (a bool mask, rows
         in order: a row may link to the row before it in the same record). keys: (eps_id,
         agent_index) per row; done: whether its transition ended the agent's episode."""
-        last = self._of(pid, len(keys))
+        last, limit = self._of(pid, obs)
         mask = []
         for r, key in enumerate(keys):
+            if len(last) >= limit and key not in last:
+                last.clear()   # row by row: the same moment on both sides, however rows are chunked
             seen = last.get(key)
             mask.append(seen is not None and all([_same(o[r], s) for o, s in zip(obs, seen)]))
             self._remember(last, key, done[r], [a[r] for a in new_obs])
@@ -65,11 +69,13 @@ class ObsLinks:
                 kept: List[np.ndarray], new_obs: List[np.ndarray]) -> Optional[List[np.ndarray]]:
         """The reader's side: the obs leaves whole again from the rows kept (those not in `mask`),
         or None when a linked row's agent is unknown (a record out of its segment's order)."""
-        last = self._of(pid, len(keys))
+        last, limit = self._of(pid, kept)
         n = len(keys)
         out = [np.empty((n, *a.shape[1:]), a.dtype) for a in kept]
         j = 0
         for r, key in enumerate(keys):
+            if len(last) >= limit and key not in last:
+                last.clear()
             if mask[r]:
                 seen = last.get(key)
                 if seen is None:
@@ -83,11 +89,10 @@ class ObsLinks:
             self._remember(last, key, done[r], [a[r] for a in new_obs])
         return out
 
-    def _of(self, pid: str, rows: int) -> Dict[Tuple[int, int], List[np.ndarray]]:
-        last = self.last.setdefault(pid, {})
-        if len(last) + rows > LIMIT:   # the same moment on both sides: the same rows came before
-            last.clear()
-        return last
+    def _of(self, pid: str, obs: List[np.ndarray]) -> Tuple[Dict[Tuple[int, int], List[np.ndarray]], int]:
+        """A policy's agents, and how many it keeps (rows of its obs' size within BUDGET)."""
+        row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in obs)
+        return self.last.setdefault(pid, {}), min(LIMIT, max(64, BUDGET // max(1, row_bytes)))
 
     @staticmethod
     def _remember(last: dict, key, done, row: List[np.ndarray]) -> None:
