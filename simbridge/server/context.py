@@ -72,7 +72,9 @@ class ServerContext:
 
     def set_journal(self, journal) -> None:
         """Before serving. journal: add_rows(policy, columns, n), add_row(policy, row),
-        add_batch(batch) and commit(metrics) (see trainer/run/journal.py)."""
+        add_batch(batch) and commit(metrics) (see trainer/run/journal.py). The arrays handed to
+        it are not changed afterwards: it keeps views of them (an agent's last new_obs, to which
+        its next obs is compared) beyond the call."""
         self.journal = self.collector.journal = self.experience.journal = journal
 
     def committed(self) -> None:

@@ -10,9 +10,12 @@ quarter of the bridge's work per 320x240 step was that system time, and a Gazebo
 0.99-1.00 ms (journal off), once the process kept its freed memory (docs/benchmarks.md, "A camera
 through Gazebo").
 
-The cost: a process holds up to TRIM bytes of freed heap for reuse instead of returning it.
-Settings a user made (MALLOC_*_ or GLIBC_TUNABLES in the environment) are left as they are.
-Elsewhere than glibc (musl, macOS) this does nothing.
+The cost: a process keeps freed memory for reuse instead of returning it (up to TRIM at the top
+of each malloc arena; threads may have arenas of their own), so its RSS stays near its peak.
+Malloc settings a user made (any MALLOC_* variable, or glibc.malloc tunables in GLIBC_TUNABLES)
+are left as they are; SIMBRIDGE_KEEP_FREED_MEMORY=0 keeps glibc's defaults. Elsewhere than glibc (musl, macOS) this does nothing; a glibc that refuses
+the mmap threshold is left as it is (the trim settings alone would freeze glibc's adaptive mmap
+threshold at 128 KiB, worse than its default).
 """
 import ctypes
 import ctypes.util
@@ -25,13 +28,16 @@ MMAP_THRESHOLD = 256 << 20   # arrays under this come from the heap, whose pages
 TRIM = 256 << 20             # freed heap kept for reuse before the top goes back to the kernel
 TOP_PAD = 64 << 20           # the heap grows in steps this much larger (fewer brk calls)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3   # glibc's malloc.h
-_USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                  "MALLOC_MMAP_MAX_")
+
+
+def _users_own() -> bool:
+    return (os.environ.get("SIMBRIDGE_KEEP_FREED_MEMORY", "1") == "0" or any(k.startswith("MALLOC_") for k in os.environ)
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def keep_freed_memory() -> bool:
     """Once, early in a process's main. True when glibc took the settings."""
-    if any(k in os.environ for k in _USER_SETTINGS):
+    if _users_own():
         log.debug("malloc: the environment's settings kept")
         return False
     try:
@@ -40,7 +46,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    done = all([mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD), mallopt(_M_TRIM_THRESHOLD, TRIM),
-                mallopt(_M_TOP_PAD, TOP_PAD)])
+    # The mmap threshold first: only where glibc takes it may the trim settings follow.
+    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM)
+                and mallopt(_M_TOP_PAD, TOP_PAD))
     log.debug("malloc: freed memory kept for reuse (%s)", "set" if done else "refused")
     return done

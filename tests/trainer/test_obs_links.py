@@ -254,3 +254,67 @@ def test_the_bridges_camera_rows_read_back_from_the_journal_as_the_learner_got_t
     linked = sum(int(a[h["cols"][obs_links.LINKED]].sum()) for h, a in J.decode_all(
         (tmp_path / J.segment_name(1)).read_bytes())[0] if h["k"] == "rows")
     assert linked > len(want["eps_id"]) // 2
+
+
+def _one(eps, obs, new, t=0):
+    return {"obs": obs[None], "new_obs": new[None], "rewards": np.ones(1, np.float32),
+            "terminateds": np.zeros(1, bool), "truncateds": np.zeros(1, bool),
+            "eps_id": np.array([eps]), "agent_index": np.zeros(1, np.int64), "t": np.array([t])}
+
+
+def test_records_built_and_never_written_end_the_segments_links(tmp_path):
+    """An error while a call's records are made loses them (as before), and no later row of the
+    segment may link to the bytes they held: the reader would put back another frame."""
+    z, a, b = (np.full((64, 64), v, np.uint8) for v in (0, 1, 2))
+    j = J.Journal(tmp_path)
+    j.add_rows("p", _one(1, z, a), 1)
+    j.commit(_Metrics())
+    j.add_rows("p", _one(1, a, b, 1), 1)              # built, linked to a ...
+    j.add_row("q", {"obs": np.zeros(2)})
+    j.add_row("q", {"x": np.zeros(2)})                # ... and lost: another column set raises
+    with pytest.raises(KeyError):
+        j.commit(_Metrics())
+    j.add_rows("p", _one(1, b, a, 2), 1)              # its obs is b, which is not on disk
+    j.commit(_Metrics())
+    j.rotate()                                        # a new segment links again
+    j.add_rows("p", _one(1, a, b, 3), 1)
+    j.add_rows("p", _one(1, b, a, 4), 1)
+    j.close()
+    rec = recover(tmp_path, 1, {})
+    assert not rec.torn
+    assert [int(o[0, 0]) for _, c, _, _ in rec.rows["p"] for o in c["obs"]] == [0, 2, 1, 2]
+    data = (tmp_path / J.segment_name(2)).read_bytes()
+    last = [(h, arr) for h, arr in J.decode_all(data)[0] if h["k"] == "rows"][-1]
+    assert last[1][last[0]["cols"][obs_links.LINKED]].tolist() == [False, True]   # a new segment links again
+
+
+def test_odd_rows_and_names_read_back(tmp_path):
+    """Big rows strided in memory, a zero-row first chunk, a policy named like a number, an obs
+    whose bytes equal the last new_obs in another dtype (not linked), an upload's long chunk."""
+    rng = np.random.default_rng(9)
+    pid = "pol8765432101234"
+    wide = rng.standard_normal((3, 40000)).astype(np.float32)
+    frames = rng.integers(0, 256, (3, 64, 64), dtype=np.uint8)
+    j = J.Journal(tmp_path)
+    empty = _one(1, frames[0], frames[1])
+    j.add_rows(pid, {k: v[:0] for k, v in empty.items()}, 0)
+    j.add_rows(pid, _one(1, frames[0], frames[1]), 1)
+    j.add_rows(pid, _one(1, frames[1], frames[2], 1), 1)   # linked
+    j.add_rows("s", {"obs": wide[:, ::2][:2], "new_obs": wide[:, ::2][1:], "eps_id": np.array([5, 5]),
+                     "agent_index": np.zeros(2, np.int64), "rewards": np.ones(2, np.float32)}, 2)
+    j.add_rows("d", _one(7, frames[0].view(np.int8), frames[1].view(np.int8)), 1)
+    j.add_rows("d", _one(7, frames[1], frames[2], 1), 1)   # the same bytes as uint8: kept
+    up = {"obs": np.repeat(frames[:1], 200, 0), "new_obs": np.repeat(frames[1:2], 200, 0),
+          "eps_id": np.full(200, 3), "agent_index": np.zeros(200, np.int64), "rewards": np.ones(200, np.float32)}
+    j.add_rows("u", up, 200)
+    j.commit(_Metrics())
+    held = j._links.last["u"][(3, 0)][0]
+    assert held.base is None or held.base.size < up["new_obs"].size   # not the upload's 200 rows
+    j.close()
+    rec = recover(tmp_path, 1, {})
+    got = {p: np.concatenate([c["obs"] for _, c, _, _ in rows]) for p, rows in rec.rows.items()}
+    assert got[pid].tobytes() == frames[:2].tobytes()
+    assert got["s"].tobytes() == np.ascontiguousarray(wide[:, ::2][:2]).tobytes()
+    d = [c["obs"] for _, c, _, _ in rec.rows["d"]]
+    assert [x.dtype for x in d] == [np.int8, np.uint8] and b"".join(x.tobytes() for x in d) == frames[:2].tobytes()
+    assert got["u"].tobytes() == up["obs"].tobytes()

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from simbridge.trainer.run.obs_links import RecordLinks
+from simbridge.trainer.run.obs_links import NoLinks, RecordLinks
 from simbridge.trainer.run.rundir import JOURNAL
 from simbridge.wire import tree
 
@@ -183,6 +183,7 @@ def decode_all(data, checked: bool = True) -> Tuple[List[Tuple[dict, List[np.nda
 
 # ---------------------------------------------------------------- writing
 
+
 class Journal:
     """The writer. Its row/episode calls come under the bridge's lock; `commit()` ends a call."""
 
@@ -294,6 +295,14 @@ class Journal:
 
     # -- internals (self._lock held)
     def _take_records(self) -> List[bytes]:
+        try:
+            return self._build_records()
+        except BaseException:
+            # Records linked before this one were never written: no link may follow them here.
+            self._links = NoLinks()
+            raise
+
+    def _build_records(self) -> List[bytes]:
         recs, buf, self._buf = [], self._buf, []
         run: list = []   # consecutive chunks of one policy and layout: one record
         i = 0

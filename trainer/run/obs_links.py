@@ -18,6 +18,7 @@ Only observations of at least MIN_ROW_BYTES a row are linked: for a vector the m
 per-row work cost more than its bytes.
 """
 import json
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -30,10 +31,13 @@ BUDGET = 256 << 20
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bytewise equality (NaNs and -0.0 included: the reader gives back bytes)."""
+    """The same dtype, shape and bytes (NaNs and -0.0 included: the reader gives back bytes)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
     if a.nbytes < 65536:   # two small copies and a memcmp cost less than numpy's comparison
         return a.tobytes() == b.tobytes()
-    a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    b = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if a.nbytes % 8 == 0:
         a, b = a.view(np.uint64), b.view(np.uint64)
     return bool(np.array_equal(a, b))
@@ -41,7 +45,11 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def worth_linking(obs_leaves: List[np.ndarray]) -> bool:
     """Whether a record's obs (its leaves, rows first) is big enough a row to link."""
-    return sum(a[:1].nbytes for a in obs_leaves) >= MIN_ROW_BYTES
+    return _row_bytes(obs_leaves) >= MIN_ROW_BYTES
+
+
+def _row_bytes(leaves: List[np.ndarray]) -> int:
+    return sum([a.dtype.itemsize * math.prod(a.shape[1:]) for a in leaves])
 
 
 class ObsLinks:
@@ -63,6 +71,12 @@ class ObsLinks:
             seen = last.get(key)
             mask.append(seen is not None and all([_same(o[r], s) for o, s in zip(obs, seen)]))
             self._remember(last, key, done[r], [a[r] for a in new_obs])
+        if len(keys) > 1:   # rows kept as views would hold their whole chunk (an upload's 200 rows)
+            here = {k for k, d in zip(keys, done) if not d and k in last}
+            if 2 * len(here) < len(keys):
+                for key in here:
+                    if last[key][0].base is not None:
+                        last[key] = [a.copy() for a in last[key]]
         return np.array(mask, bool)
 
     def resolve(self, pid: str, keys: list, done: list, mask: np.ndarray,
@@ -78,10 +92,10 @@ class ObsLinks:
                 last.clear()
             if mask[r]:
                 seen = last.get(key)
-                if seen is None:
+                if seen is None or any(o[r].shape != x.shape or o.dtype != x.dtype for o, x in zip(out, seen)):
                     return None
-                for o, s in zip(out, seen):
-                    o[r] = s
+                for o, x in zip(out, seen):
+                    o[r] = x
             else:
                 for o, k in zip(out, kept):
                     o[r] = k[j]
@@ -91,8 +105,7 @@ class ObsLinks:
 
     def _of(self, pid: str, obs: List[np.ndarray]) -> Tuple[Dict[Tuple[int, int], List[np.ndarray]], int]:
         """A policy's agents, and how many it keeps (rows of its obs' size within BUDGET)."""
-        row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in obs)
-        return self.last.setdefault(pid, {}), min(LIMIT, max(64, BUDGET // max(1, row_bytes)))
+        return self.last.setdefault(pid, {}), min(LIMIT, max(64, BUDGET // max(1, _row_bytes(obs))))
 
     @staticmethod
     def _remember(last: dict, key, done, row: List[np.ndarray]) -> None:
@@ -116,9 +129,6 @@ def spec_leaves(spec) -> List[int]:
     return [i for k in kids for i in spec_leaves(k)]
 
 
-_MARK = 8765432101234   # where a linked header's obs leaves say their row count
-
-
 class _Plan:
     """Where a layout's columns are among its leaves, and its linked header, rendered once."""
 
@@ -130,12 +140,20 @@ class _Plan:
         self.done = [spec_leaves(cols[c])[0] for c in (TERMINATEDS, TRUNCATEDS) if c in cols]
         if LINKED in cols:   # read: the header is the record's
             return
-        header = dict(layout, cols=dict(cols), a=[list(a) for a in layout["a"]])
-        for i in self.obs:
-            header["a"][i].append(_MARK)
-        header["cols"][LINKED] = len(header["a"])
-        header["a"].append([np.dtype(bool).str, []])
-        self.pieces = json.dumps(header, separators=(",", ":"))[1:].encode().split(b"%d" % _MARK)
+        # The header but for the obs leaves' row count, rendered once: its "a" (dtypes and shapes
+        # only) last, each entry apart, the obs leaves' open for the count.
+        rest = dict(layout, cols=dict(cols, **{LINKED: len(layout["a"])}))
+        del rest["a"]
+        entries = [json.dumps(a, separators=(",", ":")).encode() for a in layout["a"]]
+        entries.append(json.dumps([np.dtype(bool).str, []]).encode())
+        self.pieces = [json.dumps(rest, separators=(",", ":"))[1:-1].encode() + b',"a":[']
+        for j, e in enumerate(entries):
+            if j in self.obs:
+                self.pieces[-1] += e[:-1] + b","
+                self.pieces.append(b"]")
+            else:
+                self.pieces[-1] += e
+            self.pieces[-1] += b"," if j + 1 < len(entries) else b"]}"
 
     def header(self, obs_rows: int) -> bytes:
         """The linked header past "k", "i" and "n", its obs leaves of `obs_rows` rows."""
@@ -208,3 +226,12 @@ class RecordLinks(ObsLinks):
         for i, a in zip(plan.obs, full):
             out[i] = a
         return out
+
+
+class NoLinks:
+    """The writer's links for the rest of a segment some of whose linked records were built and
+    never written (an error while a call's records were made): nothing more is linked, so no
+    row can lean on bytes that are not on disk."""
+
+    def record(self, *args) -> None:
+        return None
