@@ -36,8 +36,9 @@ def _child(mode: str, **env) -> dict:
 def test_columns_made_again_reuse_their_pages_once_freed_memory_is_kept():
     default, kept = _child("default"), _child("kept")
     assert kept["took"] is True
-    # glibc's default maps each 46 MB column afresh (11,250 faults, or 23 with huge pages)
-    assert default["faults"] >= 10 * 20, default
+    # glibc's default maps each 46 MB column afresh: 11,250 faults (520 here, where the kernel maps
+    # around each fault), 23 with transparent huge pages always on
+    assert default["faults"] >= 10 * 10, default
     assert kept["faults"] < default["faults"] / 10, (kept, default)
 
 
