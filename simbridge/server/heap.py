@@ -13,9 +13,10 @@ through Gazebo").
 The cost: a process keeps freed memory for reuse instead of returning it (up to TRIM at the top
 of each malloc arena; threads may have arenas of their own), so its RSS stays near its peak.
 Malloc settings a user made (any MALLOC_* variable, or glibc.malloc tunables in GLIBC_TUNABLES)
-are left as they are; SIMBRIDGE_KEEP_FREED_MEMORY=0 keeps glibc's defaults. Elsewhere than glibc (musl, macOS) this does nothing; a glibc that refuses
-the mmap threshold is left as it is (the trim settings alone would freeze glibc's adaptive mmap
-threshold at 128 KiB, worse than its default).
+are left as they are; SIMBRIDGE_KEEP_FREED_MEMORY=0 keeps glibc's defaults. Elsewhere than glibc
+(musl, macOS) this does nothing; a glibc that refuses the mmap threshold is left as it is (the
+trim settings alone would freeze glibc's adaptive mmap threshold at 128 KiB, worse than its
+default).
 """
 import ctypes
 import ctypes.util
@@ -31,7 +32,8 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3   # glibc's malloc
 
 
 def _users_own() -> bool:
-    return (os.environ.get("SIMBRIDGE_KEEP_FREED_MEMORY", "1") == "0" or any(k.startswith("MALLOC_") for k in os.environ)
+    return (os.environ.get("SIMBRIDGE_KEEP_FREED_MEMORY", "1") == "0"
+            or any(k.startswith("MALLOC_") for k in os.environ)
             or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
 

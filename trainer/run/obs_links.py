@@ -43,27 +43,19 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def worth_linking(obs_leaves: List[np.ndarray]) -> bool:
-    """Whether a record's obs (its leaves, rows first) is big enough a row to link."""
-    return _row_bytes(obs_leaves) >= MIN_ROW_BYTES
-
-
-def _row_bytes(leaves: List[np.ndarray]) -> int:
-    return sum([a.dtype.itemsize * math.prod(a.shape[1:]) for a in leaves])
-
-
 class ObsLinks:
     """One segment's links, for the writer (`link`) or the reader (`resolve`)."""
 
     def __init__(self) -> None:
         self.last: Dict[str, Dict[Tuple[int, int], List[np.ndarray]]] = {}
 
-    def link(self, pid: str, keys: list, done: list, obs: List[np.ndarray],
+    def link(self, pid: str, limit: int, keys: list, done: list, obs: List[np.ndarray],
              new_obs: List[np.ndarray]) -> np.ndarray:
         """The writer's side: which rows' obs equal their agent's last new_obs (a bool mask, rows
         in order: a row may link to the row before it in the same record). keys: (eps_id,
-        agent_index) per row; done: whether its transition ended the agent's episode."""
-        last, limit = self._of(pid, obs)
+        agent_index) per row; done: whether its transition ended the agent's episode; limit: the
+        agents the policy keeps (_Plan.limit)."""
+        last = self.last.setdefault(pid, {})
         mask = []
         for r, key in enumerate(keys):
             if len(last) >= limit and key not in last:
@@ -79,11 +71,11 @@ class ObsLinks:
                         last[key] = [a.copy() for a in last[key]]
         return np.array(mask, bool)
 
-    def resolve(self, pid: str, keys: list, done: list, mask: np.ndarray,
+    def resolve(self, pid: str, limit: int, keys: list, done: list, mask: np.ndarray,
                 kept: List[np.ndarray], new_obs: List[np.ndarray]) -> Optional[List[np.ndarray]]:
         """The reader's side: the obs leaves whole again from the rows kept (those not in `mask`),
         or None when a linked row's agent is unknown (a record out of its segment's order)."""
-        last, limit = self._of(pid, kept)
+        last = self.last.setdefault(pid, {})
         n = len(keys)
         out = [np.empty((n, *a.shape[1:]), a.dtype) for a in kept]
         j = 0
@@ -102,10 +94,6 @@ class ObsLinks:
                 j += 1
             self._remember(last, key, done[r], [a[r] for a in new_obs])
         return out
-
-    def _of(self, pid: str, obs: List[np.ndarray]) -> Tuple[Dict[Tuple[int, int], List[np.ndarray]], int]:
-        """A policy's agents, and how many it keeps (rows of its obs' size within BUDGET)."""
-        return self.last.setdefault(pid, {}), min(LIMIT, max(64, BUDGET // max(1, _row_bytes(obs))))
 
     @staticmethod
     def _remember(last: dict, key, done, row: List[np.ndarray]) -> None:
@@ -138,6 +126,11 @@ class _Plan:
         self.obs, self.new = spec_leaves(cols[OBS]), spec_leaves(cols[NEW_OBS])
         self.eps, self.agent = spec_leaves(cols[EPS_ID])[0], spec_leaves(cols[AGENT_INDEX])[0]
         self.done = [spec_leaves(cols[c])[0] for c in (TERMINATEDS, TRUNCATEDS) if c in cols]
+        # An obs row's bytes, from the layout's dtypes and trailing shapes; the agents kept: as
+        # many rows as BUDGET holds, the same number for the writer and the reader.
+        self.row_bytes = sum(np.dtype(layout["a"][i][0]).itemsize * math.prod(layout["a"][i][1])
+                             for i in self.obs)
+        self.limit = min(LIMIT, max(64, BUDGET // max(1, self.row_bytes)))
         if LINKED in cols:   # read: the header is the record's
             return
         # The header but for the obs leaves' row count, rendered once: its "a" (dtypes and shapes
@@ -168,14 +161,15 @@ class _Plan:
         return keys, done
 
 
-def _plan(layout: dict, leaves: List[np.ndarray]) -> Optional[_Plan]:
+def _plan(layout: dict) -> Optional[_Plan]:
+    """A layout's plan where its obs are worth linking: as big a row as MIN_ROW_BYTES, of the
+    dtypes and shapes of its new_obs."""
     cols = layout["cols"]
     if not all(c in cols for c in (OBS, NEW_OBS, EPS_ID, AGENT_INDEX)) or LINKED in cols:
         return None
     plan = _Plan(layout)
-    obs, new = [leaves[i] for i in plan.obs], [leaves[i] for i in plan.new]
-    if ([(a.dtype, a.shape[1:]) for a in obs] != [(a.dtype, a.shape[1:]) for a in new]
-            or not worth_linking(obs)):
+    a = layout["a"]
+    if [a[i] for i in plan.obs] != [a[i] for i in plan.new] or plan.row_bytes < MIN_ROW_BYTES:
         return None
     return plan
 
@@ -192,13 +186,14 @@ class RecordLinks(ObsLinks):
         a layout (its cached header) and its chunks' leaves; None where it is not linked."""
         plan = self.plans.get(key, _MISSING)
         if plan is _MISSING:
-            plan = self.plans[key] = _plan(json.loads(b"{" + layout), chunks[0])
+            plan = self.plans[key] = _plan(json.loads(b"{" + layout))
         if plan is None:
             return None
         masks, kept = [], {i: [] for i in plan.obs}
         for leaves in chunks:
             keys, done = plan.keys(leaves)
-            mask = self.link(pid, keys, done, [leaves[i] for i in plan.obs], [leaves[i] for i in plan.new])
+            mask = self.link(pid, plan.limit, keys, done, [leaves[i] for i in plan.obs],
+                             [leaves[i] for i in plan.new])
             masks.append(mask)
             linked = int(np.count_nonzero(mask))
             for i in plan.obs:   # a lockstep simulator's one row: all linked or none
@@ -213,13 +208,14 @@ class RecordLinks(ObsLinks):
         """The record's arrays with its obs leaves whole again; None where they cannot be (a
         linked row of an agent not seen in the segment before it)."""
         cols = header["cols"]
-        plan = _Plan(header)
+        # decode_all took "a" out of the header: the same dtypes and trailing shapes, from the arrays
+        plan = _Plan(dict(header, a=[[x.dtype.str, list(x.shape[1:])] for x in arrays]))
         mask = np.asarray(arrays[cols[LINKED]], bool)
         kept = [arrays[i] for i in plan.obs]
         if len(mask) != int(header["n"]) or any(len(a) != len(mask) - mask.sum() for a in kept):
             return None
         keys, done = plan.keys(arrays)
-        full = self.resolve(header["p"], keys, done, mask, kept, [arrays[i] for i in plan.new])
+        full = self.resolve(header["p"], plan.limit, keys, done, mask, kept, [arrays[i] for i in plan.new])
         if full is None:
             return None
         out = list(arrays)
