@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 
 from simbridge.trainer.run import journal as J
+from simbridge.trainer.run import records as R
 from simbridge.trainer.run.recovery import recover
 
 
@@ -48,10 +49,10 @@ def test_round_trip_across_a_checkpoint_and_a_torn_tail(tmp_path):
     j.close()
     seg2 = tmp_path / J.segment_name(2)
     whole = seg2.read_bytes()
-    seg2.write_bytes(whole + J.encode({"k": "counters", "env": 99, "agent": 99, "episodes": 99})[:-3])  # torn
+    seg2.write_bytes(whole + R.encode({"k": "counters", "env": 99, "agent": 99, "episodes": 99})[:-3])  # torn
 
     rec = recover(tmp_path, since_segment=2, needed_from={})
-    assert rec.torn == [f"{J.segment_name(2)}: {len(J.encode({'k': 'counters', 'env': 99, 'agent': 99, 'episodes': 99})) - 3} bytes"]
+    assert rec.torn == [f"{J.segment_name(2)}: {len(R.encode({'k': 'counters', 'env': 99, 'agent': 99, 'episodes': 99})) - 3} bytes"]
     assert rec.counters == {"env_steps": 8, "agent_steps": 8, "episodes": 1}   # not the torn 99s
     assert rec.summaries == [] and rec.updates == {"p": 7}   # the episode is before the checkpoint
     assert [(i, n, after) for i, _, n, after in rec.rows["p"]] == [(0, 3, False), (3, 2, False), (5, 2, True)]
@@ -73,19 +74,19 @@ def test_round_trip_across_a_checkpoint_and_a_torn_tail(tmp_path):
 
 
 def test_damaged_records_are_dropped_and_nothing_is_unpickled(tmp_path):
-    good = J.encode({"k": "counters", "env": 1, "agent": 1, "episodes": 0})
+    good = R.encode({"k": "counters", "env": 1, "agent": 1, "episodes": 0})
     # A record whose checksum is right but which asks for an object array: refused, not unpickled.
     h = json.dumps({"k": "rows", "p": "p", "i": 0, "n": 1, "cols": {"obs": 0}, "a": [["|O", [1]]]}).encode()
     payload = b"\x80\x04K\x01."   # a pickle of 1
-    evil = struct.pack("<4sIII", J.MAGIC, len(h), len(payload), zlib.crc32(payload, zlib.crc32(h))) + h + payload
-    recs, used = J.decode_all(good + evil + good)
+    evil = struct.pack("<4sIII", R.MAGIC, len(h), len(payload), zlib.crc32(payload, zlib.crc32(h))) + h + payload
+    recs, used = R.decode_all(good + evil + good)
     assert len(recs) == 1 and used == len(good)
     flipped = bytearray(good + good)
     flipped[len(good) + 20] ^= 0xFF   # a bit flipped in the second record: its CRC fails
-    recs, used = J.decode_all(bytes(flipped))
+    recs, used = R.decode_all(bytes(flipped))
     assert len(recs) == 1 and used == len(good)
-    huge = struct.pack("<4sIII", J.MAGIC, 1 << 30, 0, 0)   # a damaged length: not read past the data
-    assert J.decode_all(huge + good) == ([], 0)
+    huge = struct.pack("<4sIII", R.MAGIC, 1 << 30, 0, 0)   # a damaged length: not read past the data
+    assert R.decode_all(huge + good) == ([], 0)
 
 
 def test_prune_deletes_only_segments_no_resume_needs(tmp_path):
@@ -126,7 +127,7 @@ def test_records_written_a_few_bytes_at_a_time_read_back_whole(tmp_path, monkeyp
     j.commit(_Metrics(5, 5, 0))
     j.close()
     data = (tmp_path / J.segment_name(1)).read_bytes()
-    recs, used = J.decode_all(data)
+    recs, used = R.decode_all(data)
     assert used == len(data) == j.bytes_written
     rows = [h for h, _ in recs if h["k"] == "rows"]
     assert sum(h["n"] for h in rows) == 5

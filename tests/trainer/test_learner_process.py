@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from simbridge.client.slot_client import SlotClient
-from simbridge.trainer.run import journal
+from simbridge.trainer.run import records
 from simbridge.trainer.run.checkpoint import load_checkpoint
 from simbridge.trainer.run.launch import free_port, python_module, wait_for_health
 from support.daemon import ANY, daemon_env, kill, metrics, start_sim, start_trainer
@@ -66,13 +66,13 @@ def test_rows_codec_round_trip_drops_object_columns():
             "actions": (np.array([0, 1, 0], np.int64), np.ones((3, 2), np.float64)),
             "rewards": np.array([1.0, -1.0, 0.5], np.float32), "terminateds": np.array([False, False, True]),
             "infos": np.array([{"a": 1}, None, {}], dtype=object)}
-    back, n = journal.decode_rows(journal.encode_rows(cols, 3))
+    back, n = records.decode_rows(records.encode_rows(cols, 3))
     assert n == 3 and set(back) == {"obs", "actions", "rewards", "terminateds"}
     assert np.array_equal(back["obs"]["pos"], cols["obs"]["pos"]) and back["obs"]["id"].dtype == np.int16
     assert isinstance(back["actions"], tuple) and back["actions"][1].dtype == np.float64
     assert np.array_equal(back["terminateds"], cols["terminateds"])
     with pytest.raises(ValueError):
-        journal.decode_rows(journal.encode_rows(cols, 3)[:-4])   # torn
+        records.decode_rows(records.encode_rows(cols, 3)[:-4])   # torn
 
 
 def test_the_pipes_rows_records_skip_the_checksum_and_decode_without_copies():
@@ -81,17 +81,17 @@ def test_the_pipes_rows_records_skip_the_checksum_and_decode_without_copies():
     refuses such a record."""
     frames = np.arange(4 * 6 * 5 * 3, dtype=np.uint8).reshape(4, 6, 5, 3)
     cols = {"obs": frames, "new_obs": frames[::-1].copy(), "rewards": np.array([1, 2, 3, 4], np.float32)}
-    msg = bytes(journal.encode_rows(cols, 4, prefix=b"R", checked=False))
+    msg = bytes(records.encode_rows(cols, 4, prefix=b"R", checked=False))
     assert msg[:1] == b"R"
-    back, n = journal.decode_rows(memoryview(msg)[1:], checked=False)
+    back, n = records.decode_rows(memoryview(msg)[1:], checked=False)
     assert n == 4 and all(np.array_equal(back[k], v) for k, v in cols.items())
     assert np.shares_memory(back["obs"], np.frombuffer(msg, np.uint8))   # a view, not a copy
     with pytest.raises(ValueError):
-        journal.decode_rows(msg[1:])   # checked: its CRC field is 0
+        records.decode_rows(msg[1:])   # checked: its CRC field is 0
     # checked records are what they were byte for byte: one copy now, where tobytes and joins made three
     leaves = [np.ascontiguousarray(v) for v in cols.values()]
     h = b'{"k":"x"}'
-    assert bytes(journal._record(h, leaves)) == journal._frame(h, b"".join(a.tobytes() for a in leaves))
+    assert bytes(records.record(h, leaves)) == records.frame(h, b"".join(a.tobytes() for a in leaves))
 
 
 def test_closing_the_loop_kills_an_unused_spare_learner_process_instead_of_waiting_for_its_imports():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from simbridge.trainer.run import journal as J
+from simbridge.trainer.run import records as R
 from simbridge.trainer.run import obs_links
 from simbridge.trainer.run.recovery import recover
 
@@ -105,7 +106,7 @@ def test_every_row_reads_back_bit_for_bit_across_chunks_ends_and_segments(tmp_pa
     _same_rows(rec.rows["p"], fed)
     linked = kept = 0
     for seg in sorted(tmp_path.glob("seg-*.sbj")):
-        for h, arrays in J.decode_all(seg.read_bytes())[0]:
+        for h, arrays in R.decode_all(seg.read_bytes())[0]:
             if h["k"] == "rows":
                 mask = arrays[h["cols"][obs_links.LINKED]]
                 linked, kept = linked + int(mask.sum()), kept + int((~mask).sum())
@@ -169,7 +170,7 @@ def test_a_linked_record_whose_agent_is_unknown_is_read_as_torn(tmp_path):
     j.close()
     seg = tmp_path / J.segment_name(1)
     data = seg.read_bytes()
-    recs, _ = J.decode_all(data)
+    recs, _ = R.decode_all(data)
     assert [h["k"] for h, _ in recs] == ["rows", "counters", "rows"]
     assert recs[2][1][recs[2][0]["cols"][obs_links.LINKED]].tolist() == [True]
     seg.write_bytes(data[_record_end(data):])   # the first record gone: the link has nothing to follow
@@ -179,8 +180,8 @@ def test_a_linked_record_whose_agent_is_unknown_is_read_as_torn(tmp_path):
 
 def _record_end(data: bytes) -> int:
     """The end of the first record (its head says its lengths)."""
-    _, hlen, plen, _ = J._HEAD.unpack_from(data, 0)
-    return J._HEAD.size + hlen + plen
+    _, hlen, plen, _ = R.HEAD.unpack_from(data, 0)
+    return R.HEAD.size + hlen + plen
 
 
 def test_the_bridges_camera_rows_read_back_from_the_journal_as_the_learner_got_them(tmp_path):
@@ -251,7 +252,7 @@ def test_the_bridges_camera_rows_read_back_from_the_journal_as_the_learner_got_t
     for k in ("obs", "new_obs"):
         for s in ("camera", "joints"):
             assert np.concatenate([c[k][s] for c in chunks]).tobytes() == want[k][s].tobytes(), (k, s)
-    linked = sum(int(a[h["cols"][obs_links.LINKED]].sum()) for h, a in J.decode_all(
+    linked = sum(int(a[h["cols"][obs_links.LINKED]].sum()) for h, a in R.decode_all(
         (tmp_path / J.segment_name(1)).read_bytes())[0] if h["k"] == "rows")
     assert linked > len(want["eps_id"]) // 2
 
@@ -284,7 +285,7 @@ def test_records_built_and_never_written_end_the_segments_links(tmp_path):
     assert not rec.torn
     assert [int(o[0, 0]) for _, c, _, _ in rec.rows["p"] for o in c["obs"]] == [0, 2, 1, 2]
     data = (tmp_path / J.segment_name(2)).read_bytes()
-    last = [(h, arr) for h, arr in J.decode_all(data)[0] if h["k"] == "rows"][-1]
+    last = [(h, arr) for h, arr in R.decode_all(data)[0] if h["k"] == "rows"][-1]
     assert last[1][last[0]["cols"][obs_links.LINKED]].tolist() == [False, True]   # a new segment links again
 
 

@@ -23,7 +23,7 @@ parent hands whatever is queued to the child at once, so the acting weights trai
 simulators by the tolerance and a fragment or so, not by the queue's fragments as well.
 
 Between the two: a pipe carrying bytes only. Rows go in the journal's record format (JSON
-and raw arrays, trainer/run/journal.py); states and weights as torch.save bytes, read back with
+and raw arrays, trainer/run/records.py); states and weights as torch.save bytes, read back with
 torch's safe loader (weights_only=True). Experience is never pickled.
 """
 import contextlib
@@ -39,7 +39,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from simbridge.server.heap import keep_freed_memory
-from simbridge.trainer.run import gcquiet, journal, mailbox
+from simbridge.trainer.run import gcquiet, mailbox, records
 from simbridge.trainer.run.checkpoint import state_bytes, state_from_bytes
 
 log = logging.getLogger("simbridge.trainer")
@@ -110,7 +110,7 @@ class LearnerProcess:
         self._sent += batch.count
         if self._dead is None:
             try:
-                self._send(journal.encode_rows({k: batch[k] for k in batch}, batch.count, prefix=_ROWS, checked=False))
+                self._send(records.encode_rows({k: batch[k] for k in batch}, batch.count, prefix=_ROWS, checked=False))
             except LearnerProcessDied:
                 pass   # poll() and state() report it; the rows are in the journal
 
@@ -333,7 +333,7 @@ def _serve_rows(conn, outbox: mailbox.Outbox) -> None:
                 break
             tag = msg[:1]
             if tag == _ROWS:
-                cols, n = journal.decode_rows(memoryview(msg)[1:], checked=False)   # no copy of a camera's rows
+                cols, n = records.decode_rows(memoryview(msg)[1:], checked=False)   # no copy of a camera's rows
                 learner.add(SampleBatch(cols))
                 rows += n
             elif tag == _STATE_Q:

@@ -110,7 +110,7 @@ _MISSING = object()
 
 
 def spec_leaves(spec) -> List[int]:
-    """A column's leaf indices (journal._flatten's tree of them), in order."""
+    """A column's leaf indices (records.flatten's tree of them), in order."""
     if isinstance(spec, int):
         return [spec]
     kids = spec["d"].values() if "d" in spec else spec["t"]

@@ -1,4 +1,4 @@
-"""Reading the journal back on `--resume` (the format: trainer/run/journal.py): what it adds to
+"""Reading the journal back on `--resume` (its records: trainer/run/journal.py, records.py): what it adds to
 the checkpoint, and the episodes that were open at the kill."""
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from simbridge.trainer.run.journal import unflatten, decode_all
+from simbridge.trainer.run.records import unflatten, decode_all
 from simbridge.trainer.run.obs_links import LINKED, RecordLinks
 from simbridge.wire.columns import AGENT_INDEX, EPS_ID, REWARDS, T
 
