@@ -94,6 +94,32 @@ def test_the_pipes_rows_records_skip_the_checksum_and_decode_without_copies():
     assert bytes(records.record(h, leaves)) == records.frame(h, b"".join(a.tobytes() for a in leaves))
 
 
+def test_ctrl_c_while_a_learner_process_imports_does_not_end_it(tmp_path, monkeypatch):
+    """Ctrl-C signals the terminal's whole process group, learner processes too, and the trainer
+    needs them for its final checkpoint. They ignored SIGINT only after `import torch` (seconds on
+    a busy machine): a Ctrl-C soon after the first simulator connected killed the learner with a
+    traceback and the run ended without its checkpoint."""
+    import multiprocessing as mp
+    from simbridge.trainer.run import gcquiet
+    monkeypatch.setenv("SIMBRIDGE_TEST_SLOW_IMPORT_DIR", str(tmp_path))
+    proc = mp.get_context("spawn").Process(target=gcquiet.run_imported, args=("slow_import", "done"))
+    proc.start()
+    try:
+        wait(lambda: (tmp_path / "importing").exists() or not proc.is_alive(), 60, "the child to start its import")
+        assert proc.is_alive(), proc.exitcode
+        os.kill(proc.pid, signal.SIGINT)    # during the import: the module waits for "go"
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.2)
+        (tmp_path / "go").write_text("")
+        proc.join(60)
+        assert proc.exitcode == 0, proc.exitcode
+        assert (tmp_path / "done").exists()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+
+
 def test_closing_the_loop_kills_an_unused_spare_learner_process_instead_of_waiting_for_its_imports():
     """A trainer stopped soon after it serves (a test's, a user's Ctrl-C) has spare learner processes
     still importing torch. They hold nothing: the loop kills them at once. Before, it closed their pipe

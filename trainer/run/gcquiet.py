@@ -11,6 +11,7 @@ collection walks), and the collector is on again for the process's own work.
 import contextlib
 import gc
 import importlib
+import signal
 
 
 @contextlib.contextmanager
@@ -28,9 +29,17 @@ def imports_without_gc():
 
 
 def run_imported(module: str, function: str, *args):
-    """A spawned process's target: `module` imported with the collector off, then its
+    """A trainer's spawned child's target: `module` imported with the collector off, then its
     `function(*args)` called. (A target in the heavy module itself would be imported while
-    multiprocessing unpickles it, before any code of ours could run.)"""
+    multiprocessing unpickles it, before any code of ours could run.)
+
+    Ctrl-C in a terminal signals the whole process group, the child too; its parent stops in
+    order and ends it (a stop message, or the pipe closing). So the child ignores SIGINT and
+    SIGTERM from here, before its imports: set after them, a Ctrl-C during `import torch`
+    (seconds, on a busy machine) killed the child with a traceback, and the run lost its final
+    checkpoint."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with imports_without_gc():
         mod = importlib.import_module(module)
     return getattr(mod, function)(*args)

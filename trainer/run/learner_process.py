@@ -30,7 +30,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import signal
 import sys
 import time
 import traceback
@@ -273,11 +272,7 @@ def wait_any(processes: List[LearnerProcess], timeout: float) -> None:
 # -------------------------------------------------------------------- the child
 
 def _child_main(conn) -> None:
-    # Ctrl-C in a terminal signals the whole process group: the parent stops in order and still
-    # needs this process for its final checkpoint. The parent ends it (a stop message, or its
-    # pipe closing when the parent dies).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # SIGINT and SIGTERM are ignored from the start (gcquiet.run_imported): the parent ends it.
     keep_freed_memory()   # each fragment's record and columns: a camera's megabytes a moment
     try:
         _serve(conn)
