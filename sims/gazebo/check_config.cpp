@@ -2,6 +2,7 @@
 // prints the spaces the session would declare. Exit 2 with the reason for a bad parameter. Lets a
 // Gazebo user (and tests/sims/test_gazebo_layer.py) check a world's <plugin> block without Gazebo.
 #include <cstdlib>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -22,7 +23,7 @@ void print_space(const char* name, const simbridge_gz::SpaceSpec& s) {
     if (!s.joints) return;
   }
   std::cout << "Box(" << s.low.size() << ") high";
-  for (float h : s.high) std::cout << " " << h;
+  for (float h : s.high) std::cout << " " << std::setprecision(9) << h;   // a float's every digit
   std::cout << (s.image.empty() ? "\n" : ")\n");
 }
 }  // namespace

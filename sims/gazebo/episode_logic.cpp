@@ -20,7 +20,10 @@ using params::to_int;
 using params::to_seconds;
 using params::trimmed;
 
-const float kUnbounded = std::numeric_limits<float>::max();   // as gymnasium's CartPole: finite, huge
+// As gymnasium (1.x) bounds CartPole's velocities: infinite. A world declaring CartPole-v1's spaces
+// trains one policy with `simbridge-sim --env CartPole-v1` and the C++ example; FLT_MAX (gym 0.x's
+// bound) was refused beside them as another space.
+const float kUnbounded = std::numeric_limits<float>::infinity();
 
 // The camera's keys and <observation>; Get: the key's text, if the <plugin> element has it.
 template <typename Get>

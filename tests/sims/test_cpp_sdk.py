@@ -89,6 +89,24 @@ def test_lockstep_cartpole_episodes_and_transitions_arrive(build, make_server, h
     assert snap["open_episodes"] == 0 and snap["sessions"] == 0
 
 
+def test_the_cartpole_examples_declare_gymnasiums_spaces_and_share_its_policy(build, make_server):
+    """The C++ examples are CartPole-v1: a trainer takes them and `simbridge-sim --env CartPole-v1`
+    as one policy. They declared FLT_MAX for the velocities (gym 0.x's bound; gymnasium 1.x's is
+    inf) and whichever came second was refused with SPACE_MISMATCH (newcomer audit)."""
+    from simbridge.client import PolicyClient
+    srv = make_server()
+    env = gym.make("CartPole-v1")
+    python_side = PolicyClient(srv.address, env.observation_space, env.action_space)
+    try:
+        obs, _ = env.reset(seed=0)
+        python_side.get_action(python_side.start_episode(), obs)   # the policy's spaces are now gymnasium's
+        for program, args in (("cartpole", ("--episodes", 2)), ("cartpole_slots", ("--steps", 20, "--slots", 2))):
+            out = _run(build, program, "--address", srv.address, *args)
+            assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        python_side.close()
+
+
 @pytest.mark.nets("tcp", "uds", "shm")
 def test_slot_cartpole_steps_all_slots_with_auto_reset(build, make_server, handovers, net):
     srv = make_server(rollout_fragment_length=64)

@@ -4,13 +4,13 @@
 #pragma once
 
 #include <algorithm>
-#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -25,9 +25,11 @@ constexpr double kLength = 0.5, kPoleMassLength = kMassPole * kLength, kForceMag
 constexpr double kThetaThreshold = 12 * 2 * M_PI / 360, kXThreshold = 2.4;
 constexpr int kMaxSteps = 500;
 
-// gymnasium's observation space: Box(-high, high), high = [4.8, f32 max, 0.4189, f32 max].
+// gymnasium's observation space, bit for bit (a trainer takes this program and `simbridge-sim --env
+// CartPole-v1` as one policy): Box(-high, high), high = [4.8, inf, 0.4189, inf].
 inline simbridge::Space observation_space() {
-  simbridge::Floats high{static_cast<float>(kXThreshold * 2), FLT_MAX, static_cast<float>(kThetaThreshold * 2), FLT_MAX};
+  const float inf = std::numeric_limits<float>::infinity();
+  simbridge::Floats high{static_cast<float>(kXThreshold * 2), inf, static_cast<float>(kThetaThreshold * 2), inf};
   simbridge::Floats low{-high[0], -high[1], -high[2], -high[3]};
   return simbridge::Space::Box(low, high);
 }
