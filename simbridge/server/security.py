@@ -21,6 +21,7 @@ A server bound to anything but loopback refuses to start without TLS and an auth
 import hashlib
 import hmac
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -59,6 +60,7 @@ class ServerSecurity:
             raise SecurityConfigError("--tls-client-ca (mutual TLS) needs server TLS: add --tls-cert and --tls-key")
         credentials = None
         if self.tls_cert:
+            _check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
             credentials = grpc.ssl_server_credentials(
                 [(_read(self.tls_key, "--tls-key"), _read(self.tls_cert, "--tls-cert"))],
                 root_certificates=_read(self.tls_client_ca, "--tls-client-ca") if self.tls_client_ca else None,
@@ -80,6 +82,39 @@ def _read(path: str, flag: str) -> bytes:
             return f.read()
     except OSError as e:
         raise SecurityConfigError(f"cannot read {flag} file {path!r}: {e.strerror}") from None
+
+
+def _check_tls_files(cert: str, key: str, client_ca: str) -> None:
+    """What gRPC would refuse only as it binds, with a C++ log line and a failure that reads like a
+    port in use: a file that is not PEM, the two swapped, a key not the certificate's, an
+    encrypted key (gRPC takes none). Checked with Python's ssl, which reads the same PEM."""
+    key_pem, cert_pem = _read(key, "--tls-key"), _read(cert, "--tls-cert")
+    swapped = " (--tls-cert and --tls-key look swapped)" \
+        if b"PRIVATE KEY-----" in cert_pem and b"-----BEGIN CERTIFICATE-----" in key_pem else ""
+    if b"-----BEGIN CERTIFICATE-----" not in cert_pem:
+        raise SecurityConfigError(f"--tls-cert {cert!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----): "
+                                  f"pass the server's certificate (chain){swapped}")
+    if b"PRIVATE KEY-----" not in key_pem:
+        raise SecurityConfigError(f"--tls-key {key!r} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----): "
+                                  f"pass the key the certificate was made with{swapped}")
+
+    def encrypted():
+        raise SecurityConfigError(f"--tls-key {key!r} is encrypted, and gRPC takes no passphrase: write it "
+                                  f"unencrypted (openssl pkey -in {key} -out server.key; chmod 600 server.key)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=encrypted)
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise SecurityConfigError(f"--tls-key {key!r} is not the private key of the certificate in --tls-cert "
+                                      f"{cert!r}: pass the key it was made with") from None
+        raise SecurityConfigError(f"--tls-cert {cert!r} and --tls-key {key!r} do not load as a certificate "
+                                  f"and its key ({e.reason or e})") from None
+    if client_ca:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(client_ca)
+        except ssl.SSLError:
+            raise SecurityConfigError(f"--tls-client-ca {client_ca!r} holds no PEM certificate: pass the CA "
+                                      f"certificate that signed the clients' certificates") from None
 
 
 def read_tokens(path: str) -> Dict[bytes, str]:

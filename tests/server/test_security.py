@@ -323,6 +323,25 @@ def test_server_settings_that_cannot_work(kw, match):
         ServerSecurity(**kw).load("127.0.0.1:0")
 
 
+def test_tls_files_that_cannot_work_are_named_before_binding(pki, tmp_path):
+    """gRPC refuses them only as it binds, in a C++ log line, and the bind's failure read as a port in
+    use: `could not bind 0.0.0.0:50051: is another server using that port?` (newcomer audit)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")))
+    cert, key = pki["server_cert"], pki["server_key"]
+    for kw, match in ((dict(tls_cert=key, tls_key=cert), "holds no PEM certificate.*look swapped"),
+                      (dict(tls_cert=cert, tls_key=pki["client_key"]), "is not the private key of the certificate"),
+                      (dict(tls_cert=cert, tls_key=cert), "holds no PEM private key"),
+                      (dict(tls_cert=cert, tls_key=str(encrypted)), "is encrypted, and gRPC takes no passphrase"),
+                      (dict(tls_cert=cert, tls_key=key, tls_client_ca=key), "--tls-client-ca .* holds no PEM certificate")):
+        with pytest.raises(SecurityConfigError, match=match):
+            ServerSecurity(auth_token_file=pki["tokens"], **kw).load("0.0.0.0:50051")
+    ServerSecurity(tls_cert=cert, tls_key=key, tls_client_ca=pki["ca"]).load("0.0.0.0:0")   # the good ones pass
+
+
 def test_empty_token_files_are_refused(tmp_path):
     empty = tmp_path / "t"
     empty.write_text("# no token here\n\n")
