@@ -44,8 +44,9 @@ from simbridge.wire import tree
 
 def simulator_flags(server) -> str:
     """The flags a simulator needs beside --address for this [server] table (the waiting line's
-    example): TLS roots, a client certificate for mutual TLS, a token."""
-    flags = " --tls-ca CA.pem" if server.tls_cert else ""
+    example): TLS roots and a name the server's certificate holds (the bound address, 0.0.0.0 say,
+    is none), a client certificate for mutual TLS, a token."""
+    flags = " --tls-ca CA.pem --tls-server-name CERT_NAME" if server.tls_cert else ""
     flags += " --tls-cert CLIENT.pem --tls-key CLIENT.key" if server.tls_client_ca else ""
     return flags + (" --auth-token-file TOKEN_FILE" if server.auth_token_file else "")
 

@@ -41,8 +41,9 @@ class SecurityConfigError(ValueError):
 
 def auth_failed() -> BridgeError:
     return BridgeError(grpc.StatusCode.UNAUTHENTICATED,
-                       "this server requires a token: pass --auth-token-file (or set SIMBRIDGE_AUTH_TOKEN) "
-                       "with a token the server accepts", Reason.AUTH_FAILED)
+                       "this server requires a token, and this call carried none it accepts (no token, or one "
+                       "not in the server's --auth-token-file): pass --auth-token-file (or set SIMBRIDGE_AUTH_TOKEN) "
+                       "with one of the tokens that file holds", Reason.AUTH_FAILED)
 
 
 @dataclass

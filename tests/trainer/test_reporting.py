@@ -45,6 +45,7 @@ def test_the_waiting_lines_example_simulator_carries_the_flags_the_server_asks_f
     plain = ServerSection()
     assert simulator_flags(plain) == ""
     tls = dataclasses.replace(plain, tls_cert="server.pem", tls_key="server.key", auth_token_file="tokens.txt")
-    assert simulator_flags(tls) == " --tls-ca CA.pem --auth-token-file TOKEN_FILE"
+    assert simulator_flags(tls) == " --tls-ca CA.pem --tls-server-name CERT_NAME --auth-token-file TOKEN_FILE"
     mtls = dataclasses.replace(tls, tls_client_ca="ca.pem", auth_token_file="")
-    assert simulator_flags(mtls) == " --tls-ca CA.pem --tls-cert CLIENT.pem --tls-key CLIENT.key"
+    assert simulator_flags(mtls) == \
+        " --tls-ca CA.pem --tls-server-name CERT_NAME --tls-cert CLIENT.pem --tls-key CLIENT.key"
