@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from simbridge.client.diagnosis import TLS_FIX, TLS_REFUSED, TLS_SERVER, why_not_ready
+from simbridge.client.diagnosis import CLIENT_CERT_WANTED, TLS_FIX, TLS_REFUSED, TLS_SERVER, why_not_ready
 from simbridge.client.security import ClientSecurity
 from simbridge.client.stopping import Stopped, check_stopping
 from simbridge.wire.addresses import address_problem, grpc_address
@@ -204,6 +204,8 @@ def open_channel(address: Addresses, connect_timeout_s: float, fix: Optional[str
                 msg = f"this client refuses the server at {address}: {what}"
             elif what == TLS_SERVER:   # a server is there, and `what` says the fix
                 msg = f"the server at {address} speaks TLS, this client plain text: {TLS_FIX}"
+            elif what == CLIENT_CERT_WANTED:
+                msg = f"the server at {address} refuses this client: {what}"
             elif security.uses_tls:
                 msg += (" (this client uses TLS: a server without TLS, or a certificate that --tls-ca does not "
                         "verify or whose name does not match, fails the same way; see --tls-server-name)")

@@ -25,7 +25,8 @@ def why_not_ready(address: str, channel: grpc.Channel, security: ClientSecurity)
     """diagnose's answer, and with TLS gRPC's own verdict on the server's name: a certificate
     that does not hold the name this client checks is refused at every handshake, so waiting for
     it is hopeless."""
-    what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca)
+    what, hopeless = diagnose(address, security.uses_tls, tls_ca=security.tls_ca,
+                              client_cert=security.tls_cert is not None)
     if security.uses_tls and not hopeless:
         host = "localhost" if is_unix(address) else address.rpartition(":")[0].strip("[]")   # gRPC's default names
         refused = _name_refused(channel, address, security.tls_server_name or host, security)
@@ -121,12 +122,13 @@ def _connect_tcp(host: str, port: int, timeout_s: float):
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
-             tls_ca: Optional[bytes] = None) -> Tuple[str, bool]:
+             tls_ca: Optional[bytes] = None, client_cert: bool = False) -> Tuple[str, bool]:
     """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
     nothing listening (a trainer may still come), a host that does not answer, or something
     listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
     unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
-    tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify."""
+    tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify.
+    client_cert: whether the client presents one; a client without asked for one by the server."""
     if is_unix(address):
         def connect():
             return _connect_unix(unix_path(address), timeout_s)
@@ -142,7 +144,7 @@ def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
         # Not hopeless: a trainer binds its port a few seconds before it serves (it writes its
         # run files in between), and that looks the same as a failed handshake from here.
         if tls:
-            refused = _certificate_refused(sock, tls_ca) if tls_ca and not is_unix(address) else None
+            refused = _tls_refusal(sock, None if is_unix(address) else tls_ca, client_cert)
             if refused:
                 return refused, True
             return "a server answers but the TLS handshake or the gRPC connection failed", False
@@ -172,8 +174,8 @@ TLS_FIX = ("connect with TLS: --tls-ca CA.pem, and --tls-server-name NAME where 
 TLS_SERVER = f"a TLS server answers there, and this client speaks plain text: {TLS_FIX}"
 
 
-def _handshake(sock: socket.socket, tls_ca: Optional[bytes], timeout_s: float) -> None:
-    """A TLS handshake on `sock` as gRPC's client makes it (ALPN h2), the chain checked against
+def _handshake(sock: socket.socket, tls_ca: Optional[bytes], timeout_s: float) -> ssl.SSLSocket:
+    """`sock` after a TLS handshake as gRPC's client makes it (ALPN h2), the chain checked against
     tls_ca (None: nothing verified), names never (gRPC's own rules judge them). Raises what
     ssl raises: ssl.SSLCertVerificationError for a chain the roots refuse, OSError otherwise."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -184,8 +186,7 @@ def _handshake(sock: socket.socket, tls_ca: Optional[bytes], timeout_s: float) -
         ctx.load_verify_locations(cadata=tls_ca.decode("ascii", "replace"))
     ctx.set_alpn_protocols(["h2"])
     sock.settimeout(timeout_s)
-    with ctx.wrap_socket(sock, do_handshake_on_connect=True):
-        pass
+    return ctx.wrap_socket(sock, do_handshake_on_connect=True)
 
 
 def _answers_tls(sock: Optional[socket.socket], timeout_s: float = 0.5) -> bool:
@@ -194,26 +195,39 @@ def _answers_tls(sock: Optional[socket.socket], timeout_s: float = 0.5) -> bool:
     if sock is None:
         return False
     try:
-        _handshake(sock, None, timeout_s)
-        return True
+        with _handshake(sock, None, timeout_s):
+            return True
     except OSError:   # ssl.SSLError (not TLS: closed, or another protocol) and timeouts
         return False
     finally:
         sock.close()
 
 
-def _certificate_refused(sock: socket.socket, tls_ca: bytes, timeout_s: float = 0.5) -> Optional[str]:
-    """Why the server's certificate fails the roots of --tls-ca, if it does; else None (verified,
-    some other failure, or no answer within timeout_s: a trainer that has bound its port but not
-    started serving does not answer a handshake yet, and may still come). Only the chain is
-    judged, with the roots gRPC is given: names (--tls-server-name) follow gRPC's own rules."""
+CLIENT_CERT_WANTED = ("it closes the connection right after the TLS handshake, as a server that asks for a client "
+                      "certificate (mutual TLS) does to a client without one: pass --tls-cert and --tls-key, a "
+                      "certificate and key signed by the CA of the server's --tls-client-ca (docs/security.md)")
+
+
+def _tls_refusal(sock: socket.socket, tls_ca: Optional[bytes], client_cert: bool,
+                 timeout_s: float = 0.5) -> Optional[str]:
+    """Why the server refuses this client at TLS, if it does: its certificate fails the roots of
+    --tls-ca (tls_ca; None: not judged), or it hangs up right after the handshake to a client
+    without a certificate. Else None (accepted, some other failure, or no answer within
+    timeout_s: a trainer that has bound its port but not started serving does not answer yet, and
+    may still come). Only the chain is judged, with the roots gRPC is given: names
+    (--tls-server-name) follow gRPC's own rules."""
     try:
-        _handshake(sock, tls_ca, timeout_s)
-        return None
+        with _handshake(sock, tls_ca, timeout_s) as tls:
+            if client_cert:
+                return None   # this probe presents none: a hang-up would say nothing of the client's
+            # A gRPC server speaks first once the handshake is done (HTTP/2 SETTINGS). TLS 1.3 ends
+            # the client's handshake before the server judges the client's (empty) certificate;
+            # a server that wants one then closes without a byte (grpc 1.51: no alert).
+            return CLIENT_CERT_WANTED if tls.recv(1) == b"" else None
     except ssl.SSLCertVerificationError as e:
         return f"{TLS_REFUSED} is not signed by the CA of --tls-ca ({e.verify_message})"
     except (OSError, ValueError):   # roots Python cannot read (gRPC's own failure says it), other
-        return None                 # ssl errors and timeouts: not a verdict on the certificate
+        return None                 # ssl errors and timeouts: not a verdict
 
 
 def _connect_unix(path: str, timeout_s: float):
