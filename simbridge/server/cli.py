@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     stop = StopEvent()   # set by signal handlers: simbridge/console.py
     threading.Thread(target=drain, args=(runtime, stop), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C as KeyboardInterrupt also where it came ignored (started with `&` from a script), as the
+    # trainer and simbridge-sim take it: `kill -INT PID` ran on unheard.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     on_hangup(lambda *_: stop.set())
     out = Console(sys.stdout, on_gone=stop.set)   # `| head`: stop as on SIGTERM (simbridge/console.py)
     print(f"simbridge-server listening on {server.address}", file=out, flush=True)

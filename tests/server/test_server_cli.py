@@ -11,21 +11,29 @@ from simbridge.trainer.run.launch import ROOT, child_env, python_module
 from support.signals import AT_A_TERMINAL, NEEDS_ENV_SIGNALS, signal_state
 
 
-@pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=NEEDS_ENV_SIGNALS), "reader-leaves"])
+def _ignore_sigint():   # as `simbridge-server &` in a script starts it (POSIX: background jobs ignore SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("how", ["sigterm", pytest.param("sighup", marks=NEEDS_ENV_SIGNALS), "reader-leaves",
+                                 "sigint-came-ignored"])
 def test_the_bare_bridge_stops_in_order(how):
+    """sigint-came-ignored: `kill -INT PID` of a server a script started with `&` ran on unheard, where
+    the trainer and simbridge-sim stop (newcomer audit)."""
     argv = python_module("simbridge.server.cli", "--address", "127.0.0.1:0", "--print-every", "0.1")
     if how == "sighup":
         argv = [*AT_A_TERMINAL, *argv]
     # faulthandler: a server that runs on is made to show where (below)
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**child_env(), "PYTHONFAULTHANDLER": "1"}, cwd=str(ROOT))
+                              env={**child_env(), "PYTHONFAULTHANDLER": "1"}, cwd=str(ROOT),
+                              preexec_fn=_ignore_sigint if how == "sigint-came-ignored" else None)
     try:
         for _ in range(2):   # its listening line and a first progress line
             assert server.stdout.readline(), server.stderr.read()
         if how == "reader-leaves":
             server.stdout.close()
         else:
-            server.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+            server.send_signal({"sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}.get(how, signal.SIGINT))
         try:
             code = server.wait(timeout=20)
         except subprocess.TimeoutExpired:
