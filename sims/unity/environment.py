@@ -20,6 +20,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from simbridge.client.stopping import check_stopping
 from simbridge.sims.unity import compat
 
 compat.install()
@@ -76,6 +77,9 @@ class _Communicator(RpcCommunicator):
                 break
             if conn.poll(min(0.5, left)):
                 return
+            # Ctrl-C: Stopped (run_cli exits 0) within the slice, not after --timeout-wait (60 s)
+            # with an error that blamed the Editor.
+            check_stopping(f"waiting for Unity on port {self.port}")
             if poll_callback:
                 poll_callback()  # raises when the Unity process has exited
         raise UnityTimeOutException(f"no message from the Unity environment on port {self.port} within "

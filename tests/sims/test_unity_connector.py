@@ -167,6 +167,30 @@ def test_attaching_to_the_editor_and_stopping_with_sigterm(tmp_path):
     assert summary["cut_at_exit"] >= 1 and truncated == interrupted and cut == summary["cut_at_exit"]
 
 
+def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path):
+    """It ran on to the end of --timeout-wait (60 s by default) and then blamed the Editor for not
+    connecting (newcomer audit)."""
+    bridge = Bridge(["Ball*=ball"])
+    conn = subprocess.Popen([sys.executable, "-m", "simbridge.sims.unity.connector", "--address", bridge.address,
+                             "--base-port", str(free_base_port(1)), "--timeout-wait", "60", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(ROOT))
+    try:
+        assert "press Play in the Unity Editor" in conn.stderr.readline()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        conn.send_signal(signal.SIGINT)
+        out, err = conn.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if conn.poll() is None:
+            conn.kill()
+        bridge.stop()
+    assert conn.returncode == 0 and took < 5, (conn.returncode, took, err)
+    assert "did not connect" not in err and "Traceback" not in err, err
+    assert json.loads(out.strip().splitlines()[-1])["stopped"].startswith("stopped while waiting for Unity")
+    assert "(SIGINT)" in err
+
+
 def test_no_training_episodes_give_metrics_but_no_experience(tmp_path):
     bridge = Bridge(["Ball*=ball"])
     try:
