@@ -7,7 +7,8 @@ In the manner of envrax's BatchedEnv, seen from the simulator's side:
     while running:
         obs, rewards, terminated, truncated, finals = sim.step(actions)   # auto-reset inside
         actions = client.step(obs, rewards, terminated, truncated, finals)
-    client.close(rewards, terminated, truncated, last_obs)    # the last outcome, then bye
+    rewards, terminated, truncated, last_obs = ...            # the last actions applied: each slot's
+    client.close(rewards, terminated, truncated, last_obs)    # outcome and observation (not reset), then bye
 
 `finals` holds the last observation of each slot that ended (rows in slot
 order, one per terminated-or-truncated slot) while `obs` already holds the
