@@ -72,4 +72,6 @@ def address_problem(address: str) -> Optional[str]:
     if not sep or not host or not port.isdigit():
         return (f"address {address!r} has no port: pass HOST:PORT, e.g. 127.0.0.1:50051, or unix:PATH for a "
                 f"Unix socket on this machine")
+    if int(port) > 65535:   # gRPC took 99999 as 99999 - 65536 and bound (or dialled) that port
+        return f"address {address!r}: port {int(port)} is past 65535: pass a port from 1 to 65535, e.g. 50051"
     return None

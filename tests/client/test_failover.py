@@ -181,6 +181,8 @@ def test_bad_address_lists_name_the_fix():
     assert parse_addresses(" 127.0.0.1:1, 127.0.0.1:2 ,") == ["127.0.0.1:1", "127.0.0.1:2"]
     with pytest.raises(BridgeError, match="has no port"):
         parse_addresses("127.0.0.1:1,localhost")
+    with pytest.raises(BridgeError, match="port 99999 is past 65535"):   # gRPC dialled 99999 - 65536
+        parse_addresses("127.0.0.1:99999")
     with pytest.raises(BridgeError, match="no address given"):
         parse_addresses(" , ")
 

@@ -178,3 +178,6 @@ def test_a_bad_address_list_names_the_fix(build):
     assert out.returncode == 1
     assert "address 'localhost' has no port: pass HOST:PORT" in out.stderr, out.stderr
     assert f"[gRPC status {3}]" in out.stderr   # INVALID_ARGUMENT
+    out = subprocess.run([os.path.join(build, "cartpole"), "--address", "127.0.0.1:99999"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "port 99999 is past 65535" in out.stderr, out.stderr   # not 99999 - 65536

@@ -66,6 +66,8 @@ def test_an_http_port_and_a_missing_port_fail_at_once_and_read_differently():
     out, took = _sim("127.0.0.1", "--connect-timeout", "30")
     assert out.returncode == 2 and took < 20
     assert "address '127.0.0.1' has no port: pass HOST:PORT, e.g. 127.0.0.1:50051" in out.stderr, out.stderr
+    out, _ = _sim("127.0.0.1:99999", "--connect-timeout", "30")   # gRPC dialled 99999 - 65536 and waited
+    assert out.returncode == 2 and "port 99999 is past 65535" in out.stderr, out.stderr
 
 
 def _listening():

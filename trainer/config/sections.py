@@ -36,10 +36,9 @@ class ServerSection:
     max_policy_memory_mb: int = 4096
 
     def check(self, where: str) -> None:
-        if address_problem(self.address):
-            raise ConfigError(f"{where}: [server] address = {self.address!r} is not HOST:PORT "
-                              f"(e.g. \"127.0.0.1:50051\") or unix:PATH (a Unix socket on this machine; shm+unix:PATH: "
-                              f"the steps through shared memory too)")
+        problem = address_problem(self.address)   # its words name the fix (no port, past 65535, a path too long)
+        if problem:
+            raise ConfigError(f"{where}: [server] {problem}")
         if self.batch_mode not in BATCH_MODES:
             raise ConfigError(f"{where}: [server] batch_mode = {self.batch_mode!r}: use one of {list(BATCH_MODES)}")
         if self.count_steps_by not in ("env_steps", "agent_steps"):

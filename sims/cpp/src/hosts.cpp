@@ -73,6 +73,9 @@ void check_address(const std::string& a) {
       !std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); }))
     throw bad_address("address '" + a + "' has no port: pass HOST:PORT, e.g. 127.0.0.1:50051, or unix:PATH for a "
                       "Unix socket on this machine");
+  // As the Python SDK: gRPC takes 99999 as 99999 - 65536 and dials that port.
+  if (port.size() > 5 || std::stol(port) > 65535)
+    throw bad_address("address '" + a + "': port " + port + " is past 65535: pass a port from 1 to 65535, e.g. 50051");
 }
 
 uint32_t crc32(const std::string& s) {  // zlib's CRC-32, so a process starts where Python's would
