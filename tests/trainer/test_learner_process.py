@@ -120,6 +120,32 @@ def test_ctrl_c_while_a_learner_process_imports_does_not_end_it(tmp_path, monkey
             proc.join(10)
 
 
+def test_closing_a_learner_process_reads_what_it_still_sends_so_it_ends_by_itself():
+    """After the final state, the child sends what it has queued (its weights) before it exits.
+    close() waited for it without reading the pipe: weights larger than the pipe's 64 KiB (SAC's
+    networks) left the child blocked in its send until close's 10 s ran out and killed it, and a
+    stopped SAC trainer took 12-15 s to exit (newcomer audit)."""
+    from linear_q_learner import LinearQLearner
+    from simbridge.server.sample_batch import SampleBatch
+    from simbridge.trainer.run.learner_process import LearnerProcess
+    dim = 40_000   # 320 KB of weights in each of the child's reports
+    learner = LinearQLearner(gym.spaces.Box(-1, 1, (dim,), np.float32), gym.spaces.Discrete(2),
+                             config={"learning_starts": 10**9, "buffer_size": 16}, device="cpu")
+    proc = LearnerProcess("default_policy", learner)
+    n = 2
+    proc.add(SampleBatch(obs=np.zeros((n, dim), np.float32), new_obs=np.zeros((n, dim), np.float32),
+                         actions=np.zeros(n, np.int64), rewards=np.ones(n, np.float32),
+                         terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64),
+                         agent_index=np.zeros(n, np.int64), t=np.arange(n), policy_version=np.zeros(n, np.int64),
+                         action_logp=np.zeros(n, np.float32)))   # the child reports after them: never read here
+    assert proc.conn.poll(60), "the child never reported"   # its report is on the way (poll reads nothing)
+    t0 = time.monotonic()
+    proc.close()
+    took = time.monotonic() - t0
+    assert proc.proc.exitcode == 0, (proc.proc.exitcode, took)   # ended by itself, not killed
+    assert took < 8, took
+
+
 def test_closing_the_loop_kills_an_unused_spare_learner_process_instead_of_waiting_for_its_imports():
     """A trainer stopped soon after it serves (a test's, a user's Ctrl-C) has spare learner processes
     still importing torch. They hold nothing: the loop kills them at once. Before, it closed their pipe

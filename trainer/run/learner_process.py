@@ -153,7 +153,17 @@ class LearnerProcess:
                 self.conn.send_bytes(_STOP)
             except OSError:
                 pass
-        self.proc.join(timeout)
+        # The child sends what it has queued before it exits (weights after the final state: SAC's
+        # are 4x the pipe's 64 KiB): read and drop it. Unread, the child's send waited on a full
+        # pipe until the timeout killed it, and a stopped trainer took 12-15 s to exit.
+        deadline = time.monotonic() + timeout
+        while self.proc.is_alive() and (left := deadline - time.monotonic()) > 0:
+            if self.conn in mp.connection.wait([self.conn, self.proc.sentinel], left):
+                try:
+                    self.conn.recv_bytes()
+                except (EOFError, OSError):   # the child closed its end: it is exiting
+                    self.proc.join(max(0.0, deadline - time.monotonic()))
+                    break
         self.kill()
         self.conn.close()
 
