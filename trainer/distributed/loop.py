@@ -66,12 +66,13 @@ class DistributedLoop(LearningLoop):
                 next_ckpt = (steps // every + 1) * every
 
     def _intake(self) -> None:
-        batch = self.runtime.experience.get(timeout=0.02)
-        for _ in range(INTAKE_BATCHES):
+        # Each batch taken is ingested: the last turn took a ninth and dropped it (a fragment lost
+        # to the recorder and the learner, where the queue refilled during a slow intake).
+        for i in range(INTAKE_BATCHES):
+            batch = self.runtime.experience.get(timeout=0.02 if i == 0 else 0)
             if batch is None:
                 return
             self.ingest(batch)
-            batch = self.runtime.experience.get(timeout=0)
 
     def feed(self, pid: str, p, b) -> None:
         super().feed(pid, p, b)
