@@ -290,7 +290,11 @@ def main(argv=None) -> int:
     if argv is None and args.command in ("run", "serve"):   # the program's process, serving
         keep_freed_memory()
     commands = {"run": cmd_run, "serve": cmd_serve, "export": cmd_export, "plot": cmd_plot}
-    return run_needing_extra("simbridge-trainer", "trainer", commands[args.command], args)
+    try:
+        return run_needing_extra("simbridge-trainer", "trainer", commands[args.command], args)
+    except KeyboardInterrupt:   # plot and export (run and serve stop in order): a line, not a traceback
+        print("simbridge-trainer: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

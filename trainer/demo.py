@@ -232,7 +232,8 @@ def _main(argv=None) -> int:
                 f"{rec.get('env_steps', 0):,} env steps, {rec.get('episodes', 0):,} episodes: {metric}"
                 f"{f' >= target {args.target:g}' if reached else f', target {args.target:g}'}")
     console.say(f"learning curves: {logdir / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {logdir}")
-    console.say(f"go on from the checkpoint: simbridge-trainer run --resume --logdir {logdir}")
+    # the demo served a free port; simbridge-sim's default is 50051
+    console.say(f"go on from the checkpoint: simbridge-trainer run --resume --logdir {logdir} --address 127.0.0.1:50051")
     if failed:
         console.say(f"FAILED: {failed}")
         return 1

@@ -66,6 +66,11 @@ def open_shm(path: str, grpc_stream, session: pb.CreateSessionResponse, timeout_
             os.close(fd)
         sock.close()
         grpc_stream.cancel()   # the session's stream goes with the channel it was to carry
+        if isinstance(e, FileNotFoundError):   # the gRPC socket answered: its server serves no shm channel
+            raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at {path}: "
+                              f"no such socket: the trainer serves one only when its own address is shm+unix:PATH "
+                              f"(start it with --address shm+unix:{path[:-len('.shm')]}), or dial "
+                              f"unix:{path[:-len('.shm')]}") from None
         if isinstance(e, (OSError, ValueError)):
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at "
                               f"{path}: {e}") from None

@@ -230,6 +230,8 @@ def test_a_missing_handover_socket_is_named(make_server, net):
     with pytest.raises(BridgeError, match="could not open the shared-memory channel at .*bridge0.sock.shm") as e:
         SlotClient(srv.address, OBS, ACT, 1)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    # as for a trainer on unix:PATH dialled at shm+unix:PATH: the fix named (newcomer audit)
+    assert "its own address is shm+unix:PATH" in e.value.message and "or dial unix:" in e.value.message
 
 
 @pytest.mark.nets("shm")
