@@ -317,3 +317,5 @@ def test_demo_runs_and_exits_cleanly(tmp_path):
     assert (logdir / "checkpoint.pt").exists() and (logdir / "metrics.jsonl").exists()
     assert (logdir / "learning_curves.png").stat().st_size > 1000
     assert "FAILED" not in out and "Traceback" not in out + proc.stderr
+    # its "go on" line resumes where simbridge-sim looks by default (the demo's own port was a free one)
+    assert f"simbridge-trainer run --resume --logdir {logdir} --address 127.0.0.1:50051" in out
