@@ -79,6 +79,12 @@ def test_overrides_parse_as_toml_values():
     for bad in ("novalue", "=3", "a..b=1"):
         with pytest.raises(ConfigError, match="--set KEY=VALUE"):
             parse_overrides([bad])
+    with pytest.raises(ConfigError, match=r"\[policies.default_polcy\]: no algorithm: did you mean "
+                                          r"\[policies.default_policy\]\?"):   # a misspelt id (audit)
+        load_config(None, parse_overrides(["policies.default_polcy.config.lr=3e-4"]))
+    for unclosed in ("run.print_every_s=[1", 'a.b="abc', "a.b={x = 1"):   # were taken as strings (audit)
+        with pytest.raises(ConfigError, match="is not a TOML value .*close what it opens"):
+            parse_overrides([unclosed])
     cfg = load_config(None, parse_overrides(["policies.default_policy.config.lr=3e-4", "run.seed=7",
                                              "server.rollout_fragment_length=16"]))
     assert cfg.policies["default_policy"].config["lr"] == 3e-4 and cfg.run.seed == 7

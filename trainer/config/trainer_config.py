@@ -66,6 +66,7 @@ and [run] are dataclasses in sections.py; a new section: a dataclass there with 
 a line in SECTIONS and a field of TrainerConfig.
 """
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -184,7 +185,7 @@ def parse_config(text: str, source: str = "<config>", overrides: Sequence[Overri
         raise ConfigError(f"{where}: no [policies.<id>] table: add one, e.g.\n"
                           f"  [policies.default_policy]\n  algorithm = \"dqn\"")
     require_type(raw_policies, dict, f"{where}: [policies]")
-    policies = {pid: _policy(pid, raw, where) for pid, raw in raw_policies.items()}
+    policies = {pid: _policy(pid, raw, where, raw_policies) for pid, raw in raw_policies.items()}
 
     mapping = _mapping(data.get("mapping", {}), policies, where)
 
@@ -213,13 +214,17 @@ def parse_config(text: str, source: str = "<config>", overrides: Sequence[Overri
 
 # ---------------------------------------------------------------- policies and mapping
 
-def _policy(pid: str, raw, where: str) -> PolicySpec:
+def _policy(pid: str, raw, where: str, others: dict) -> PolicySpec:
     what = f"{where}: [policies.{pid}]"
     require_type(raw, dict, what)
     check_table_keys(raw, {"algorithm", "observation_space", "action_space", "config", "frame_stack"}, what)
     if "algorithm" not in raw:
-        raise ConfigError(f"{what}: no algorithm: add algorithm = one of {known_algorithms()} "
-                          f"or \"package.module:Class\"")
+        # Most often a misspelt id (`--set policies.default_polcy.config.lr=...` makes a new table).
+        named = [p for p, r in others.items() if p != pid and isinstance(r, dict) and "algorithm" in r]
+        guess = difflib.get_close_matches(pid, named, n=1)
+        raise ConfigError(f"{what}: no algorithm: "
+                          + (f"did you mean [policies.{guess[0]}]? Otherwise " if guess else "")
+                          + f"add algorithm = one of {known_algorithms()} or \"package.module:Class\"")
     algo = require_type(raw["algorithm"], str, f"{what} algorithm")
     if algo not in ALGORITHMS and algo != RANDOM and not is_import_path(algo):
         raise ConfigError(f"{what}: unknown algorithm {algo!r}: use one of {known_algorithms()} or an "
