@@ -49,7 +49,9 @@ def open_dataset(source: str, what: str):
     try:
         return minari.load_dataset(source)
     except (FileNotFoundError, ValueError) as e:
-        raise DatasetConfigError(f"{what}: no Minari dataset at {source!r} ({e}); give the dataset's directory "
+        # Minari's words end "Use download=True to download the dataset.": nothing is downloaded here
+        why = " ".join(s for s in str(e).split(". ") if "download" not in s).rstrip(".")
+        raise DatasetConfigError(f"{what}: no Minari dataset at {source!r} ({why}); give the dataset's directory "
                                  f"(e.g. runs/a/datasets/simbridge/default_policy-v0) or an id under "
                                  f"MINARI_DATASETS_PATH") from None
 
