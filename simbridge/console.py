@@ -29,6 +29,7 @@ it does not own (an RPC handler whose stream a simulator keeps open) would hold 
 exit, which joins them.
 """
 import os
+import select
 import signal
 import sys
 import threading
@@ -50,6 +51,21 @@ class Console:
 
     def flush(self) -> None:
         self._do(self.stream.flush)
+
+    def check_reader(self) -> None:
+        """Leaves now if the reader of a pipe has gone, without writing a line: poll reports an
+        error on a pipe's write end whose read end is closed. An idle trainer (`run | head`, no
+        simulator) printed its next line, and so noticed, only every 30 s."""
+        if self.gone:
+            return
+        try:
+            watch = select.poll()
+            watch.register(self.stream.fileno(), 0)   # POLLERR and POLLHUP are reported whatever is asked
+            gone = any(events & (select.POLLERR | select.POLLHUP) for _, events in watch.poll(0))
+        except (OSError, ValueError, AttributeError):   # not a file (a StringIO), or closed
+            return
+        if gone:
+            self._leave()
 
     def _do(self, op, *args):
         if self.gone:

@@ -337,6 +337,31 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
         kill(sim)
 
 
+def test_an_idle_trainer_whose_console_reader_leaves_stops_without_waiting_for_its_next_line(tmp_path):
+    """`simbridge-trainer run | head` with no simulator: the trainer noticed the reader gone only when
+    it next printed, its "waiting for simulators" line every 30 s (newcomer audit: 35.6 s to stop)."""
+    logdir = tmp_path / "run"
+    trainer = subprocess.Popen(_trainer_argv(logdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=daemon_env(), cwd=str(ROOT))
+    try:
+        seen = []
+        while not any("waiting for simulators" in x for x in seen):
+            seen.append(trainer.stdout.readline())
+            assert seen[-1], "".join(seen)
+        trainer.stdout.close()
+        try:
+            code = trainer.wait(timeout=20)   # its next waiting line was 30 s away
+        except subprocess.TimeoutExpired:
+            pytest.fail("the idle trainer ran on after its console's reader left")
+        err = trainer.stderr.read()
+        assert code == 0 and "Traceback" not in err, err
+        _stopped_in_order(logdir)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+
+
 @NEEDS_ENV_SIGNALS
 @pytest.mark.parametrize("nohup", [False, True], ids=["terminal-closed", "nohup"])
 def test_sighup_stops_a_trainer_in_order_unless_ignored_as_under_nohup(tmp_path, nohup):

@@ -85,6 +85,7 @@ class Reporter:
         """Records; the console gets the progress line, or while no simulator is connected and
         nothing moves, "waiting for simulators" once and then every WAITING_EVERY_S."""
         rec = self.record(event, extra)
+        getattr(self.out, "check_reader", lambda: None)()   # `run | head` left while nothing is printed
         now = time.monotonic()
         self._say_refusals(now)
         if rec["sessions"] == 0 and rec["steps_per_s"] == 0 and event != "stop":
