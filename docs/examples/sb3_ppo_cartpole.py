@@ -120,6 +120,9 @@ def main(argv=None) -> int:
                  + (f" (starting {a.sims} x --slots {a.slots} here)" if a.sims else ""))
     try:
         out = learn(SB3VecEnv(env), a.target, a.max_steps, a.seed, progress)
+    except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback; the simulators stop below all the same
+        progress.say("interrupted")
+        return 130
     finally:
         env.close()   # the simulators hear that training is over: they stop (exit 0)
         for s in sims:
