@@ -302,6 +302,18 @@ def _stopped_in_order(logdir) -> None:
     assert (logdir / "checkpoint.pt").exists()
 
 
+def _leave_and_see_it_stop(trainer: subprocess.Popen, logdir, timeout: float) -> None:
+    """Close the trainer's stdout as `head` does once it has its lines; it must stop in order."""
+    trainer.stdout.close()
+    try:
+        code = trainer.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the trainer ran on after its console's reader left")
+    err = trainer.stderr.read()
+    assert code == 0 and "Traceback" not in err, err
+    _stopped_in_order(logdir)
+
+
 def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
     """`simbridge-trainer run | head`, or the demo that read its output killed: the next progress line
     raised BrokenPipeError, which ended the learning loop; the shutdown's first line raised again
@@ -322,14 +334,7 @@ def test_a_trainer_whose_console_reader_leaves_stops_in_order(tmp_path):
         while not any(x.startswith("[trainer] env steps") and "episodes" in x for x in seen):
             seen.append(trainer.stdout.readline())
             assert seen[-1], "".join(seen)
-        trainer.stdout.close()   # what `head` does once it has its lines
-        try:
-            code = trainer.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the trainer hung after its console's reader left")
-        err = trainer.stderr.read()
-        assert code == 0 and "Traceback" not in err, err
-        _stopped_in_order(logdir)
+        _leave_and_see_it_stop(trainer, logdir, timeout=30)
     finally:
         if trainer.poll() is None:
             trainer.kill()
@@ -348,14 +353,7 @@ def test_an_idle_trainer_whose_console_reader_leaves_stops_without_waiting_for_i
         while not any("waiting for simulators" in x for x in seen):
             seen.append(trainer.stdout.readline())
             assert seen[-1], "".join(seen)
-        trainer.stdout.close()
-        try:
-            code = trainer.wait(timeout=20)   # its next waiting line was 30 s away
-        except subprocess.TimeoutExpired:
-            pytest.fail("the idle trainer ran on after its console's reader left")
-        err = trainer.stderr.read()
-        assert code == 0 and "Traceback" not in err, err
-        _stopped_in_order(logdir)
+        _leave_and_see_it_stop(trainer, logdir, timeout=20)   # its next waiting line was 30 s away
     finally:
         if trainer.poll() is None:
             trainer.kill()
