@@ -203,7 +203,7 @@ for task in dqn-cartpole sac-pendulum; do
     hide=""; extra=""
     [ "$mode" = cpu ] && hide="CUDA_VISIBLE_DEVICES="
     [ "$mode" = big ] && extra="--set batch_size=1024 --set updates_per_step=2"
-    env $hide TMPDIR="/tmp/lrn_$mode" timeout 130 python3 bench/learning.py "$task" --seed 0 --no-inprocess $extra \
+    env $hide TMPDIR="/tmp/lrn_$mode" timeout 130 python3 bench/learning.py "$task" --seed 0 --no-inprocess --keep-run-dir $extra \
       --log-level INFO --timeout 90 --out "$out/learning_${task}_$mode.json" > /dev/null 2> "$out/learning_${task}_$mode.log" &
     pids="$pids $!"
   done
@@ -253,7 +253,7 @@ fi
 if [ "$(left)" -ge 110 ]; then
   step "bench/learning.py dqn-cartpole seed 0, update_path compile"
   mkdir -p /tmp/lrn_compile
-  TMPDIR=/tmp/lrn_compile timeout 110 python3 bench/learning.py dqn-cartpole --seed 0 --no-inprocess \
+  TMPDIR=/tmp/lrn_compile timeout 110 python3 bench/learning.py dqn-cartpole --seed 0 --no-inprocess --keep-run-dir \
     --set 'update_path="compile"' --log-level INFO --timeout 90 --out "$out/learning_dqn-cartpole_compile.json" \
     > /dev/null 2> "$out/learning_dqn-cartpole_compile.log"
   cp "$(ls -td /tmp/lrn_compile/simbridge-dqn-cartpole-* 2>/dev/null | head -1)/processes.log" \

@@ -65,7 +65,7 @@ def aio_rw_server(q, stop):
     _serve_aio(q, stop, echo)
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=3.0)
     a = p.parse_args()

@@ -225,7 +225,7 @@ def replay_gathers(learner: str, rows: int, dev: torch.device) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="256,4096")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

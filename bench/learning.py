@@ -31,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -39,7 +38,7 @@ from typing import List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import emit  # noqa: E402
+from bench.report import emit, run_dir  # noqa: E402
 
 from simbridge.trainer.run import reporting  # noqa: E402
 from simbridge.trainer.run.launch import child_env, free_port, stop_all, wait_for_health  # noqa: E402
@@ -129,8 +128,13 @@ def read_metrics(logdir: Path) -> List[dict]:
 
 
 def run_bridge(name: str, task: dict, seed: int, timeout_s: float, learner_process: bool,
-               max_behind: Optional[int] = None, log_level: str = "WARNING") -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{name}-"))
+               max_behind: Optional[int] = None, log_level: str = "WARNING", keep_run_dir: bool = False) -> dict:
+    with run_dir(f"simbridge-{name}-", keep_run_dir) as tmp:
+        return _run_bridge(tmp, name, task, seed, timeout_s, learner_process, max_behind, log_level)
+
+
+def _run_bridge(tmp: Path, name: str, task: dict, seed: int, timeout_s: float, learner_process: bool,
+                max_behind: Optional[int], log_level: str) -> dict:
     logdir = tmp / "run"
     address = f"127.0.0.1:{free_port()}"
     trained = write_config(task, seed, address, logdir, tmp / "config.toml", learner_process, max_behind)
@@ -211,7 +215,7 @@ RATIOS = ("bridge_vs_inprocess_wall", "bridge_vs_inprocess_wall_per_step", "brid
 
 def run_seed(name: str, task: dict, seed: int, args) -> dict:
     result = run_bridge(name, task, seed, args.timeout, args.learner == "process", args.max_updates_behind,
-                        args.log_level)
+                        args.log_level, args.keep_run_dir)
     if not args.no_inprocess:
         result.update(run_inprocess(task, seed))
         if result["wall_s"] and result["inprocess_wall_s"]:
@@ -247,6 +251,8 @@ def main(argv=None) -> int:
                    help="override a learner config key, value as JSON: --set logged_actions='\"ignore\"'")
     p.add_argument("--log-level", default="WARNING",
                    help="the trainer's, into the run's processes.log (INFO: each learner's update path and device)")
+    p.add_argument("--keep-run-dir", action="store_true",
+                   help="keep each bridge run's folder in the temp dir (config, processes.log, logdir); said on stderr")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
     task = dict(TASKS[args.task])

@@ -17,14 +17,13 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import emit  # noqa: E402
+from bench.report import emit, run_dir  # noqa: E402
 
 from bench.harness import proc_cpu_s  # noqa: E402
 from simbridge.trainer.run import reporting  # noqa: E402
@@ -89,10 +88,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--window", type=float, default=8.0, help="seconds measured per mode")
     p.add_argument("--modes", default="inline,process")
+    p.add_argument("--keep-run-dir", action="store_true", help="keep the runs' folder in the temp dir")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="simbridge-overlap-"))
-    result = {mode: run_mode(mode, args.window, tmp) for mode in args.modes.split(",")}
+    with run_dir("simbridge-overlap-", args.keep_run_dir) as tmp:
+        result = {mode: run_mode(mode, args.window, tmp) for mode in args.modes.split(",")}
     if "inline" in result and "process" in result and result["inline"]["steps_per_s"]:
         result["process_vs_inline"] = round(result["process"]["steps_per_s"] / result["inline"]["steps_per_s"], 2)
     result["machine"] = {"nproc": os.cpu_count(), "python": sys.version.split()[0]}

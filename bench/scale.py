@@ -136,7 +136,7 @@ def _busy(port: int) -> bool:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="1,2,4")
     p.add_argument("--sims-per-rank", type=int, default=1)
     p.add_argument("--slots", type=int, default=4)

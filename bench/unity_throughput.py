@@ -85,7 +85,7 @@ def bare_rate(decisions: int, agents: int, scene: str, tmp: Path) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--scene", default="ball")
     p.add_argument("--short", type=int, default=1000, help="decisions of the short connector run")
@@ -110,12 +110,17 @@ def main() -> None:
                     short = connector_wall(address, a.short, a.agents, a.scene, Path(tmp))
                     long_ = connector_wall(address, a.long, a.agents, a.scene, Path(tmp))
                     children.stop(proc)
-                    out[f"{key[net]}bridge_decisions_per_s"].append(round((a.long - a.short) / (long_ - short)))
+                    # A difference that start-up noise could swamp gives no rate (one printed 79x the bare
+                    # loop): null, with the two walls beside it.
+                    valid = long_ - short > 0.25 * long_
+                    out[f"{key[net]}bridge_decisions_per_s"].append(
+                        round((a.long - a.short) / (long_ - short)) if valid else None)
+                    out.setdefault(f"{key[net]}walls_short_long_s", []).append([round(short, 2), round(long_, 2)])
                 out["bare_decisions_per_s"].append(round(bare_rate(a.long - a.short, a.agents, a.scene, Path(tmp))))
     finally:
         children.stop_all()
     for net in nets:
-        out[f"{key[net]}bridge_vs_bare"] = [round(b / r, 2) for b, r in
+        out[f"{key[net]}bridge_vs_bare"] = [round(b / r, 2) if b and r else None for b, r in
                                             zip(out[f"{key[net]}bridge_decisions_per_s"], out["bare_decisions_per_s"])]
     out["load"] = os.getloadavg()[0]
     print(json.dumps(out))
