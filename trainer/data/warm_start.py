@@ -50,7 +50,7 @@ def open_dataset(source: str, what: str):
         return minari.load_dataset(source)
     except (FileNotFoundError, ValueError) as e:
         # Minari's words end "Use download=True to download the dataset.": nothing is downloaded here
-        why = " ".join(s for s in str(e).split(". ") if "download" not in s).rstrip(".")
+        why = ". ".join(s for s in str(e).split(". ") if "download" not in s).rstrip(".")
         raise DatasetConfigError(f"{what}: no Minari dataset at {source!r} ({why}); give the dataset's directory "
                                  f"(e.g. runs/a/datasets/simbridge/default_policy-v0) or an id under "
                                  f"MINARI_DATASETS_PATH") from None

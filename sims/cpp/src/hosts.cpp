@@ -74,7 +74,7 @@ void check_address(const std::string& a) {
     throw bad_address("address '" + a + "' has no port: pass HOST:PORT, e.g. 127.0.0.1:50051, or unix:PATH for a "
                       "Unix socket on this machine");
   // As the Python SDK: gRPC takes 99999 as 99999 - 65536 and dials that port.
-  if (port.size() > 5 || std::stol(port) > 65535)
+  if (port.size() > 9 || std::stol(port) > 65535)   // 9 digits: within a long, leading zeros allowed
     throw bad_address("address '" + a + "': port " + port + " is past 65535: pass a port from 1 to 65535, e.g. 50051");
 }
 
