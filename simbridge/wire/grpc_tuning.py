@@ -34,7 +34,12 @@ RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
 
 
 def prefer_iomgr_tcp() -> bool:
-    """Ask gRPC for its iomgr TCP path, unless the user chose otherwise. True if set here."""
+    """Ask gRPC for its iomgr TCP path, unless the user chose otherwise. True if set here.
+
+    Also gRPC's own log at errors only, where the user set no GRPC_VERBOSITY: grpcio 1.85 prints
+    INFO lines ("Handshake failed ..." twice for each refused TLS connection, a trainer's for every
+    probe of its port) around the program's own words, which name the fix."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if "GRPC_EXPERIMENTS" in os.environ or os.environ.get("SIMBRIDGE_GRPC_EVENT_ENGINE") == "1":
         return False
     os.environ["GRPC_EXPERIMENTS"] = IOMGR_TCP

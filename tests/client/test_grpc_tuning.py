@@ -24,6 +24,15 @@ def test_fills_in_only_when_the_user_left_it_unset(monkeypatch):
     assert not grpc_tuning.prefer_iomgr_tcp() and "GRPC_EXPERIMENTS" not in os.environ
 
 
+def test_grpcs_own_log_is_errors_only_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    grpc_tuning.prefer_iomgr_tcp()
+    assert os.environ["GRPC_VERBOSITY"] == "ERROR"
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
+    grpc_tuning.prefer_iomgr_tcp()
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+
+
 # Records GRPC_EXPERIMENTS at the moment something first imports grpc.
 _PROBE = """
 import importlib, os, sys

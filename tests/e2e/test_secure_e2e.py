@@ -72,6 +72,9 @@ def test_trainer_and_simulator_over_tls_with_a_token(tmp_path, pki):
                                        "--connect-timeout", "3"),
                                   env=env, capture_output=True, text=True, timeout=60)
         assert wrong_ca.returncode == 2 and "TLS" in wrong_ca.stderr and "Traceback" not in wrong_ca.stderr
+        # gRPC's own INFO lines ("... ssl_transport_security.cc ... Handshake failed", twice) no longer
+        # surround the client's words (newcomer audit)
+        assert "Handshake failed" not in wrong_ca.stderr, wrong_ca.stderr
 
         again = subprocess.run(_sim(address, "--tls-ca", pki["ca"], "--auth-token-file", pki["tokens"],
                                     episodes=2), env=env, capture_output=True, text=True, timeout=90)
