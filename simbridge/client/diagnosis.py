@@ -122,13 +122,14 @@ def _connect_tcp(host: str, port: int, timeout_s: float):
 
 
 def diagnose(address: str, tls: bool = False, timeout_s: float = 1.0,
-             tls_ca: Optional[bytes] = None, client_cert: bool = False) -> Tuple[str, bool]:
+             tls_ca: Optional[bytes] = None, client_cert: Optional[bool] = None) -> Tuple[str, bool]:
     """Why no gRPC channel to `address` gets ready, in words, and whether waiting is hopeless:
     nothing listening (a trainer may still come), a host that does not answer, or something
     listening that is not a gRPC server (an HTTP/1 server answers the HTTP/2 preface with HTTP/1).
     unix:PATH: no socket file (yet), a stale one nobody listens on, or one this user may not open.
     tls_ca (the client's --tls-ca): a server whose certificate those roots do not verify.
-    client_cert: whether the client presents one; a client without asked for one by the server."""
+    client_cert: whether the client presents one (None: not known, as in a reconnect's look); a
+    client known to have none is told when the server asks for one."""
     if is_unix(address):
         def connect():
             return _connect_unix(unix_path(address), timeout_s)
@@ -208,7 +209,7 @@ CLIENT_CERT_WANTED = ("it closes the connection right after the TLS handshake, a
                       "certificate and key signed by the CA of the server's --tls-client-ca (docs/security.md)")
 
 
-def _tls_refusal(sock: socket.socket, tls_ca: Optional[bytes], client_cert: bool,
+def _tls_refusal(sock: socket.socket, tls_ca: Optional[bytes], client_cert: Optional[bool],
                  timeout_s: float = 0.5) -> Optional[str]:
     """Why the server refuses this client at TLS, if it does: its certificate fails the roots of
     --tls-ca (tls_ca; None: not judged), or it hangs up right after the handshake to a client
@@ -218,8 +219,8 @@ def _tls_refusal(sock: socket.socket, tls_ca: Optional[bytes], client_cert: bool
     (--tls-server-name) follow gRPC's own rules."""
     try:
         with _handshake(sock, tls_ca, timeout_s) as tls:
-            if client_cert:
-                return None   # this probe presents none: a hang-up would say nothing of the client's
+            if client_cert is not False:
+                return None   # this probe presents none: a hang-up says something only of a client without
             # A gRPC server speaks first once the handshake is done (HTTP/2 SETTINGS). TLS 1.3 ends
             # the client's handshake before the server judges the client's (empty) certificate;
             # a server that wants one then closes without a byte (grpc 1.51: no alert).

@@ -20,7 +20,7 @@ import grpc
 
 from simbridge.client.direct_stream import StreamFailed
 from simbridge.wire import shm_ring
-from simbridge.wire.addresses import grpc_address, is_shm, shm_handover_path
+from simbridge.wire.addresses import SHM_SUFFIX, grpc_address, is_shm, shm_handover_path
 from simbridge.wire.errors import BridgeError
 from simbridge.wire.v1 import simbridge_pb2 as pb
 
@@ -67,10 +67,10 @@ def open_shm(path: str, grpc_stream, session: pb.CreateSessionResponse, timeout_
         sock.close()
         grpc_stream.cancel()   # the session's stream goes with the channel it was to carry
         if isinstance(e, FileNotFoundError):   # the gRPC socket answered: its server serves no shm channel
+            grpc_path = path[:-len(SHM_SUFFIX)]
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at {path}: "
                               f"no such socket: the trainer serves one only when its own address is shm+unix:PATH "
-                              f"(start it with --address shm+unix:{path[:-len('.shm')]}), or dial "
-                              f"unix:{path[:-len('.shm')]}") from None
+                              f"(start it with --address shm+unix:{grpc_path}), or dial unix:{grpc_path}") from None
         if isinstance(e, (OSError, ValueError)):
             raise BridgeError(grpc.StatusCode.UNAVAILABLE, f"could not open the shared-memory channel at "
                               f"{path}: {e}") from None

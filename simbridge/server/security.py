@@ -23,7 +23,7 @@ import hmac
 import ipaddress
 import ssl
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import grpc
 
@@ -61,9 +61,9 @@ class ServerSecurity:
             raise SecurityConfigError("--tls-client-ca (mutual TLS) needs server TLS: add --tls-cert and --tls-key")
         credentials = None
         if self.tls_cert:
-            _check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
+            key_pem, cert_pem = _check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
             credentials = grpc.ssl_server_credentials(
-                [(_read(self.tls_key, "--tls-key"), _read(self.tls_cert, "--tls-cert"))],
+                [(key_pem, cert_pem)],
                 root_certificates=_read(self.tls_client_ca, "--tls-client-ca") if self.tls_client_ca else None,
                 require_client_auth=bool(self.tls_client_ca))
         tokens = read_tokens(self.auth_token_file) if self.auth_token_file else {}
@@ -85,10 +85,11 @@ def _read(path: str, flag: str) -> bytes:
         raise SecurityConfigError(f"cannot read {flag} file {path!r}: {e.strerror}") from None
 
 
-def _check_tls_files(cert: str, key: str, client_ca: str) -> None:
+def _check_tls_files(cert: str, key: str, client_ca: str) -> Tuple[bytes, bytes]:
     """What gRPC would refuse only as it binds, with a C++ log line and a failure that reads like a
     port in use: a file that is not PEM, the two swapped, a key not the certificate's, an
-    encrypted key (gRPC takes none). Checked with Python's ssl, which reads the same PEM."""
+    encrypted key (gRPC takes none). Checked with Python's ssl, which reads the same PEM. Returns
+    the key's and the certificate's PEM, read once."""
     key_pem, cert_pem = _read(key, "--tls-key"), _read(cert, "--tls-cert")
     swapped = " (--tls-cert and --tls-key look swapped)" \
         if b"PRIVATE KEY-----" in cert_pem and b"-----BEGIN CERTIFICATE-----" in key_pem else ""
@@ -116,6 +117,7 @@ def _check_tls_files(cert: str, key: str, client_ca: str) -> None:
         except ssl.SSLError:
             raise SecurityConfigError(f"--tls-client-ca {client_ca!r} holds no PEM certificate: pass the CA "
                                       f"certificate that signed the clients' certificates") from None
+    return key_pem, cert_pem
 
 
 def read_tokens(path: str) -> Dict[bytes, str]:

@@ -126,18 +126,12 @@ def test_closing_a_learner_process_reads_what_it_still_sends_so_it_ends_by_itsel
     networks) left the child blocked in its send until close's 10 s ran out and killed it, and a
     stopped SAC trainer took 12-15 s to exit (newcomer audit)."""
     from linear_q_learner import LinearQLearner
-    from simbridge.server.sample_batch import SampleBatch
     from simbridge.trainer.run.learner_process import LearnerProcess
     dim = 40_000   # 320 KB of weights in each of the child's reports
     learner = LinearQLearner(gym.spaces.Box(-1, 1, (dim,), np.float32), gym.spaces.Discrete(2),
                              config={"learning_starts": 10**9, "buffer_size": 16}, device="cpu")
     proc = LearnerProcess("default_policy", learner)
-    n = 2
-    proc.add(SampleBatch(obs=np.zeros((n, dim), np.float32), new_obs=np.zeros((n, dim), np.float32),
-                         actions=np.zeros(n, np.int64), rewards=np.ones(n, np.float32),
-                         terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool), eps_id=np.zeros(n, np.int64),
-                         agent_index=np.zeros(n, np.int64), t=np.arange(n), policy_version=np.zeros(n, np.int64),
-                         action_logp=np.zeros(n, np.float32)))   # the child reports after them: never read here
+    proc.add(_random_rows(np.random.default_rng(0), 2, dim))   # the child reports after them: never read here
     assert proc.conn.poll(60), "the child never reported"   # its report is on the way (poll reads nothing)
     t0 = time.monotonic()
     proc.close()
@@ -191,10 +185,10 @@ def _slow_process(name: str, started: Path, updates_per_step: float, update_slee
     return learner, LearnerProcess(name, learner)
 
 
-def _random_rows(rng, n: int):
+def _random_rows(rng, n: int, dim: int = 4):
     from simbridge.server.sample_batch import SampleBatch
-    return SampleBatch(obs=rng.normal(size=(n, 4)).astype(np.float32),
-                       new_obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n),
+    return SampleBatch(obs=rng.normal(size=(n, dim)).astype(np.float32),
+                       new_obs=rng.normal(size=(n, dim)).astype(np.float32), actions=rng.integers(0, 2, n),
                        rewards=np.ones(n, np.float32), terminateds=np.zeros(n, bool), truncateds=np.zeros(n, bool),
                        eps_id=np.zeros(n, np.int64), agent_index=np.zeros(n, np.int64), t=np.arange(n),
                        policy_version=np.zeros(n, np.int64), action_logp=np.full(n, -0.7, np.float32))

@@ -179,13 +179,12 @@ def parse_overrides(specs: Sequence[str]) -> List[Override]:
             raise ConfigError(f"--set {spec!r}: use --set KEY=VALUE with a dotted key, e.g. "
                               f"--set policies.default_policy.config.lr=3e-4")
         text = text.strip()
-        if text[:1] in ('[', '{', '"', "'"):   # begun as a TOML array, table or string: no bare word
-            try:
-                parse_value(text, strict=True)
-            except ValueError:
-                raise ConfigError(f"--set {spec!r}: {text!r} is not a TOML value (an array [1, 2], a table "
-                                  f"{{a = 1}} or a quoted string \"x\"): close what it opens") from None
-        out.append((key, parse_value(text)))
+        try:   # begun as a TOML array, table or string, it is no bare word: strict
+            value = parse_value(text, strict=text[:1] in ('[', '{', '"', "'"))
+        except ValueError:
+            raise ConfigError(f"--set {spec!r}: {text!r} is not a TOML value (an array [1, 2], a table "
+                              f"{{a = 1}} or a quoted string \"x\"): close what it opens") from None
+        out.append((key, value))
     return out
 
 
